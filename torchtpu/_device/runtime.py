@@ -1,0 +1,130 @@
+"""The PJRT runtime behind the ``tpu`` device: platform choice, devices, dtypes.
+
+Each ``tpu:N`` is ``jax.devices(platform)[N]`` for one PJRT platform chosen once per
+process: ``TORCHTPU_PLATFORM=tpu|gpu|cpu`` if set, else the best available (TPU, then
+GPU, then CPU).  JAX is imported lazily, on the first call that needs a device, so that
+``import torch`` (which autoloads torchtpu) stays cheap.
+
+64-bit types: PyTorch's default integer dtype is int64 and users ask for float64 by name,
+so ``jax_enable_x64`` is switched on: int64/float64 tensors stay 64-bit, never silently
+narrowed.  (TPUs emulate 64-bit arithmetic in software: correct but slow.)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+_PLATFORM_ORDER = ("tpu", "gpu", "cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def jax():
+    """Import and configure JAX once; returns the ``jax`` module."""
+    import jax as _jax
+
+    _jax.config.update("jax_enable_x64", True)
+    return _jax
+
+
+@functools.lru_cache(maxsize=None)
+def platform() -> str:
+    """The PJRT platform name backing ``tpu`` devices ("tpu", "gpu" or "cpu").
+
+    Raises:
+        RuntimeError: ``TORCHTPU_PLATFORM`` names a platform JAX cannot open.
+    """
+    j = jax()
+    wanted = os.environ.get("TORCHTPU_PLATFORM", "").strip().lower()
+    if wanted:
+        if wanted == "cuda":
+            wanted = "gpu"
+        try:
+            j.devices(wanted)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"TORCHTPU_PLATFORM={wanted!r}: JAX has no such platform here ({e})"
+            ) from None
+        return wanted
+    for name in _PLATFORM_ORDER:
+        try:
+            if j.devices(name):
+                return name
+        except RuntimeError:
+            continue
+    raise RuntimeError("torchtpu: JAX found no PJRT device at all")
+
+
+@functools.lru_cache(maxsize=None)
+def devices() -> tuple:
+    """All PJRT devices of the chosen platform, indexed like ``tpu:N``."""
+    return tuple(jax().devices(platform()))
+
+
+def device_count() -> int:
+    return len(devices())
+
+
+def jax_device(index: int | None):
+    """The PJRT device for ``tpu:index`` (``None`` means the current device).
+
+    Raises:
+        RuntimeError: the index is out of range, with the same wording as CUDA.
+    """
+    if index is None:
+        from torchtpu._device import state
+
+        index = state.current_device
+    devs = devices()
+    if not 0 <= index < len(devs):
+        raise RuntimeError(
+            f"tpu:{index}: invalid device ordinal (this process has {len(devs)} tpu device(s))"
+        )
+    return devs[index]
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_tables():
+    import numpy as np
+    import jax.numpy as jnp
+
+    pairs = [
+        (torch.bool, np.dtype(np.bool_)),
+        (torch.uint8, np.dtype(np.uint8)),
+        (torch.int8, np.dtype(np.int8)),
+        (torch.int16, np.dtype(np.int16)),
+        (torch.int32, np.dtype(np.int32)),
+        (torch.int64, np.dtype(np.int64)),
+        (torch.uint16, np.dtype(np.uint16)),
+        (torch.uint32, np.dtype(np.uint32)),
+        (torch.uint64, np.dtype(np.uint64)),
+        (torch.float16, np.dtype(np.float16)),
+        (torch.bfloat16, np.dtype(jnp.bfloat16)),
+        (torch.float32, np.dtype(np.float32)),
+        (torch.float64, np.dtype(np.float64)),
+        (torch.complex64, np.dtype(np.complex64)),
+        (torch.complex128, np.dtype(np.complex128)),
+        (torch.float8_e4m3fn, np.dtype(jnp.float8_e4m3fn)),
+        (torch.float8_e5m2, np.dtype(jnp.float8_e5m2)),
+    ]
+    return dict(pairs), {n: t for t, n in pairs}
+
+
+def to_np_dtype(dtype: torch.dtype):
+    """numpy/JAX dtype for a torch dtype.
+
+    Raises:
+        TypeError: the dtype has no XLA equivalent (e.g. quantized dtypes).
+    """
+    try:
+        return _dtype_tables()[0][dtype]
+    except KeyError:
+        raise TypeError(f"torchtpu: dtype {dtype} is not supported on tpu") from None
+
+
+def to_torch_dtype(np_dtype) -> torch.dtype:
+    import numpy as np
+
+    return _dtype_tables()[1][np.dtype(np_dtype)]

@@ -1,0 +1,315 @@
+"""``torch.tpu``: the device module, shaped like ``torch.cuda``.
+
+Names and behaviour mirror ``torch.cuda``; differences are documented per function.
+Device indices are ``tpu:N`` = the N-th PJRT device of the chosen platform
+(see :mod:`torchtpu._device.runtime`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from torchtpu._device import runtime, state
+from torchtpu._device.streams import Event, Stream, current_stream, default_stream, stream  # noqa: F401
+
+_initialized = False
+
+
+def _lazy_init():
+    global _initialized
+    if not _initialized:
+        runtime.devices()
+        _initialized = True
+
+
+def is_initialized() -> bool:
+    """Whether the PJRT client has been opened (``torch.cuda.is_initialized``)."""
+    return _initialized
+
+
+def init() -> None:
+    """Open the PJRT client now instead of at first use (``torch.cuda.init``)."""
+    _lazy_init()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def is_available() -> bool:
+    """True when at least one PJRT device of the chosen platform exists."""
+    try:
+        return runtime.device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def device_count() -> int:
+    """Number of ``tpu`` devices (PJRT devices of the chosen platform)."""
+    try:
+        return runtime.device_count()
+    except RuntimeError:
+        return 0
+
+
+def current_device() -> int:
+    """Index of the current ``tpu`` device (``torch.cuda.current_device``)."""
+    return state.current_device
+
+
+def _to_index(device) -> int:
+    if device is None:
+        return state.current_device
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        return state.current_device if device.index is None else device.index
+    raise TypeError(f"invalid device {device!r}")
+
+
+def set_device(device) -> None:
+    """Set the current ``tpu`` device (``torch.cuda.set_device``).
+
+    Raises:
+        RuntimeError: the index is out of range.
+    """
+    idx = _to_index(device)
+    if idx < 0:
+        return
+    runtime.jax_device(idx)
+    state.current_device = idx
+
+
+class device:
+    """Context manager that changes the current ``tpu`` device (``torch.cuda.device``)."""
+
+    def __init__(self, device):
+        self.idx = _to_index(device) if device is not None else -1
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = state.current_device
+        if self.idx >= 0:
+            set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        state.current_device = self.prev_idx
+        return False
+
+
+class device_of(device):
+    """Context manager making the device of tensor ``obj`` current."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else -1)
+
+
+def synchronize(device=None) -> None:
+    """Wait until every op queued so far on ``device`` has finished (a sync point)."""
+    from torchtpu import _metrics
+
+    _metrics.METRICS.sync("synchronize")
+    runtime.jax().effects_barrier()
+    from torchtpu._tensor import storage as _st  # noqa: F401
+    # Block on all live arrays of the platform (cheap when idle).
+    for arr in runtime.jax().live_arrays(runtime.platform()):
+        arr.block_until_ready()
+
+
+def get_device_name(device=None) -> str:
+    """Name of the PJRT device, e.g. ``"TPU v5 lite"``, ``"NVIDIA H200"`` or ``"cpu"``."""
+    d = runtime.jax_device(_to_index(device))
+    return getattr(d, "device_kind", str(d))
+
+
+class _DeviceProperties:
+    """What ``get_device_properties`` returns: ``name``, ``platform``, ``index``,
+    ``total_memory`` (bytes, 0 when the platform does not report it)."""
+
+    def __init__(self, index):
+        d = runtime.jax_device(index)
+        self.name = getattr(d, "device_kind", str(d))
+        self.platform = runtime.platform()
+        self.index = index
+        stats = _pjrt_memory_stats(index)
+        self.total_memory = int(stats.get("bytes_limit", 0))
+
+    def __repr__(self):
+        return (
+            f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+            f"total_memory={self.total_memory // (1024 * 1024)}MB)"
+        )
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    return _DeviceProperties(_to_index(device))
+
+
+def get_device_capability(device=None) -> tuple:
+    """(0, 0): XLA devices have no CUDA compute capability."""
+    return (0, 0)
+
+
+# ----------------------------------------------------------------------- RNG
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's random stream (``torch.cuda.manual_seed``)."""
+    state.rng(state.current_device).__init__(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's random stream; ``torch.manual_seed`` calls this."""
+    for i in range(max(device_count(), 1)):
+        state.rng(i).__init__(int(seed))
+
+
+def seed() -> None:
+    """Seed the current device with a non-deterministic random number."""
+    manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
+
+def seed_all() -> None:
+    s = int.from_bytes(os.urandom(8), "little") >> 1
+    manual_seed_all(s)
+
+
+def initial_seed() -> int:
+    """The seed of the current device's stream."""
+    return state.rng(state.current_device).seed
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    """RNG state of a device as a CPU ``uint8`` tensor (16 bytes: seed, offset)."""
+    raw = state.rng(_to_index(device)).get_state()
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    """Restore a state returned by :func:`get_rng_state`."""
+    state.rng(_to_index(device)).set_state(bytes(new_state.cpu().numpy().tobytes()))
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, s in enumerate(new_states):
+        set_rng_state(s, i)
+
+
+# -------------------------------------------------------------------- memory
+
+
+def _pjrt_memory_stats(index) -> dict:
+    try:
+        return runtime.jax_device(index).memory_stats() or {}
+    except Exception:
+        return {}
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live ``tpu`` storages on ``device`` (``torch.cuda.memory_allocated``)."""
+    from torchtpu._tensor.storage import ALLOCATOR
+
+    return ALLOCATOR.allocated.get(_to_index(device), 0)
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last reset (bytes)."""
+    from torchtpu._tensor.storage import ALLOCATOR
+
+    return ALLOCATOR.peak.get(_to_index(device), 0)
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the PJRT allocator holds (platform-reported; else ``memory_allocated``)."""
+    stats = _pjrt_memory_stats(_to_index(device))
+    return int(stats.get("bytes_reserved", stats.get("bytes_in_use", memory_allocated(device))))
+
+
+def max_memory_reserved(device=None) -> int:
+    stats = _pjrt_memory_stats(_to_index(device))
+    return int(stats.get("peak_bytes_in_use", max_memory_allocated(device)))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    from torchtpu._tensor.storage import ALLOCATOR
+
+    idx = _to_index(device)
+    ALLOCATOR.peak[idx] = ALLOCATOR.allocated.get(idx, 0)
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats(device=None) -> dict:
+    """Allocator statistics with ``torch.cuda.memory_stats`` key names (bytes)."""
+    idx = _to_index(device)
+    cur = memory_allocated(idx)
+    peak = max_memory_allocated(idx)
+    d = {
+        "allocated_bytes.all.current": cur,
+        "allocated_bytes.all.peak": peak,
+        "reserved_bytes.all.current": memory_reserved(idx),
+        "reserved_bytes.all.peak": max_memory_reserved(idx),
+    }
+    for k, v in _pjrt_memory_stats(idx).items():
+        d[f"pjrt.{k}"] = v
+    return d
+
+
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes as reported by PJRT; (0, 0) when the platform reports none."""
+    stats = _pjrt_memory_stats(_to_index(device))
+    total = int(stats.get("bytes_limit", 0))
+    return (max(total - int(stats.get("bytes_in_use", 0)), 0), total)
+
+
+def empty_cache() -> None:
+    """Release cached executables' temporaries (PJRT frees buffers as tensors die)."""
+    import gc
+
+    gc.collect()
+
+
+# ----------------------------------------------------------------- dtypes, amp
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 is native on every XLA platform."""
+    return True
+
+
+def get_amp_supported_dtype() -> list:
+    """Dtypes ``torch.autocast("tpu", ...)`` accepts."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("tpu")
+
+
+def get_autocast_dtype():
+    return torch.get_autocast_dtype("tpu")
+
+
+def _get_device_index(device, optional=False) -> int:
+    return _to_index(device)
+
+
+# --------------------------------------------------------- torchtpu settings
+
+
+enable_cpu_fallback: bool = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0")
+"""Run ops that have no lowering on the CPU (copying inputs and results), warning once per
+op, instead of raising ``NotImplementedError``.  Also set by ``TORCHTPU_CPU_FALLBACK=1``."""

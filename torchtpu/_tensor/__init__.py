@@ -1,0 +1,1 @@
+"""Storage, views and host<->device transfers of ``tpu`` tensors."""

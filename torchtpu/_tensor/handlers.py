@@ -1,0 +1,227 @@
+"""Ops that are not lowerings: allocation, host<->device copies, ``item``, resize, set_.
+
+Each handler is the PrivateUse1 kernel of one ATen overload (see ``HANDLERS``); the
+executor consults this table before the lowering table.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from torchtpu import _metrics
+from torchtpu._device import runtime, state
+from torchtpu._tensor import storage as _st
+
+M = _metrics.METRICS
+aten = torch.ops.aten
+HANDLERS: dict = {}
+
+
+def handles(*ops):
+    def deco(fn):
+        for op in ops:
+            HANDLERS[op] = fn
+        return fn
+
+    return deco
+
+
+def _index(device) -> int:
+    if device is None:
+        return state.current_device
+    device = torch.device(device)
+    return state.current_device if device.index is None else device.index
+
+
+def _check_index(index):
+    runtime.jax_device(index)  # raises for a bad ordinal
+    return index
+
+
+@handles(aten.empty.memory_format)
+def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    dtype = dtype or torch.get_default_dtype()
+    index = _check_index(_index(device))
+    runtime.to_np_dtype(dtype)  # clear error for unsupported dtypes
+    stride = None
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return _st.empty(tuple(size), dtype, index, stride)
+
+
+@handles(aten.empty_strided.default)
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = dtype or torch.get_default_dtype()
+    index = _check_index(_index(device))
+    runtime.to_np_dtype(dtype)
+    return _st.empty(tuple(size), dtype, index, tuple(stride))
+
+
+# ----------------------------------------------------------------------- copies
+
+
+def host_array(src: torch.Tensor) -> np.ndarray:
+    """A private numpy copy of CPU tensor ``src`` (never aliases the CPU buffer, so a
+    later change of ``src`` cannot reach an asynchronous host->device copy)."""
+    src = src.detach().resolve_conj().resolve_neg()
+    if src.dtype == torch.bfloat16:
+        arr = src.contiguous().view(torch.int16).numpy().view(runtime.to_np_dtype(torch.bfloat16))
+    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        arr = src.contiguous().view(torch.uint8).numpy().view(runtime.to_np_dtype(src.dtype))
+    else:
+        arr = src.numpy()
+    return np.array(arr, copy=True, order="C")
+
+
+def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
+    """A new contiguous ``tpu:index`` tensor with the values of CPU tensor ``src``."""
+    arr = host_array(src)
+    M.transfers_to_device_bytes += arr.nbytes
+    dev_arr = runtime.jax().device_put(arr, runtime.jax_device(index))
+    return _st.wrap(dev_arr, index, src.dtype)
+
+
+_COPY_PLAN = None
+
+
+def _copy_plan():
+    global _COPY_PLAN
+    if _COPY_PLAN is None:
+        from torchtpu import ops
+        from torchtpu.eager import executor as ex
+
+        _COPY_PLAN = ex.LoweredPlan(
+            aten.copy_.default,
+            ex.Signature(aten.copy_.default),
+            ops.table()[aten.copy.default],
+            ex.Signature(aten.copy.default),
+        )
+    return _COPY_PLAN
+
+
+@handles(aten.copy_.default)
+def copy_(self, src, non_blocking=False):
+    dst_tpu = self.device.type == "tpu"
+    src_tpu = src.device.type == "tpu"
+    if dst_tpu and not src_tpu:
+        if src.device.type != "cpu":
+            raise RuntimeError(f"copy_: cannot copy from {src.device} to {self.device}")
+        sd = _st.data(self)
+        if (
+            src.dtype == self.dtype
+            and tuple(src.shape) == tuple(self.shape)
+            and len(_st.view_spec(self, sd)) == 2
+        ):
+            arr = host_array(src)
+            M.transfers_to_device_bytes += arr.nbytes
+            sd.arr = runtime.jax().device_put(arr, runtime.jax_device(sd.index))
+            return self
+        src = to_device(src, self.device.index)
+        src_tpu = True
+    if dst_tpu and src_tpu:
+        if src.device.index != self.device.index:
+            arr = runtime.jax().device_put(
+                __import__("torchtpu.eager.executor", fromlist=["to_jax"]).to_jax(src),
+                runtime.jax_device(self.device.index),
+            )
+            src = _st.wrap(arr, self.device.index, src.dtype)
+        return _copy_plan()((self, src, non_blocking), {})
+    # tpu -> cpu
+    from torchtpu.eager import executor as ex
+
+    arr = ex.to_numpy(src, "to_cpu")
+    if src.dtype == torch.bfloat16:
+        host = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        host = torch.from_numpy(arr.view(np.uint8)).view(src.dtype)
+    else:
+        host = torch.from_numpy(np.array(arr, copy=True))
+    if host.shape != src.shape:
+        host = host.reshape(src.shape)
+    return self.copy_(host)
+
+
+@handles(aten._copy_from.default)
+def _copy_from(self, dst, non_blocking=False):
+    return copy_(dst, self, non_blocking)
+
+
+@handles(aten._copy_from_and_resize.default)
+def _copy_from_and_resize(self, dst):
+    if tuple(dst.shape) != tuple(self.shape):
+        dst.resize_(self.shape)
+    return copy_(dst, self)
+
+
+@handles(aten._local_scalar_dense.default)
+def _local_scalar_dense(self):
+    from torchtpu.eager import executor as ex
+
+    arr = ex.to_numpy(self, "item")
+    if self.dtype == torch.bfloat16 or self.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return float(arr.astype(np.float32))
+    return arr.item()
+
+
+# ----------------------------------------------------------------- resize / set_
+
+
+@handles(aten.resize_.default)
+def resize_(self, size, memory_format=None):
+    size = tuple(size)
+    stride = _st.contiguous_strides(size)
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    need = (self.storage_offset() + math.prod(size)) * self.dtype.itemsize
+    st = self.untyped_storage()
+    if need > st.nbytes():
+        from torchtpu.eager import executor as ex
+
+        old = st._tpu
+        n = self.storage_offset() + math.prod(size)
+        new = _st.new_storage((n,), self.dtype, old.index)
+        if old.arr is not None and old.dtype is self.dtype:
+            jnp = runtime.jax().numpy
+            flat = old.arr.reshape(-1)
+            k = min(flat.shape[0], n)
+            new._tpu.arr = jnp.zeros((n,), flat.dtype).at[:k].set(flat[:k])
+        st = new
+    return aten.set_.source_Storage_storage_offset.redispatch(
+        _st._CPU_KEYSET, self, st, self.storage_offset(), size, stride
+    )
+
+
+def _redispatch_cpu(op):
+    def fn(*args, **kwargs):
+        return op.redispatch(_st._CPU_KEYSET, *args, **kwargs)
+
+    return fn
+
+
+for _op in (
+    aten.set_.source_Storage,
+    aten.set_.source_Storage_storage_offset,
+    aten.set_.source_Tensor,
+):
+    HANDLERS[_op] = _redispatch_cpu(_op)
+
+
+@handles(aten.set_.default)
+def set_(self):
+    st = _st.new_storage((0,), self.dtype, self.device.index)
+    return aten.set_.source_Storage_storage_offset.redispatch(
+        _st._CPU_KEYSET, self, st, 0, (0,), (1,)
+    )
+
+
+@handles(aten.record_stream.default)
+def record_stream(self, stream):
+    return None
+
+
+@handles(aten._has_compatible_shallow_copy_type.default)
+def _compat(self, from_):
+    return self.device.type == from_.device.type

@@ -1,0 +1,289 @@
+"""Device storage for ``tpu`` tensors: one PJRT buffer per PyTorch storage.
+
+How a ``tpu`` tensor holds data
+-------------------------------
+A ``tpu`` tensor is a plain ``torch.Tensor`` (dispatch key PrivateUse1, no subclass) whose
+``StorageImpl`` has the real byte size and a unique, never-dereferenced address made up
+here (``_construct_storage_from_data_pointer``).  The data itself is a JAX array kept on
+the storage's Python object (PyTorch preserves that object, and so its attributes, for as
+long as the StorageImpl lives).  So, exactly as on CPU:
+
+* views (``view``, ``t``, slicing, ``as_strided``...) are tensors sharing the StorageImpl,
+  with CPU-identical ``size()``, ``stride()``, ``storage_offset()`` and ``is_contiguous()``;
+* ``untyped_storage().data_ptr()`` tells storages apart (tied weights, ``safetensors``);
+* an in-place op through any view replaces the storage's array, so the base and every
+  sibling view see it.
+
+The array is kept in the logical shape of the tensor that allocated the storage (a flat
+buffer would force relayout copies on TPU).  :class:`ViewSpec` describes how a tensor reads
+its elements out of the storage array; :func:`read_view` / :func:`write_view` turn that into
+slices, reshapes and transposes (a gather/scatter only for overlapping ``as_strided``
+views) inside the op's compiled executable, so a view costs no extra dispatch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from torchtpu._device import runtime
+
+_CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_create_empty = torch._C._acc.create_empty_tensor
+_storage_from_ptr = torch._C._construct_storage_from_data_pointer
+
+# Fake addresses: unique, 512-byte aligned, never reused, starting well above any real
+# heap (2**46).  They are never dereferenced: only our kernels touch tpu data.
+_ADDR_ALIGN = 512
+_next_addr = [1 << 46]
+
+
+class _Allocator:
+    """Counts live and peak device bytes per ``tpu`` index (``torch.tpu.memory_*``)."""
+
+    def __init__(self):
+        self.allocated: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+        self.num_allocs = 0
+
+    def alloc(self, index: int, nbytes: int):
+        cur = self.allocated.get(index, 0) + nbytes
+        self.allocated[index] = cur
+        if cur > self.peak.get(index, 0):
+            self.peak[index] = cur
+        self.num_allocs += 1
+
+    def free(self, index: int, nbytes: int):
+        self.allocated[index] = self.allocated.get(index, 0) - nbytes
+
+
+ALLOCATOR = _Allocator()
+
+
+class StorageData:
+    """The device side of one ``tpu`` storage.
+
+    Attributes:
+        arr: the JAX array holding the storage's elements, or ``None`` while the storage is
+            uninitialized (``torch.empty``); read as zeros then.
+        shape: the array's shape (logical shape of the allocating tensor).
+        dtype: the torch dtype of the elements.
+        index: the ``tpu`` device index.
+        nbytes: storage size in bytes.
+    """
+
+    __slots__ = ("arr", "shape", "dtype", "index", "nbytes", "__weakref__")
+
+    def __init__(self, arr, shape, dtype, index, nbytes):
+        self.arr = arr
+        self.shape = shape
+        self.dtype = dtype
+        self.index = index
+        self.nbytes = nbytes
+        ALLOCATOR.alloc(index, nbytes)
+
+    def __del__(self):
+        try:
+            ALLOCATOR.free(self.index, self.nbytes)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def get(self):
+        """The storage array, materializing zeros for an uninitialized storage."""
+        if self.arr is None:
+            jnp = runtime.jax().numpy
+            with runtime.jax().default_device(runtime.jax_device(self.index)):
+                self.arr = jnp.zeros(self.shape, runtime.to_np_dtype(self.dtype))
+        return self.arr
+
+
+def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):
+    """A new ``tpu:index`` ``UntypedStorage`` for ``prod(shape)`` elements of ``dtype``.
+
+    ``arr`` (optional) is the JAX array to hold, already on the right device.
+    """
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    addr = _next_addr[0]
+    _next_addr[0] = addr + (nbytes // _ADDR_ALIGN + 1) * _ADDR_ALIGN
+    st = _storage_from_ptr(addr, torch.device("tpu", index), nbytes)
+    st._tpu = StorageData(arr, tuple(shape), dtype, index, nbytes)
+    return st
+
+
+def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
+    """A ``tpu`` tensor viewing ``storage`` with the given geometry."""
+    t = _create_empty([0], dtype)
+    return _set_storage.redispatch(_CPU_KEYSET, t, storage, offset, size, stride)
+
+
+def contiguous_strides(size) -> tuple:
+    strides = []
+    acc = 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def empty(size, dtype: torch.dtype, index: int, stride=None) -> torch.Tensor:
+    """An uninitialized ``tpu:index`` tensor (``torch.empty`` / ``empty_strided``)."""
+    size = tuple(size)
+    if stride is None or tuple(stride) == contiguous_strides(size):
+        st = new_storage(size, dtype, index)
+        return tensor_on(st, size, contiguous_strides(size), 0, dtype)
+    numel = 1 + sum((s - 1) * abs(d) for s, d in zip(size, stride)) if all(size) else 0
+    st = new_storage((numel,), dtype, index)
+    return tensor_on(st, size, tuple(stride), 0, dtype)
+
+
+def wrap(arr, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new contiguous ``tpu:index`` tensor owning the JAX array ``arr``."""
+    if dtype is None:
+        dtype = runtime.to_torch_dtype(arr.dtype)
+    size = tuple(arr.shape)
+    st = new_storage(size, dtype, index, arr)
+    return tensor_on(st, size, contiguous_strides(size), 0, dtype)
+
+
+def data(t: torch.Tensor) -> StorageData:
+    """The :class:`StorageData` behind a ``tpu`` tensor."""
+    return t.untyped_storage()._tpu
+
+
+# ---------------------------------------------------------------------------- views
+
+
+def view_spec(t: torch.Tensor, sd: StorageData):
+    """Hashable description of how ``t`` reads its elements from its storage array.
+
+    ``(size, dtype)`` when ``t`` is the whole storage, contiguous, in the storage's
+    shape and dtype; else ``(size, dtype, stride, offset, storage_shape, storage_dtype)``.
+    """
+    size = tuple(t.shape)
+    dtype = t.dtype
+    if size == sd.shape and dtype is sd.dtype and t.storage_offset() == 0 and t.is_contiguous():
+        return (size, dtype)
+    return (size, dtype, tuple(t.stride()), t.storage_offset(), sd.shape, sd.dtype)
+
+
+def _nested_plan(size, stride):
+    """Express a strided view as slice -> reshape -> index, or None if it overlaps.
+
+    Returns (region_len, shape, index, sorted_dims, bcast_dims) where the region
+    ``flat[offset: offset + region_len]`` reshaped to ``shape`` and indexed by ``index``
+    gives the non-broadcast, non-unit dims in ``sorted_dims`` order.
+    """
+    real = [(i, n, s) for i, (n, s) in enumerate(zip(size, stride)) if n != 1 and s != 0]
+    if any(s < 0 for _, _, s in real):
+        return None
+    real.sort(key=lambda d: -d[2])
+    for (_, _, sp), (_, n, s) in zip(real, real[1:]):
+        if sp % s or n * s > sp:
+            return None
+    if not real:
+        return (1, (1,), (0,), [], )
+    shape = [real[0][1]]
+    index = [slice(None)]
+    for (_, _, sp), (_, n, s) in zip(real, real[1:]):
+        shape.append(sp // s)
+        index.append(slice(0, n))
+    shape.append(real[-1][2])
+    index.append(0)
+    return (real[0][1] * real[0][2], tuple(shape), tuple(index), [d[0] for d in real])
+
+
+def _region(flat, offset, length):
+    jnp = runtime.jax().numpy
+    lax = runtime.jax().lax
+    n = flat.shape[0]
+    if offset + length > n:
+        flat = jnp.concatenate([flat, jnp.zeros((offset + length - n,), flat.dtype)])
+    return lax.slice(flat, (offset,), (offset + length,))
+
+
+def _index_array(size, stride, offset):
+    idx = np.full((), offset, dtype=np.int64)
+    for n, s in zip(size, stride):
+        idx = idx[..., None] + np.arange(n, dtype=np.int64) * s
+    return idx
+
+
+def _bitcast(x, dtype):
+    lax = runtime.jax().lax
+    target = runtime.to_np_dtype(dtype)
+    if x.dtype == target:
+        return x
+    if x.dtype.itemsize != np.dtype(target).itemsize:
+        raise NotImplementedError(
+            f"torchtpu: viewing a {x.dtype} storage as {dtype} (different element size)"
+        )
+    if x.dtype == np.bool_:
+        x = x.astype(np.uint8)
+    if np.dtype(target) == np.bool_:
+        return lax.bitcast_convert_type(x, np.uint8).astype(np.bool_)
+    return lax.bitcast_convert_type(x, target)
+
+
+def read_view(arr, spec):
+    """Traced: the elements of a tensor with ``spec`` from its storage array ``arr``."""
+    if len(spec) == 2:
+        return arr
+    size, dtype, stride, offset, _, sdtype = spec
+    jnp = runtime.jax().numpy
+    lax = runtime.jax().lax
+    flat = arr.reshape(-1)
+    if dtype is not sdtype:
+        flat = _bitcast(flat, dtype)
+    if math.prod(size) == 0:
+        return jnp.zeros(size, flat.dtype)
+    plan = _nested_plan(size, stride)
+    if plan is None:
+        return flat[_index_array(size, stride, offset)]
+    length, shape, index, order = plan
+    x = _region(flat, offset, length).reshape(shape)[index]
+    if not order:
+        return lax.broadcast_in_dim(x.reshape(()), size, ())
+    # x has the non-unit, non-broadcast dims in `order`; put them back in place.
+    perm = sorted(range(len(order)), key=lambda k: order[k])
+    x = jnp.transpose(x, perm)
+    return lax.broadcast_in_dim(x, size, tuple(sorted(order)))
+
+
+def write_view(arr, spec, value):
+    """Traced: the storage array ``arr`` after writing ``value`` through a view ``spec``."""
+    if len(spec) == 2:
+        return value.astype(arr.dtype).reshape(arr.shape)
+    size, dtype, stride, offset, sshape, sdtype = spec
+    jnp = runtime.jax().numpy
+    lax = runtime.jax().lax
+    if math.prod(size) == 0:
+        return arr
+    value = value.astype(runtime.to_np_dtype(dtype))
+    if dtype is not sdtype:
+        value = _bitcast(value, sdtype)
+    flat = arr.reshape(-1)
+    n = flat.shape[0]
+    plan = _nested_plan(size, stride)
+    if plan is None or any(s == 0 and k != 1 for k, s in zip(size, stride)):
+        idx = _index_array(size, stride, offset).reshape(-1)
+        return flat.at[idx].set(value.reshape(-1)).reshape(arr.shape)
+    length, shape, index, order = plan
+    if order:
+        v = value.reshape([size[d] for d in sorted(order)])
+        perm = [sorted(order).index(d) for d in order]
+        v = jnp.transpose(v, perm)
+    else:
+        v = value.reshape(())
+    pad = max(0, offset + length - n)
+    if pad:
+        flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
+    region = lax.slice(flat, (offset,), (offset + length,)).reshape(shape)
+    region = region.at[index].set(v).reshape(-1)
+    flat = lax.dynamic_update_slice(flat, region, (offset,))
+    if pad:
+        flat = flat[:n]
+    return flat.reshape(arr.shape)

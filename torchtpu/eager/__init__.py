@@ -1,0 +1,1 @@
+"""Eager executors: strict (asynchronous per-op), debug (synchronous) and DeferAndFuse."""

@@ -1,0 +1,810 @@
+"""Strict eager executor: every ATen op that reaches the ``tpu`` backend runs here.
+
+PyTorch calls :func:`dispatch` (registered as the boxed fallback kernel of the
+PrivateUse1 dispatch key) with the ``OpOverload`` and its arguments.  Each overload gets
+a :class:`Plan` once, chosen in this order:
+
+1. a handler in ``torchtpu._tensor.handlers`` (factories, copies, ``item``, resize...);
+2. a view op: PyTorch's own CPU view kernel, re-dispatched (metadata only: the result
+   shares the storage, exactly as on CPU);
+3. a lowering from ``torchtpu.ops`` (functional ops), or a mutable op (``add_``,
+   ``add.out``) whose functional variant is lowered;
+4. a PyTorch decomposition (``torch._decomp``), whose pieces dispatch back here;
+5. otherwise ``NotImplementedError`` naming the op, or the opt-in CPU fallback.
+
+A lowered op runs as one compiled XLA executable per *signature* (op, argument views,
+dtypes, static arguments, device): the views of the inputs are read and the mutated
+storages written inside that executable, so views and in-place ops cost no extra
+dispatch.  The output metadata (dtype, shape, strides) comes from PyTorch's meta kernel,
+run once per signature; its errors are PyTorch's errors.  Dispatch is asynchronous: the
+host never waits for device results except at sync points (``item``, ``.cpu()``...).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from torchtpu import _metrics
+from torchtpu._device import runtime, state
+from torchtpu._tensor import storage as _st
+
+M = _metrics.METRICS
+aten = torch.ops.aten
+
+# argument kinds
+T, OPT_T, T_LIST, OPT_T_LIST, SCALAR, OPT_SCALAR, GEN, STATIC = range(8)
+
+_SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
+
+
+class Config:
+    """Executor switches (the eager mode sets ``debug_sync``)."""
+
+    debug_sync = False  # DEBUG eager mode: wait for every op
+
+
+CONFIG = Config()
+
+
+def _arg_kind(a) -> int:
+    t = a.type
+    s = str(t)
+    if s == "Tensor":
+        return T
+    if s == "Optional[Tensor]":
+        return OPT_T
+    if s == "List[Tensor]":
+        return T_LIST
+    if s == "List[Optional[Tensor]]":
+        return OPT_T_LIST
+    if s == "number" or s == "Scalar":
+        return SCALAR
+    if s in ("Optional[number]", "Optional[Scalar]"):
+        return OPT_SCALAR
+    if s == "Optional[Generator]" or s == "Generator":
+        return GEN
+    return STATIC
+
+
+def _default(a):
+    if a.has_default_value():
+        return a.default_value
+    return None
+
+
+class Signature:
+    """Schema facts of one ``OpOverload`` used on every call (computed once)."""
+
+    def __init__(self, op):
+        sch = op._schema
+        self.op = op
+        self.args = list(sch.arguments)
+        self.names = [a.name for a in self.args]
+        self.kinds = [_arg_kind(a) for a in self.args]
+        self.defaults = [_default(a) for a in self.args]
+        self.kwarg_only = [a.kwarg_only for a in self.args]
+        self.mutated = [
+            i for i, a in enumerate(self.args) if a.alias_info is not None and a.alias_info.is_write
+        ]
+        self.out_args = [i for i in self.mutated if self.kwarg_only[i]]
+        self.nret = len(sch.returns)
+        self.is_view = (
+            not self.mutated
+            and any(r.alias_info is not None for r in sch.returns)
+        )
+        self.tensor_idx = [i for i, k in enumerate(self.kinds) if k in (T, OPT_T, T_LIST, OPT_T_LIST)]
+
+    def normalize(self, args, kwargs) -> list:
+        vals = list(args)
+        n = len(vals)
+        if n < len(self.args):
+            for i in range(n, len(self.args)):
+                name = self.names[i]
+                vals.append(kwargs[name] if name in kwargs else self.defaults[i])
+        return vals
+
+
+# ------------------------------------------------------------------ errors and helpers
+
+
+def device_mismatch(op, a: torch.device, b: torch.device):
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{a} and {b}! (op {op})"
+    )
+
+
+def describe(vals) -> str:
+    parts = []
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            parts.append(f"Tensor{list(v.shape)}:{v.dtype}:{v.device}")
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            parts.append("[" + describe(v) + "]")
+        else:
+            parts.append(repr(v))
+    return ", ".join(parts)
+
+
+def _iter_tensors(vals):
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    yield x
+
+
+# ------------------------------------------------------------------------ the cache
+
+
+class Executable:
+    """A compiled per-op executable and what is needed to wrap its results.
+
+    Attributes:
+        call: ``call(arrays, dyn) -> tuple of arrays`` (new storage arrays first).
+        out_meta: ``(size, stride, dtype, perm)`` per new output tensor.
+        writes: storage slots written back, in the order of the returned arrays.
+        resize: for ``out=`` calls whose out tensors need resizing first, their shapes.
+    """
+
+    __slots__ = ("call", "out_meta", "writes", "device_index", "resize")
+
+    def __init__(self, call, out_meta, writes, device_index, resize=None):
+        self.call = call
+        self.out_meta = out_meta
+        self.writes = writes
+        self.device_index = device_index
+        self.resize = resize
+
+
+_CACHE: dict = {}
+
+
+def cache_info() -> dict:
+    return {"entries": len(_CACHE)}
+
+
+def clear_cache():
+    _CACHE.clear()
+
+
+def _meta_of(v):
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "meta":
+            return v
+        return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_meta_of(x) for x in v)
+    if isinstance(v, torch.device):
+        return torch.device("meta")
+    return v
+
+
+def _perm_for(size, stride):
+    """A permutation p with ``result.transpose(p)`` contiguous for dense ``stride``."""
+    if stride == _st.contiguous_strides(size):
+        return None
+    order = sorted(range(len(size)), key=lambda d: (-stride[d], -size[d]))
+    # check dense non-overlapping
+    expect = 1
+    for d in reversed(order):
+        if size[d] != 1 and stride[d] != expect:
+            return "nondense"
+        expect *= size[d]
+    return tuple(order)
+
+
+class _Call:
+    """Gathers the dynamic inputs and the cache key of one op call."""
+
+    __slots__ = ("arrays", "slots", "sdatas", "tensors_spec", "dyn", "key", "index", "first_dev")
+
+    def __init__(self):
+        self.arrays = []
+        self.slots = {}
+        self.sdatas = []
+        self.dyn = []
+        self.key = []
+        self.index = None
+        self.first_dev = None
+
+    def tensor(self, op, t, writeonly=False):
+        dev = t.device
+        if dev.type != "tpu":
+            if dev.type == "cpu" and t.dim() == 0:
+                arr = _host_scalar(t)
+                self.dyn.append(arr)
+                self.key.append(("cpu0", t.dtype))
+                return
+            other = self.first_dev or torch.device("tpu", state.current_device)
+            raise device_mismatch(op, other, dev)
+        if self.index is None:
+            self.index = dev.index
+            self.first_dev = dev
+        elif dev.index != self.index:
+            raise device_mismatch(op, self.first_dev, dev)
+        st = t.untyped_storage()
+        sd = st._tpu
+        cid = st._cdata
+        j = self.slots.get(cid)
+        if j is None:
+            j = len(self.arrays)
+            self.slots[cid] = j
+            self.sdatas.append(sd)
+            self.arrays.append(None if writeonly and sd.arr is None else sd.get())
+        elif self.arrays[j] is None and not writeonly:
+            self.arrays[j] = sd.get()
+        self.key.append((j, _st.view_spec(t, sd)))
+
+
+def _host_scalar(t):
+    if t.dtype == torch.bfloat16:
+        return np.asarray(t.float().item(), dtype=runtime.to_np_dtype(torch.bfloat16))
+    return np.asarray(t.item(), dtype=runtime.to_np_dtype(t.dtype))
+
+
+def gather(plan, vals, skip=()):
+    """Walk the normalized arguments: build the cache key and the dynamic inputs."""
+    c = _Call()
+    op = plan.op
+    key = c.key
+    key.append(op)
+    kinds = plan.sig.kinds
+    for i, v in enumerate(vals):
+        k = kinds[i]
+        if i in skip:
+            key.append("skip")
+            continue
+        if k == T or k == OPT_T:
+            if v is None:
+                key.append(None)
+            elif isinstance(v, torch.Tensor):
+                c.tensor(op, v, writeonly=i in plan.writeonly)
+            else:  # a wrapped number (Python scalar promoted to a 0-d tensor by PyTorch)
+                kind = bool if isinstance(v, bool) else int if isinstance(v, int) else (
+                    float if isinstance(v, float) else complex)
+                key.append(("S", kind))
+                c.dyn.append(np.asarray(v, dtype=_SCALAR_NP[kind]))
+        elif k == T_LIST or k == OPT_T_LIST:
+            key.append(("list", len(v)))
+            for x in v:
+                if x is None:
+                    key.append(None)
+                else:
+                    c.tensor(op, x)
+        elif k == SCALAR or k == OPT_SCALAR:
+            if v is None:
+                key.append(None)
+            elif plan.lowering.static_scalars:
+                key.append(("s", type(v), v))
+            else:
+                if isinstance(v, torch.Tensor):  # a Scalar passed as 0-d tensor
+                    v = v.item()
+                kind = type(v) if type(v) in _SCALAR_NP else (
+                    bool if isinstance(v, bool) else int if isinstance(v, int) else
+                    float if isinstance(v, float) else complex)
+                key.append(("S", kind))
+                c.dyn.append(np.asarray(v, dtype=_SCALAR_NP[kind]))
+        elif k == GEN:
+            key.append("gen")
+        else:
+            if isinstance(v, list):
+                v = tuple(v)
+            key.append(v)
+    if c.index is None:
+        # factory-like call: the device comes from a static `device` argument
+        dev = None
+        for i, n in enumerate(plan.sig.names):
+            if n == "device" and vals[i] is not None:
+                dev = torch.device(vals[i])
+        c.index = dev.index if dev is not None and dev.index is not None else state.current_device
+    key.append(c.index)
+    if plan.lowering.random:
+        gen = None
+        for i, k in enumerate(kinds):
+            if k == GEN:
+                gen = vals[i]
+        rs = state.rng(c.index) if gen is None else _generator_state(gen, c.index)
+        c.dyn.append(rs.next_key_data())
+    return c
+
+
+def _generator_state(gen, index):
+    from torchtpu._device import generator as _gen
+
+    return _gen.state_of(gen, index)
+
+
+def call_op(sig, op, vals):
+    """Call ``op`` with normalized ``vals``, passing kwarg-only arguments by name."""
+    pos = [v for v, kw in zip(vals, sig.kwarg_only) if not kw]
+    kws = {n: v for n, v, kw in zip(sig.names, vals, sig.kwarg_only) if kw}
+    return op(*pos, **kws)
+
+
+class LoweredPlan:
+    """Runs a lowered op (functional, in-place or ``out=``) through the executable cache.
+
+    For a mutable op (``add_``, ``add.out``) ``lowering`` is the functional twin's; the
+    executable computes it and writes each result through the view of the mutated
+    argument, returning the new storage arrays (``out=`` arguments are write-only: their
+    old contents are never read).
+    """
+
+    def __init__(self, op, sig, lowering, functional_sig=None):
+        self.op = op
+        self.sig = sig
+        self.lowering = lowering
+        self.fsig = functional_sig or sig  # schema of the lowered functional op
+        self.writeonly = set(sig.out_args)
+
+    def __call__(self, args, kwargs):
+        vals = self.sig.normalize(args, kwargs)
+        M.lowered_ops += 1
+        if self.lowering.dynamic_shape:
+            return self._run_dynamic(vals)
+        c = gather(self, vals)
+        key = tuple(c.key)
+        ex = _CACHE.get(key)
+        if ex is None:
+            M.cache_misses += 1
+            ex = self._build(vals, c, key)
+            _CACHE[key] = ex
+        else:
+            M.cache_hits += 1
+        if ex.resize is not None:
+            # out= tensors of the wrong shape: resize as PyTorch does, then run again
+            self._resize_outs(vals, ex.resize)
+            return self(args, kwargs)
+        outs = ex.call(c.arrays, c.dyn)
+        if CONFIG.debug_sync:
+            runtime.jax().block_until_ready(outs)
+        return self._finish(ex, c, vals, outs)
+
+    def _resize_outs(self, vals, shapes):
+        for i, shape in zip(self.sig.out_args, shapes):
+            o = vals[i]
+            if tuple(o.shape) != tuple(shape):
+                if o.numel() != 0:
+                    warnings.warn(
+                        f"An output with one or more elements was resized since it had shape "
+                        f"{list(o.shape)}, which does not match the required output shape "
+                        f"{list(shape)}. This behavior is deprecated, and in a future PyTorch "
+                        f"release outputs will not be resized unless they have zero elements. "
+                        f"You can explicitly reuse an out tensor t by resizing it, inplace, to "
+                        f"zero elements with t.resize_(0). (op {self.op})"
+                    )
+                o.resize_(shape)
+
+    # -- results
+    def _finish(self, ex, c, vals, outs):
+        nw = len(ex.writes)
+        for j, arr in zip(ex.writes, outs[:nw]):
+            c.sdatas[j].arr = arr
+        if self.sig.mutated:
+            res = [vals[i] for i in self.sig.mutated]
+            return res[0] if len(res) == 1 else tuple(res)
+        results = []
+        for (size, stride, dtype, perm), arr in zip(ex.out_meta, outs[nw:]):
+            if perm is None:
+                results.append(_st.wrap(arr, ex.device_index, dtype))
+            else:
+                st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
+                results.append(_st.tensor_on(st, size, stride, 0, dtype))
+        if self.sig.nret == 1:
+            return results[0]
+        return tuple(results)
+
+    # -- build
+    def _functional_meta(self, vals):
+        """Meta outputs [(size, stride, dtype)] of the functional op; runs PyTorch's own
+        checks of the real op too (errors are PyTorch's)."""
+        meta_vals = [_meta_of(v) for v in vals]
+        out = None
+        try:
+            out = call_op(self.sig, self.op, meta_vals)
+            if self.sig.mutated:
+                fvals = [v for i, v in enumerate(meta_vals) if i not in self.writeonly]
+                out = call_op(self.fsig, self.fsig.op, fvals[: len(self.fsig.args)])
+        except NotImplementedError:
+            return None
+        if isinstance(out, torch.Tensor):
+            out = [out]
+        return [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in out]
+
+    def _build(self, vals, c, key):
+        jax = runtime.jax()
+        from torchtpu.ops._scalar import register_pytree
+
+        register_pytree()
+        out_meta = self._functional_meta(vals)
+        if out_meta is None:
+            raise NotImplementedError(
+                f"torchtpu: {self.op} has no meta kernel; it needs a dynamic_shape lowering"
+            )
+        lowering = self.lowering
+        kinds = self.sig.kinds
+        mutated = self.sig.mutated
+        out_set = self.writeonly
+        if out_set:
+            want = [out_meta[k][0] for k in range(len(self.sig.out_args))]
+            have = [tuple(vals[i].shape) for i in self.sig.out_args]
+            if want != have:
+                return Executable(None, None, None, c.index, resize=want)
+        # Rebuild plan of the lowering's arguments from (arrays, dyn), and the writes.
+        writes, write_specs, layout = [], [], []
+        pos = 1  # position in key after the op
+        for i, v in enumerate(vals):
+            k = kinds[i]
+            kk = key[pos]
+            pos += 1
+            if k in (T, OPT_T):
+                if v is None:
+                    item = ("const", None)
+                elif kk[0] == "cpu0":
+                    item = ("dyn",)
+                elif kk[0] == "S":
+                    item = ("scalar", kk[1])
+                else:
+                    item = ("view", kk[0], kk[1])
+                    if i in mutated:
+                        writes.append(kk[0])
+                        write_specs.append(kk[1])
+            elif k in (T_LIST, OPT_T_LIST):
+                items = []
+                for x in v:
+                    kx = key[pos]
+                    pos += 1
+                    if x is None:
+                        items.append(("const", None))
+                    elif kx[0] == "cpu0":
+                        items.append(("dyn",))
+                    else:
+                        items.append(("view", kx[0], kx[1]))
+                item = ("list", items)
+            elif k in (SCALAR, OPT_SCALAR):
+                if v is None:
+                    item = ("const", None)
+                elif lowering.static_scalars:
+                    item = ("const", kk[2])
+                else:
+                    item = ("scalar", kk[1])
+            elif k == GEN:
+                item = ("drop",)
+            else:
+                item = ("const", v)
+            if i not in out_set:
+                layout.append(item)
+        nf = len(self.fsig.args)
+        perms = [_perm_for(size, stride) for size, stride, _ in out_meta]
+        sdatas = c.sdatas
+        op = self.op
+
+        def traced(arrays, dyn):
+            dyn_it = iter(dyn)
+            largs = [_rebuild(item, arrays, dyn_it) for item in layout]
+            kw = {"key": next(dyn_it)} if lowering.random else {}
+            res = lowering.fn(*largs[:nf], **kw)
+            if not isinstance(res, (tuple, list)):
+                res = (res,)
+            fixed = []
+            for (size, stride, dt), r in zip(out_meta, res):
+                want = runtime.to_np_dtype(dt)
+                if r.dtype != want:
+                    r = r.astype(want)
+                if tuple(r.shape) != tuple(size):
+                    raise RuntimeError(
+                        f"torchtpu internal error: the lowering of {op} returned shape "
+                        f"{tuple(r.shape)} where PyTorch computes {size}"
+                    )
+                fixed.append(r)
+            if mutated:
+                cur = {}
+                for slot, spec, r in zip(writes, write_specs, fixed):
+                    base = cur.get(slot, arrays[slot])
+                    if base is None:
+                        if len(spec) == 2:
+                            cur[slot] = r.reshape(sdatas[slot].shape)
+                            continue
+                        sd = sdatas[slot]
+                        base = jax.numpy.zeros(sd.shape, runtime.to_np_dtype(sd.dtype))
+                    if tuple(r.shape) != tuple(spec[0]):
+                        r = jax.numpy.broadcast_to(r, spec[0])
+                    cur[slot] = _st.write_view(base, spec, r)
+                return tuple(cur[s] for s in dict.fromkeys(writes))
+            outs = []
+            for r, perm in zip(fixed, perms):
+                if perm is not None and perm != "nondense":
+                    r = jax.numpy.transpose(r, perm)
+                outs.append(r)
+            return tuple(outs)
+
+        t0 = time.perf_counter()
+        from jax.sharding import SingleDeviceSharding
+
+        sharding = SingleDeviceSharding(runtime.jax_device(c.index))
+        try:
+            compiled = jax.jit(traced, out_shardings=sharding).lower(c.arrays, c.dyn).compile()
+        except (TypeError, ValueError) as e:
+            raise RuntimeError(
+                f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
+            ) from e
+        M.compiles += 1
+        M.compile_seconds += time.perf_counter() - t0
+        final_meta = []
+        if not mutated:
+            for (size, stride, dt), perm in zip(out_meta, perms):
+                if perm == "nondense":
+                    stride, perm = _st.contiguous_strides(size), None
+                final_meta.append((size, stride, dt, perm))
+        return Executable(compiled, final_meta, list(dict.fromkeys(writes)), c.index)
+
+    def _run_dynamic(self, vals):
+        """Data-dependent output shapes: run on concrete arrays (a sync point)."""
+        M.sync("data_dependent_shape:" + self.op._schema.name.split("::")[-1])
+        index = None
+        largs = []
+        for i, v in enumerate(vals):
+            k = self.sig.kinds[i]
+            if i in self.writeonly:
+                continue
+            if k in (T, OPT_T):
+                if isinstance(v, torch.Tensor):
+                    if v.device.type == "tpu":
+                        index = v.device.index if index is None else index
+                        v = to_jax(v)
+                    else:
+                        v = runtime.jax().numpy.asarray(_host_scalar(v))
+                largs.append(v)
+            elif k in (T_LIST, OPT_T_LIST):
+                largs.append([to_jax(x) if x is not None else None for x in v])
+            elif k == GEN:
+                largs.append(None)
+            else:
+                largs.append(v)
+        index = state.current_device if index is None else index
+        with runtime.jax().default_device(runtime.jax_device(index)):
+            res = self.lowering.fn(*largs[: len(self.fsig.args)])
+        if not isinstance(res, (tuple, list)):
+            res = (res,)
+        outs = [_st.wrap(runtime.jax().device_put(r, runtime.jax_device(index)), index) for r in res]
+        if self.sig.out_args:
+            targets = [vals[i] for i in self.sig.out_args]
+            for o, r in zip(targets, outs):
+                if tuple(o.shape) != tuple(r.shape):
+                    o.resize_(r.shape)
+                o.copy_(r)
+            return targets[0] if len(targets) == 1 else tuple(targets)
+        return outs[0] if self.sig.nret == 1 else tuple(outs)
+
+
+def _rebuild(item, arrays, dyn_it):
+    from torchtpu.ops._scalar import Scalar
+
+    tag = item[0]
+    if tag == "view":
+        return _st.read_view(arrays[item[1]], item[2])
+    if tag == "const":
+        return item[1]
+    if tag == "dyn":
+        return next(dyn_it)
+    if tag == "scalar":
+        return Scalar(next(dyn_it), item[1])
+    if tag == "list":
+        return [_rebuild(x, arrays, dyn_it) for x in item[1]]
+    if tag == "drop":
+        return None
+    raise AssertionError(tag)
+
+
+# ----------------------------------------------------------------- host reads
+
+
+_READERS: dict = {}
+
+
+def to_jax(t: torch.Tensor):
+    """The JAX array holding the elements of ``tpu`` tensor ``t`` (its own shape)."""
+    sd = _st.data(t)
+    spec = _st.view_spec(t, sd)
+    arr = sd.get()
+    if len(spec) == 2:
+        return arr
+    f = _READERS.get(spec)
+    if f is None:
+        f = _READERS[spec] = runtime.jax().jit(lambda a, _s=spec: _st.read_view(a, _s))
+    return f(arr)
+
+
+def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
+    """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
+    M.sync(cause)
+    arr = np.asarray(to_jax(t))
+    M.transfers_to_host_bytes += arr.nbytes
+    return arr
+
+
+# ------------------------------------------------------------------------ plans
+
+
+class DecompPlan:
+    def __init__(self, op, fn):
+        self.op = op
+        self.fn = fn
+
+    def __call__(self, args, kwargs):
+        M.decomposed_ops += 1
+        return self.fn(*args, **kwargs)
+
+
+class ViewPlan:
+    """View ops: PyTorch's CPU kernel only computes metadata; re-dispatch to it."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, args, kwargs):
+        M.view_ops += 1
+        return self.op.redispatch(_st._CPU_KEYSET, *args, **kwargs)
+
+
+class HandlerPlan:
+    def __init__(self, op, fn):
+        self.op = op
+        self.fn = fn
+
+    def __call__(self, args, kwargs):
+        return self.fn(*args, **kwargs)
+
+
+class UnsupportedPlan:
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, args, kwargs):
+        from torchtpu._device import tpu_module
+
+        if tpu_module.enable_cpu_fallback:
+            from torchtpu.eager import cpu_fallback
+
+            return cpu_fallback.run(self.op, args, kwargs)
+        raise NotImplementedError(
+            f"torchtpu: the ATen op '{self.op}' is not implemented for the tpu device "
+            f"(arguments: {describe(list(args) + list(kwargs.values()))}). "
+            f"Set torch.tpu.enable_cpu_fallback = True (or TORCHTPU_CPU_FALLBACK=1) to run "
+            f"it on the CPU."
+        )
+
+
+_PLANS: dict = {}
+
+# In-place overloads whose functional twin has another name.
+_FUNCTIONAL_ALIASES = {
+    "bernoulli_.float": "bernoulli.p",
+    "normal_.default": "normal_functional.default",
+}
+
+
+def functional_variant(op):
+    """The functional overload computing what mutable ``op`` writes, or None."""
+    name = op._schema.name.split("::")[1]
+    overload = op._overloadname
+    full = f"{name}.{overload}"
+    if full in _FUNCTIONAL_ALIASES:
+        pkt, ov = _FUNCTIONAL_ALIASES[full].split(".")
+        return getattr(getattr(aten, pkt), ov)
+    sig = Signature(op)
+    if sig.out_args:
+        # foo.out -> the overload of foo with the same non-out arguments
+        pkt = getattr(aten, name, None)
+        want = [a.name for i, a in enumerate(sig.args) if i not in sig.out_args]
+        if pkt is None:
+            return None
+        for ov in pkt.overloads():
+            cand = getattr(pkt, ov)
+            if cand is op:
+                continue
+            csig = cand._schema
+            if any(a.alias_info is not None and a.alias_info.is_write for a in csig.arguments):
+                continue
+            if [a.name for a in csig.arguments] == want:
+                return cand
+        return None
+    if name.endswith("_"):
+        pkt = getattr(aten, name[:-1], None)
+        if pkt is not None and overload in pkt.overloads():
+            return getattr(pkt, overload)
+    return None
+
+
+def plan_for(op):
+    plan = _PLANS.get(op)
+    if plan is None:
+        plan = _PLANS[op] = _make_plan(op)
+    return plan
+
+
+def _make_plan(op):
+    from torchtpu import ops as _ops
+    from torchtpu._tensor import handlers
+
+    table = _ops.table()
+    h = handlers.HANDLERS.get(op)
+    if h is not None:
+        return HandlerPlan(op, h)
+    sig = Signature(op)
+    if op in table:
+        return LoweredPlan(op, sig, table[op])
+    if sig.is_view and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"):
+        return ViewPlan(op)
+    if sig.mutated:
+        f = functional_variant(op)
+        if f is not None and f in table:
+            return LoweredPlan(op, sig, table[f], Signature(f))
+    d = _decomposition(op)
+    if d is not None:
+        return DecompPlan(op, d)
+    if sig.mutated:
+        f = functional_variant(op)
+        if f is not None and (f in table or _decomposition(f) is not None):
+            return _MutableViaFunctional(op, sig, f)
+    return UnsupportedPlan(op)
+
+
+class _MutableViaFunctional:
+    """A mutable op whose functional twin is decomposed: run it, then copy back."""
+
+    def __init__(self, op, sig, f):
+        self.op = op
+        self.sig = sig
+        self.f = f
+        self.fsig = Signature(f)
+
+    def __call__(self, args, kwargs):
+        vals = self.sig.normalize(args, kwargs)
+        fvals = [v for i, v in enumerate(vals) if i not in self.sig.out_args]
+        res = self.f(*fvals[: len(self.fsig.args)])
+        if isinstance(res, torch.Tensor):
+            res = (res,)
+        targets = [vals[i] for i in self.sig.mutated]
+        for o, r in zip(targets, res):
+            if self.sig.out_args and tuple(o.shape) != tuple(r.shape):
+                o.resize_(r.shape)
+            o.copy_(r)
+        return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+_DECOMPS = None
+
+
+def _decomposition(op):
+    global _DECOMPS
+    if _DECOMPS is None:
+        from torch._decomp import decomposition_table
+
+        from torchtpu.ops import decomp_overrides
+
+        # PyTorch's decompositions proper; torch._refs entries lower to prims, which
+        # would dispatch straight back to the op they implement.
+        _DECOMPS = {
+            op: fn
+            for op, fn in decomposition_table.items()
+            if not getattr(fn, "__module__", "").startswith("torch._refs")
+        }
+        _DECOMPS.update(decomp_overrides.table())
+    return _DECOMPS.get(op)
+
+
+def dispatch(keyset, op, *args, **kwargs):
+    """The PrivateUse1 boxed fallback kernel: run ``op`` on tpu tensors."""
+    M.ops_dispatched += 1
+    plan = _PLANS.get(op)
+    if plan is None:
+        plan = plan_for(op)
+    return plan(args, kwargs)

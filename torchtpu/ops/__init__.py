@@ -1,0 +1,100 @@
+"""The ATen -> XLA lowering table.
+
+One table serves every executor (strict eager, debug eager, DeferAndFuse, torch.compile).
+A lowering is a pure function written against ``jax.numpy`` / ``jax.lax``; it receives the
+ATen op's arguments in schema order with defaults filled in, where
+
+* ``Tensor`` arguments are JAX arrays (tracers), already read through their view;
+* ``Scalar`` arguments are :class:`Scalar` objects (a traced value plus its Python type,
+  which PyTorch's type promotion needs);
+* everything else (ints, int lists, dtypes, bools, strings) is the static Python value.
+
+It returns one array per ATen output.  The executor casts each output to the dtype that
+PyTorch's own meta kernel computes for the call and checks the shape, so a lowering can
+never return a silently different dtype or shape.
+
+Mutable variants (``add_``, ``add.out``) are never lowered by hand: the executor runs the
+functional op and writes the result through the view (see ``torchtpu.eager.executor``).
+
+Register with::
+
+    @lower(aten.exp.default)
+    def exp(x): ...
+
+The registry is the table of contents: grep the ATen name to find an op's lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+import torch
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """One entry of the table.
+
+    Attributes:
+        fn: the lowering function.
+        random: the op draws random numbers; ``fn`` gets a uint32[4] key-data array
+            (see ``torchtpu._device.state.RNGState``) as keyword ``key``.
+        dynamic_shape: the output shape depends on tensor values (``nonzero``...): the
+            op runs on concrete arrays, outside ``jit``, and is a sync point.
+        static_scalars: Scalar arguments are compiled in as constants instead of being
+            passed as device scalars (for ops whose lowering needs Python values).
+    """
+
+    fn: Callable
+    random: bool = False
+    dynamic_shape: bool = False
+    static_scalars: bool = False
+
+
+LOWERINGS: dict = {}
+
+
+def lower(*ops, random=False, dynamic_shape=False, static_scalars=False):
+    """Decorator registering ``fn`` as the lowering of each ATen overload in ``ops``."""
+
+    def deco(fn):
+        entry = Lowering(fn, random, dynamic_shape, static_scalars)
+        for op in ops:
+            if op in LOWERINGS:
+                raise RuntimeError(f"torchtpu: two lowerings for {op}")
+            LOWERINGS[op] = entry
+        return fn
+
+    return deco
+
+
+_FAMILIES = (
+    "elementwise",
+    "reduction",
+    "shape",
+    "indexing",
+    "linalg",
+    "nn",
+    "random",
+    "factory",
+)
+_loaded = False
+
+
+def table() -> dict:
+    """The full lowering table (imports every op family on first use)."""
+    global _loaded
+    if not _loaded:
+        for fam in _FAMILIES:
+            importlib.import_module(f"torchtpu.ops.{fam}")
+        _loaded = True
+    return LOWERINGS
+
+
+from torchtpu.ops._scalar import Scalar  # noqa: E402  (re-export)
+
+__all__ = ["Lowering", "lower", "table", "Scalar", "aten"]

@@ -1,0 +1,73 @@
+"""Small shared pieces for lowerings: dtype promotion and casting (trace time only)."""
+
+from __future__ import annotations
+
+import torch
+
+from torchtpu._device import runtime
+from torchtpu.ops._scalar import Scalar
+
+
+def jnp():
+    return runtime.jax().numpy
+
+
+def lax():
+    return runtime.jax().lax
+
+
+def tdtype(x) -> torch.dtype:
+    """The torch dtype of a JAX array, or the wrapped-number dtype of a Scalar."""
+    if isinstance(x, Scalar):
+        return {bool: torch.bool, int: torch.int64, float: torch.float64,
+                complex: torch.complex128}[x.kind]
+    return runtime.to_torch_dtype(x.dtype)
+
+
+def npdt(dtype: torch.dtype):
+    return runtime.to_np_dtype(dtype)
+
+
+def _promotion_operand(x):
+    if isinstance(x, Scalar):
+        return x.sample
+    if isinstance(x, (bool, int, float, complex)):
+        return x
+    return torch.empty(x.shape, dtype=tdtype(x), device="meta")
+
+
+def promote(*args) -> torch.dtype:
+    """PyTorch's promoted dtype of several operands (tensors, Scalars, numbers)."""
+    from torch._prims_common import elementwise_dtypes, ELEMENTWISE_TYPE_PROMOTION_KIND
+
+    ops = [_promotion_operand(a) for a in args if a is not None]
+    return elementwise_dtypes(*ops, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
+def cast(x, dtype: torch.dtype):
+    """``x`` (array, Scalar or number) as a JAX value of torch dtype ``dtype``."""
+    d = npdt(dtype)
+    if isinstance(x, Scalar):
+        return x.value.astype(d)
+    if isinstance(x, (bool, int, float, complex)):
+        return jnp().asarray(x, dtype=d)
+    if x.dtype != d:
+        return x.astype(d)
+    return x
+
+
+def is_float(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point
+
+
+def is_complex(dtype: torch.dtype) -> bool:
+    return dtype.is_complex
+
+
+def is_int(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype is not torch.bool
+
+
+def opmath(dtype: torch.dtype) -> torch.dtype:
+    """The dtype PyTorch computes in for reduced-precision floats (``opmath_type``)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -1,0 +1,420 @@
+"""Elementwise lowerings: unary math, binary arithmetic, comparisons, where, casts.
+
+Shared shapes of code are constructors (:func:`unary`, :func:`binary`, :func:`compare`);
+each op is one line naming its ATen overload and its jax function.  Dtype rules follow
+PyTorch: integer inputs to float-only math (``exp``, ``sin``...) compute in the default
+float dtype; half/bfloat16 math computes in float32 (PyTorch's ``opmath``) and rounds
+once.  The executor casts every result to the dtype PyTorch's meta kernel reports.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchtpu.ops import aten, lower
+from torchtpu.ops._scalar import Scalar
+from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, promote, tdtype
+
+
+def _float_compute(x) -> torch.dtype:
+    """Compute dtype of float math on x: opmath of x's float type (int -> default)."""
+    dt = tdtype(x)
+    if not (dt.is_floating_point or dt.is_complex):
+        dt = torch.get_default_dtype()
+    return opmath(dt)
+
+
+def unary(op, fn, float_math=True):
+    """Register ``op(x)`` = ``fn(x)``; float_math: ints promote to float (exp, sin...)."""
+
+    def lowering(x):
+        if float_math:
+            return fn(cast(x, _float_compute(x)))
+        return fn(x)
+
+    lower(op)(lowering)
+    return lowering
+
+
+def binary(op, fn, has_alpha=False, float_math=False):
+    """Register ``op(a, b[, alpha])`` computed in PyTorch's promoted dtype."""
+
+    def lowering(a, b, alpha=None):
+        dt = promote(a, b)
+        if float_math and not (dt.is_floating_point or dt.is_complex):
+            dt = torch.get_default_dtype()
+        ct = opmath(dt)
+        x, y = cast(a, ct), cast(b, ct)
+        if has_alpha and alpha is not None:
+            y = y * cast(alpha, ct)
+        return fn(x, y)
+
+    lower(op)(lowering)
+    return lowering
+
+
+def compare(op, fn):
+    """Register a comparison: promote both operands, return bool."""
+
+    def lowering(a, b):
+        dt = promote(a, b)
+        return fn(cast(a, dt), cast(b, dt))
+
+    lower(op)(lowering)
+    return lowering
+
+
+# ------------------------------------------------------------------ arithmetic
+binary(aten.add.Tensor, lambda x, y: x + y, has_alpha=True)
+binary(aten.add.Scalar, lambda x, y: x + y, has_alpha=True)
+binary(aten.sub.Tensor, lambda x, y: x - y, has_alpha=True)
+binary(aten.sub.Scalar, lambda x, y: x - y, has_alpha=True)
+binary(aten.rsub.Tensor, lambda x, y: y - x, has_alpha=True)
+binary(aten.rsub.Scalar, lambda x, y: y - x, has_alpha=True)
+binary(aten.mul.Tensor, lambda x, y: x * y)
+binary(aten.mul.Scalar, lambda x, y: x * y)
+binary(aten.maximum.default, lambda x, y: _nan_propagating(jnp().maximum, x, y))
+binary(aten.minimum.default, lambda x, y: _nan_propagating(jnp().minimum, x, y))
+binary(aten.fmax.default, lambda x, y: jnp().fmax(x, y))
+binary(aten.fmin.default, lambda x, y: jnp().fmin(x, y))
+binary(aten.atan2.default, lambda x, y: jnp().arctan2(x, y), float_math=True)
+binary(aten.hypot.default, lambda x, y: jnp().hypot(x, y))
+binary(aten.copysign.Tensor, lambda x, y: jnp().copysign(x, y), float_math=True)
+binary(aten.copysign.Scalar, lambda x, y: jnp().copysign(x, y), float_math=True)
+binary(aten.nextafter.default, lambda x, y: jnp().nextafter(x, y))
+binary(aten.logaddexp.default, lambda x, y: jnp().logaddexp(x, y))
+binary(aten.logaddexp2.default, lambda x, y: jnp().logaddexp2(x, y))
+binary(aten.xlogy.Tensor, lambda x, y: _xlogy(x, y), float_math=True)
+binary(aten.bitwise_and.Tensor, lambda x, y: x & y)
+binary(aten.bitwise_and.Scalar, lambda x, y: x & y)
+binary(aten.bitwise_or.Tensor, lambda x, y: x | y)
+binary(aten.bitwise_or.Scalar, lambda x, y: x | y)
+binary(aten.bitwise_xor.Tensor, lambda x, y: x ^ y)
+binary(aten.bitwise_xor.Scalar, lambda x, y: x ^ y)
+binary(aten.bitwise_left_shift.Tensor, lambda x, y: jnp().left_shift(x, y))
+binary(aten.bitwise_right_shift.Tensor, lambda x, y: jnp().right_shift(x, y))
+
+
+def _nan_propagating(f, x, y):
+    if jnp().issubdtype(x.dtype, jnp().floating):
+        return jnp().where(jnp().isnan(x) | jnp().isnan(y), jnp().nan, f(x, y)).astype(x.dtype)
+    return f(x, y)
+
+
+def _xlogy(x, y):
+    j = jnp()
+    res = j.where(x == 0, j.zeros_like(x), x * j.log(y))
+    return j.where(j.isnan(y), j.nan, res)
+
+
+@lower(aten.div.Tensor, aten.div.Scalar)
+def div(a, b):
+    dt = promote(a, b)
+    if not (dt.is_floating_point or dt.is_complex):
+        dt = torch.get_default_dtype()
+    ct = opmath(dt)
+    return cast(a, ct) / cast(b, ct)
+
+
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(a, b, rounding_mode=None):
+    dt = promote(a, b)
+    if rounding_mode is None:
+        return div(a, b)
+    is_int = not (dt.is_floating_point or dt.is_complex)
+    ct = opmath(dt)
+    x, y = cast(a, ct), cast(b, ct)
+    j = jnp()
+    if rounding_mode == "trunc":
+        if is_int:
+            q = lax().div(x, y)  # C-style truncation
+            return q
+        return j.trunc(x / y)
+    if rounding_mode == "floor":
+        if is_int:
+            return j.floor_divide(x, y)
+        return _python_floor_div(x, y)
+    raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+
+
+def _python_floor_div(x, y):
+    """PyTorch's float floor division (``div_floor_floating``)."""
+    j = jnp()
+    mod = j.fmod(x, y)
+    div = (x - mod) / y
+    div = j.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
+    floordiv = j.floor(div)
+    floordiv = j.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    res = j.where(div != 0, floordiv, j.copysign(j.zeros_like(div), x / y))
+    return j.where(y == 0, x / y, res)
+
+
+@lower(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(a, b):
+    return div_mode(a, b, "floor")
+
+
+@lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(a, b):
+    dt = promote(a, b)
+    ct = opmath(dt)
+    x, y = cast(a, ct), cast(b, ct)
+    j = jnp()
+    if dt.is_floating_point:
+        r = j.fmod(x, y)
+        return j.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+    return j.remainder(x, y)
+
+
+@lower(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(a, b):
+    dt = promote(a, b)
+    ct = opmath(dt)
+    x, y = cast(a, ct), cast(b, ct)
+    if dt.is_floating_point:
+        return jnp().fmod(x, y)
+    return lax().rem(x, y)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(a, b):
+    dt = promote(a, b)
+    ct = opmath(dt)
+    x, y = cast(a, ct), cast(b, ct)
+    if dt.is_floating_point or dt.is_complex:
+        return jnp().power(x, y)
+    return lax().integer_pow(x, 1) if False else _int_pow(x, y)
+
+
+def _int_pow(x, y):
+    """Integer power by repeated squaring (exact, wraps like PyTorch's CPU kernel)."""
+    j = jnp()
+    one = j.ones_like(x)
+    neg = y < 0
+    # x ** negative: 1 for x == 1, +-1 for x == -1, 0 otherwise (PyTorch CPU)
+    yy = j.where(neg, 0, y)
+    res = one
+    base = x
+    for _ in range(64):
+        res = j.where((yy & 1) == 1, res * base, res)
+        base = base * base
+        yy = yy >> 1
+    negres = j.where(x == 1, one, j.where(x == -1, j.where((y & 1) == 1, -one, one), j.zeros_like(x)))
+    return j.where(neg, negres, res)
+
+
+# ------------------------------------------------------------------ comparisons
+compare(aten.eq.Tensor, lambda x, y: x == y)
+compare(aten.eq.Scalar, lambda x, y: x == y)
+compare(aten.ne.Tensor, lambda x, y: x != y)
+compare(aten.ne.Scalar, lambda x, y: x != y)
+compare(aten.lt.Tensor, lambda x, y: x < y)
+compare(aten.lt.Scalar, lambda x, y: x < y)
+compare(aten.le.Tensor, lambda x, y: x <= y)
+compare(aten.le.Scalar, lambda x, y: x <= y)
+compare(aten.gt.Tensor, lambda x, y: x > y)
+compare(aten.gt.Scalar, lambda x, y: x > y)
+compare(aten.ge.Tensor, lambda x, y: x >= y)
+compare(aten.ge.Scalar, lambda x, y: x >= y)
+compare(aten.logical_and.default, lambda x, y: (x != 0) & (y != 0))
+compare(aten.logical_or.default, lambda x, y: (x != 0) | (y != 0))
+compare(aten.logical_xor.default, lambda x, y: (x != 0) ^ (y != 0))
+
+
+@lower(aten.logical_not.default)
+def logical_not(x):
+    return x == 0
+
+
+# ------------------------------------------------------------------ unary math
+_U = [
+    (aten.exp.default, lambda x: jnp().exp(x)),
+    (aten.exp2.default, lambda x: jnp().exp2(x)),
+    (aten.expm1.default, lambda x: jnp().expm1(x)),
+    (aten.log.default, lambda x: jnp().log(x)),
+    (aten.log2.default, lambda x: jnp().log2(x)),
+    (aten.log10.default, lambda x: jnp().log10(x)),
+    (aten.log1p.default, lambda x: jnp().log1p(x)),
+    (aten.sqrt.default, lambda x: jnp().sqrt(x)),
+    (aten.rsqrt.default, lambda x: lax().rsqrt(x)),
+    (aten.sin.default, lambda x: jnp().sin(x)),
+    (aten.cos.default, lambda x: jnp().cos(x)),
+    (aten.tan.default, lambda x: jnp().tan(x)),
+    (aten.asin.default, lambda x: jnp().arcsin(x)),
+    (aten.acos.default, lambda x: jnp().arccos(x)),
+    (aten.atan.default, lambda x: jnp().arctan(x)),
+    (aten.sinh.default, lambda x: jnp().sinh(x)),
+    (aten.cosh.default, lambda x: jnp().cosh(x)),
+    (aten.tanh.default, lambda x: jnp().tanh(x)),
+    (aten.asinh.default, lambda x: jnp().arcsinh(x)),
+    (aten.acosh.default, lambda x: jnp().arccosh(x)),
+    (aten.atanh.default, lambda x: jnp().arctanh(x)),
+    (aten.sigmoid.default, lambda x: _sigmoid(x)),
+    (aten.erf.default, lambda x: lax().erf(x)),
+    (aten.erfc.default, lambda x: lax().erfc(x)),
+    (aten.erfinv.default, lambda x: lax().erf_inv(x)),
+    (aten.lgamma.default, lambda x: lax().lgamma(x)),
+    (aten.digamma.default, lambda x: _digamma(x)),
+    (aten.reciprocal.default, lambda x: 1 / x),
+]
+for _op, _fn in _U:
+    unary(_op, _fn)
+
+
+def _sigmoid(x):
+    if jnp().iscomplexobj(x):
+        return 1 / (1 + jnp().exp(-x))
+    return runtime_nn().sigmoid(x)
+
+
+def runtime_nn():
+    from torchtpu._device import runtime
+
+    return runtime.jax().nn
+
+
+def _digamma(x):
+    j = jnp()
+    r = lax().digamma(x)
+    # PyTorch: digamma(0) = -inf (for +0 and -0 alike)
+    return j.where(x == 0, -j.inf, r)
+
+
+_UI = [  # same dtype in, same dtype out
+    (aten.neg.default, lambda x: -x),
+    (aten.abs.default, lambda x: jnp().abs(x)),
+    (aten.sign.default, lambda x: jnp().sign(x)),
+    (aten.floor.default, lambda x: jnp().floor(x) if _isfloat(x) else x),
+    (aten.ceil.default, lambda x: jnp().ceil(x) if _isfloat(x) else x),
+    (aten.trunc.default, lambda x: jnp().trunc(x) if _isfloat(x) else x),
+    (aten.round.default, lambda x: jnp().round(x) if _isfloat(x) else x),
+    (aten.frac.default, lambda x: x - jnp().trunc(x)),
+    (aten.bitwise_not.default, lambda x: jnp().invert(x) if x.dtype != bool else ~x),
+    (aten.isnan.default, lambda x: jnp().isnan(x)),
+    (aten.isinf.default, lambda x: jnp().isinf(x)),
+    (aten.isfinite.default, lambda x: jnp().isfinite(x)),
+    (aten.signbit.default, lambda x: jnp().signbit(x)),
+    (aten.conj_physical.default, lambda x: jnp().conj(x)),
+    (aten.positive.default, lambda x: x),
+]
+for _op, _fn in _UI:
+    unary(_op, _fn, float_math=False)
+
+
+def _isfloat(x):
+    return jnp().issubdtype(x.dtype, jnp().inexact)
+
+
+@lower(aten.round.decimals)
+def round_decimals(x, decimals=0):
+    j = jnp()
+    ct = opmath(tdtype(x))
+    x = cast(x, ct)
+    if decimals >= 0:
+        f = 10.0 ** decimals
+        return j.round(x * f) / f
+    f = 10.0 ** (-decimals)
+    return j.round(x / f) * f
+
+
+@lower(aten.sgn.default)
+def sgn(x):
+    j = jnp()
+    if j.iscomplexobj(x):
+        a = j.abs(x)
+        return j.where(a == 0, 0, x / j.where(a == 0, 1, a))
+    return j.sign(x)
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    dt = promote(*[v for v in (x, min, max) if v is not None])
+    ct = opmath(dt)
+    r = cast(x, ct)
+    j = jnp()
+    isf = dt.is_floating_point
+    if min is not None:
+        m = cast(min, ct)
+        r = j.where(j.isnan(m), m, j.maximum(r, m)) if isf else j.maximum(r, m)
+    if max is not None:
+        m = cast(max, ct)
+        r = j.where(j.isnan(m), m, j.minimum(r, m)) if isf else j.minimum(r, m)
+    if isf:
+        r = j.where(j.isnan(cast(x, ct)), cast(x, ct), r)
+    return r
+
+
+@lower(aten.where.self)
+def where(cond, a, b):
+    dt = promote(a, b)
+    return jnp().where(cond, cast(a, dt), cast(b, dt))
+
+
+@lower(aten.copy.default)
+def copy(self, src, non_blocking=False):
+    """``copy(self, src)``: ``src`` broadcast to ``self``'s shape, cast to its dtype."""
+    return jnp().broadcast_to(cast(src, tdtype(self)), self.shape)
+
+
+@lower(aten._to_copy.default)
+def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return cast(x, dtype or tdtype(x))
+
+
+@lower(aten.clone.default)
+def clone(x, memory_format=None):
+    return x
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(start, end, weight):
+    dt = promote(start, end)
+    ct = opmath(dt)
+    s, e, w = cast(start, ct), cast(end, ct), cast(weight, ct)
+    j = jnp()
+    # PyTorch's lerp: weight < 0.5 ? start + w*(end-start) : end - (end-start)*(1-w)
+    return j.where(j.abs(w) < 0.5, s + w * (e - s), e - (e - s) * (1 - w))
+
+
+@lower(aten.addcmul.default)
+def addcmul(self, t1, t2, value=1):
+    dt = promote(self, t1, t2)
+    ct = opmath(dt)
+    return cast(self, ct) + cast(value, ct) * cast(t1, ct) * cast(t2, ct)
+
+
+@lower(aten.addcdiv.default)
+def addcdiv(self, t1, t2, value=1):
+    dt = promote(self, t1, t2)
+    ct = opmath(dt)
+    return cast(self, ct) + cast(value, ct) * (cast(t1, ct) / cast(t2, ct))
+
+
+@lower(aten.fill.Scalar, aten.fill.Tensor)
+def fill(self, value):
+    return jnp().full(self.shape, cast(value, tdtype(self)), npdt(tdtype(self)))
+
+
+@lower(aten.zero.default)
+def zero(self):
+    return jnp().zeros(self.shape, self.dtype)
+
+
+@lower(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    j = jnp()
+    if not _isfloat(x):
+        return x
+    fi = j.finfo(x.dtype)
+    r = j.where(j.isnan(x), 0.0 if nan is None else nan, x)
+    r = j.where(j.isposinf(x), fi.max if posinf is None else posinf, r)
+    r = j.where(j.isneginf(x), fi.min if neginf is None else neginf, r)
+    return r.astype(x.dtype)
+
+
+@lower(aten.heaviside.default)
+def heaviside(x, values):
+    dt = promote(x, values)
+    j = jnp()
+    x, v = cast(x, dt), cast(values, dt)
+    return j.where(x == 0, v, (x > 0).astype(x.dtype))
