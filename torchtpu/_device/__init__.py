@@ -68,6 +68,49 @@ def register() -> None:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_trampoline, dispatch_key="PrivateUse1", with_keyset=True)
     _libs.append(fallback)
-    # Autocast on tpu: the same op lists as CUDA are applied by PyTorch's autocast
-    # kernels for AutocastPrivateUse1; nothing to register beyond the device module's
-    # get_amp_supported_dtype.
+    _register_direct_kernels()
+    from torchtpu._device import autocast
+    from torchtpu._tensor import patches
+
+    patches.install()
+    autocast.register()
+
+
+def _kernel_for(op):
+    plan = None
+
+    def kernel(keyset, *args, **kwargs):
+        nonlocal plan
+        if plan is None:
+            from torchtpu.eager import executor
+
+            plan = executor.plan_for(op)
+        executor_metrics.ops_dispatched += 1
+        return plan(args, kwargs)
+
+    return kernel
+
+
+def _register_direct_kernels() -> None:
+    """Register each lowered op as its own PrivateUse1 kernel.
+
+    Ops with a ``CompositeExplicitAutogradNonFunctional`` kernel (PyTorch's structured
+    ops: add, mul, ...) would otherwise never reach the fallback as themselves: PyTorch
+    would allocate an output through ``empty_strided`` and call ``add.out``, two trips
+    through Python instead of one.  A direct kernel takes precedence over that path.
+    """
+    global executor_metrics
+    from torchtpu import _metrics, ops
+
+    executor_metrics = _metrics.METRICS
+    lib = torch.library.Library("aten", "IMPL")
+    _libs.append(lib)
+    for op in ops.table():
+        if torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd"
+        ):
+            continue  # never reaches a backend kernel
+        name = op._schema.name.split("::")[1]
+        if op._overloadname != "default":
+            name += "." + op._overloadname
+        lib.impl(name, _kernel_for(op), "PrivateUse1", with_keyset=True)

@@ -132,15 +132,7 @@ def copy_(self, src, non_blocking=False):
     # tpu -> cpu
     from torchtpu.eager import executor as ex
 
-    arr = ex.to_numpy(src, "to_cpu")
-    if src.dtype == torch.bfloat16:
-        host = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        host = torch.from_numpy(arr.view(np.uint8)).view(src.dtype)
-    else:
-        host = torch.from_numpy(np.array(arr, copy=True))
-    if host.shape != src.shape:
-        host = host.reshape(src.shape)
+    host = _host_tensor(ex.to_numpy(src, "to_cpu"), src)
     return self.copy_(host)
 
 
@@ -194,9 +186,26 @@ def resize_(self, size, memory_format=None):
     )
 
 
-def _redispatch_cpu(op):
+def _adopt_dtype(t: torch.Tensor) -> torch.Tensor:
+    """After ``set_``: a raw byte storage (``torch.load``, ``UntypedStorage(n)``) takes
+    the dtype of the first typed tensor put on it, so later reads need no bitcast.
+    The bytes are unchanged, so views of any dtype still read the same values."""
+    sd = _st.data(t)
+    if sd.dtype is torch.uint8 and t.dtype is not torch.uint8 and sd.nbytes % t.dtype.itemsize == 0:
+        from torchtpu.eager import executor as ex
+
+        n = sd.nbytes // t.dtype.itemsize
+        whole = (t.storage_offset() == 0 and t.is_contiguous() and t.numel() == n)
+        shape = tuple(t.shape) if whole else (n,)
+        if sd.arr is not None:
+            sd.arr = ex.retype(sd.arr, t.dtype, shape)
+        sd.dtype, sd.shape = t.dtype, shape
+    return t
+
+
+def _set_storage(op):
     def fn(*args, **kwargs):
-        return op.redispatch(_st._CPU_KEYSET, *args, **kwargs)
+        return _adopt_dtype(op.redispatch(_st._CPU_KEYSET, *args, **kwargs))
 
     return fn
 
@@ -206,7 +215,7 @@ for _op in (
     aten.set_.source_Storage_storage_offset,
     aten.set_.source_Tensor,
 ):
-    HANDLERS[_op] = _redispatch_cpu(_op)
+    HANDLERS[_op] = _set_storage(_op)
 
 
 @handles(aten.set_.default)
@@ -225,3 +234,60 @@ def record_stream(self, stream):
 @handles(aten._has_compatible_shallow_copy_type.default)
 def _compat(self, from_):
     return self.device.type == from_.device.type
+
+
+_TO_COPY_PLAN = None
+
+
+@handles(aten._to_copy.default)
+def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    """``Tensor.to`` / ``.cpu()`` / ``.tpu()``: host<->device transfers, casts on tpu."""
+    global _TO_COPY_PLAN
+    dst = torch.device(device) if device is not None else x.device
+    if dst.type == "tpu" and dst.index is None:
+        dst = torch.device("tpu", state.current_device)
+    if x.device.type != "tpu":  # host -> tpu
+        if x.device.type != "cpu":
+            raise RuntimeError(f"_to_copy: cannot copy from {x.device} to {dst}")
+        if dtype is not None and dtype != x.dtype:
+            x = x.to(dtype)
+        return to_device(x, _check_index(dst.index))
+    if dst.type == "cpu":  # tpu -> host
+        from torchtpu.eager import executor as ex
+
+        host = _host_tensor(ex.to_numpy(x, "to_cpu"), x)
+        if dtype is not None and dtype != host.dtype:
+            host = host.to(dtype)
+        if pin_memory:
+            host = host.pin_memory()
+        return host
+    if dst.type != "tpu":
+        raise RuntimeError(f"_to_copy: cannot copy from {x.device} to {dst}")
+    if dst.index != x.device.index:  # tpu:i -> tpu:j
+        from torchtpu.eager import executor as ex
+
+        arr = runtime.jax().device_put(ex.to_jax(x), runtime.jax_device(_check_index(dst.index)))
+        x = _st.wrap(arr, dst.index, x.dtype)
+        if dtype is None or dtype == x.dtype:
+            return x
+    if _TO_COPY_PLAN is None:
+        from torchtpu import ops
+        from torchtpu.eager import executor as ex
+
+        _TO_COPY_PLAN = ex.LoweredPlan(
+            aten._to_copy.default, ex.Signature(aten._to_copy.default),
+            ops.table()[aten._to_copy.default],
+        )
+    return _TO_COPY_PLAN((x,), {"dtype": dtype, "memory_format": memory_format})
+
+
+def _host_tensor(arr: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor (own memory) from a host array read off tpu tensor ``like``."""
+    if like.dtype == torch.bfloat16:
+        host = torch.from_numpy(np.array(arr.view(np.int16), copy=True)).view(torch.bfloat16)
+    elif like.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        host = torch.from_numpy(np.array(arr.view(np.uint8), copy=True)).view(like.dtype)
+    else:
+        host = torch.from_numpy(np.array(arr, copy=True))
+    return host.reshape(like.shape)

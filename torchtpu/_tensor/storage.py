@@ -212,20 +212,28 @@ def _index_array(size, stride, offset):
     return idx
 
 
-def _bitcast(x, dtype):
+def _bitcast(flat, dtype):
+    """Traced: 1-D ``flat`` reinterpreted as elements of torch ``dtype`` (1-D), using
+    the little-endian memory layout PyTorch's ``Tensor.view(dtype)`` exposes."""
     lax = runtime.jax().lax
-    target = runtime.to_np_dtype(dtype)
-    if x.dtype == target:
-        return x
-    if x.dtype.itemsize != np.dtype(target).itemsize:
-        raise NotImplementedError(
-            f"torchtpu: viewing a {x.dtype} storage as {dtype} (different element size)"
-        )
-    if x.dtype == np.bool_:
-        x = x.astype(np.uint8)
-    if np.dtype(target) == np.bool_:
-        return lax.bitcast_convert_type(x, np.uint8).astype(np.bool_)
-    return lax.bitcast_convert_type(x, target)
+    target = np.dtype(runtime.to_np_dtype(dtype))
+    if flat.dtype == target:
+        return flat
+    if flat.dtype == np.bool_:
+        flat = flat.astype(np.uint8)
+    to_bool = target == np.bool_
+    if to_bool:
+        target = np.dtype(np.uint8)
+    src_size, dst_size = flat.dtype.itemsize, target.itemsize
+    if src_size == dst_size:
+        out = lax.bitcast_convert_type(flat, target)
+    elif src_size > dst_size:  # e.g. float32 -> uint8: (N,) -> (N, 4) -> (4N,)
+        out = lax.bitcast_convert_type(flat, target).reshape(-1)
+    else:  # e.g. uint8 -> float32: (4N,) -> (N, 4) -> (N,)
+        r = dst_size // src_size
+        n = flat.shape[0] // r
+        out = lax.bitcast_convert_type(flat[: n * r].reshape(n, r), target)
+    return out.astype(np.bool_) if to_bool else out
 
 
 def read_view(arr, spec):
@@ -264,7 +272,11 @@ def write_view(arr, spec, value):
         return arr
     value = value.astype(runtime.to_np_dtype(dtype))
     if dtype is not sdtype:
-        value = _bitcast(value, sdtype)
+        # write in the view's dtype over a reinterpreted copy of the storage, then back
+        flat = _bitcast(arr.reshape(-1), dtype)
+        new = write_view(flat, (size, dtype, stride, offset, flat.shape, dtype), value)
+        back = _bitcast(new, sdtype)
+        return back.reshape(arr.shape)
     flat = arr.reshape(-1)
     n = flat.shape[0]
     plan = _nested_plan(size, stride)

@@ -114,7 +114,7 @@ class Signature:
 def device_mismatch(op, a: torch.device, b: torch.device):
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"{a} and {b}! (op {op})"
+        f"{a} and {b}!"
     )
 
 
@@ -153,9 +153,10 @@ class Executable:
         resize: for ``out=`` calls whose out tensors need resizing first, their shapes.
     """
 
-    __slots__ = ("call", "out_meta", "writes", "device_index", "resize")
+    __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "first")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
+        self.first = None
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -184,6 +185,15 @@ def _meta_of(v):
     if isinstance(v, torch.device):
         return torch.device("meta")
     return v
+
+
+_WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, complex: torch.complex64}
+
+
+def _meta_wrapped(v):
+    """A meta 0-d tensor promoting like the Python number ``v`` (a "wrapped number")."""
+    dt = _WRAPPED_DTYPE.get(type(v)) or torch.get_default_dtype()
+    return torch.empty((), dtype=dt, device="meta")
 
 
 def _perm_for(size, stride):
@@ -256,6 +266,7 @@ def gather(plan, vals, skip=()):
     key = c.key
     key.append(op)
     kinds = plan.sig.kinds
+    defaults = plan.sig.defaults
     for i, v in enumerate(vals):
         k = kinds[i]
         if i in skip:
@@ -281,7 +292,9 @@ def gather(plan, vals, skip=()):
         elif k == SCALAR or k == OPT_SCALAR:
             if v is None:
                 key.append(None)
-            elif plan.lowering.static_scalars:
+            elif plan.lowering.static_scalars or v is defaults[i]:
+                # static: compiled in as a constant (schema defaults such as alpha=1
+                # never change, so passing them as device scalars would only cost)
                 key.append(("s", type(v), v))
             else:
                 if isinstance(v, torch.Tensor):  # a Scalar passed as 0-d tensor
@@ -354,15 +367,17 @@ class LoweredPlan:
         ex = _CACHE.get(key)
         if ex is None:
             M.cache_misses += 1
-            ex = self._build(vals, c, key)
-            _CACHE[key] = ex
+            ex = _CACHE[key] = self._build(vals, c, key)
         else:
             M.cache_hits += 1
         if ex.resize is not None:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
             return self(args, kwargs)
-        outs = ex.call(c.arrays, c.dyn)
+        if ex.first is not None:  # the call that compiled it already ran
+            outs, ex.first = ex.first, None
+        else:
+            outs = ex.call(c.arrays, c.dyn)
         if CONFIG.debug_sync:
             runtime.jax().block_until_ready(outs)
         return self._finish(ex, c, vals, outs)
@@ -405,7 +420,11 @@ class LoweredPlan:
     def _functional_meta(self, vals):
         """Meta outputs [(size, stride, dtype)] of the functional op; runs PyTorch's own
         checks of the real op too (errors are PyTorch's)."""
-        meta_vals = [_meta_of(v) for v in vals]
+        meta_vals = [
+            _meta_wrapped(v) if k in (T, OPT_T) and not isinstance(v, (torch.Tensor, type(None)))
+            else _meta_of(v)
+            for v, k in zip(vals, self.sig.kinds)
+        ]
         out = None
         try:
             out = call_op(self.sig, self.op, meta_vals)
@@ -471,7 +490,7 @@ class LoweredPlan:
             elif k in (SCALAR, OPT_SCALAR):
                 if v is None:
                     item = ("const", None)
-                elif lowering.static_scalars:
+                elif kk[0] == "s":
                     item = ("const", kk[2])
                 else:
                     item = ("scalar", kk[1])
@@ -525,12 +544,15 @@ class LoweredPlan:
                 outs.append(r)
             return tuple(outs)
 
-        t0 = time.perf_counter()
         from jax.sharding import SingleDeviceSharding
 
         sharding = SingleDeviceSharding(runtime.jax_device(c.index))
+        jitted = jax.jit(traced, out_shardings=sharding)
+        # The first call traces and compiles (dispatch is asynchronous, so its wall time
+        # is the compile time); its results are handed to the caller.
+        t0 = time.perf_counter()
         try:
-            compiled = jax.jit(traced, out_shardings=sharding).lower(c.arrays, c.dyn).compile()
+            first = jitted(c.arrays, c.dyn)
         except (TypeError, ValueError) as e:
             raise RuntimeError(
                 f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
@@ -543,7 +565,9 @@ class LoweredPlan:
                 if perm == "nondense":
                     stride, perm = _st.contiguous_strides(size), None
                 final_meta.append((size, stride, dt, perm))
-        return Executable(compiled, final_meta, list(dict.fromkeys(writes)), c.index)
+        ex = Executable(jitted, final_meta, list(dict.fromkeys(writes)), c.index)
+        ex.first = first
+        return ex
 
     def _run_dynamic(self, vals):
         """Data-dependent output shapes: run on concrete arrays (a sync point)."""
@@ -622,6 +646,20 @@ def to_jax(t: torch.Tensor):
     return f(arr)
 
 
+_RETYPERS: dict = {}
+
+
+def retype(arr, dtype: torch.dtype, shape: tuple):
+    """``arr``'s bytes reinterpreted as ``dtype`` elements of ``shape`` (device op)."""
+    key = (arr.shape, arr.dtype, dtype, shape)
+    f = _RETYPERS.get(key)
+    if f is None:
+        f = _RETYPERS[key] = runtime.jax().jit(
+            lambda a: _st._bitcast(a.reshape(-1), dtype).reshape(shape)
+        )
+    return f(arr)
+
+
 def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
     """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
     M.sync(cause)
@@ -634,13 +672,26 @@ def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
 
 
 class DecompPlan:
+    """Runs PyTorch's decomposition of ``op``; its pieces dispatch back to tpu.
+
+    A decomposition that reaches ``op`` again (some go through prims that call the
+    very op they implement) means there is no way down: the op is unsupported.
+    """
+
     def __init__(self, op, fn):
         self.op = op
         self.fn = fn
+        self.active = False
 
     def __call__(self, args, kwargs):
+        if self.active:
+            return UnsupportedPlan(self.op)(args, kwargs)
         M.decomposed_ops += 1
-        return self.fn(*args, **kwargs)
+        self.active = True
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.active = False
 
 
 class ViewPlan:
@@ -703,7 +754,7 @@ def functional_variant(op):
     if sig.out_args:
         # foo.out -> the overload of foo with the same non-out arguments
         pkt = getattr(aten, name, None)
-        want = [a.name for i, a in enumerate(sig.args) if i not in sig.out_args]
+        want = [(a.name, str(a.type)) for i, a in enumerate(sig.args) if i not in sig.out_args]
         if pkt is None:
             return None
         for ov in pkt.overloads():
@@ -713,7 +764,7 @@ def functional_variant(op):
             csig = cand._schema
             if any(a.alias_info is not None and a.alias_info.is_write for a in csig.arguments):
                 continue
-            if [a.name for a in csig.arguments] == want:
+            if [(a.name, str(a.type)) for a in csig.arguments] == want:
                 return cand
         return None
     if name.endswith("_"):

@@ -89,9 +89,14 @@ def table() -> dict:
     """The full lowering table (imports every op family on first use)."""
     global _loaded
     if not _loaded:
-        for fam in _FAMILIES:
-            importlib.import_module(f"torchtpu.ops.{fam}")
         _loaded = True
+        for fam in _FAMILIES:
+            try:
+                importlib.import_module(f"torchtpu.ops.{fam}")
+            except Exception as e:  # one broken family must not take the device down
+                import warnings
+
+                warnings.warn(f"torchtpu: could not load lowerings torchtpu.ops.{fam}: {e!r}")
     return LOWERINGS
 
 
