@@ -69,10 +69,11 @@ def register() -> None:
     fallback.fallback(_trampoline, dispatch_key="PrivateUse1", with_keyset=True)
     _libs.append(fallback)
     _register_direct_kernels()
-    from torchtpu._device import autocast
+    from torchtpu._device import autocast, generator
     from torchtpu._tensor import patches
 
     patches.install()
+    generator.install()
     autocast.register()
 
 

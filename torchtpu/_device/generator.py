@@ -1,26 +1,58 @@
-"""Random streams of user-created generators (``torch.Generator(device="tpu")``)."""
+"""``torch.Generator(device="tpu")``.
+
+PyTorch's Python backend API cannot create a C++ generator for PrivateUse1, so
+``torch.Generator`` is replaced by a subclass (:class:`Generator`) whose tpu instances
+are backed by a CPU generator and report ``device == tpu``.  A tpu random op given such
+a generator draws one 63-bit seed from it (advancing it, so ``manual_seed`` /
+``get_state`` / ``set_state`` replay streams exactly) and runs with a fresh stream
+seeded by it.
+"""
 
 from __future__ import annotations
 
+import torch
+
 from torchtpu._device import state
 
-
-def state_of(gen, index):
-    """The :class:`~torchtpu._device.state.RNGState` standing for generator ``gen``.
-
-    PyTorch cannot create a generator for a Python backend, so a ``tpu`` random op given a
-    CPU ``torch.Generator`` draws from a stream seeded by that generator's
-    ``initial_seed()`` and advanced per call (kept beside the generator object).
-    """
-    st = getattr(gen, "_torchtpu_state", None)
-    seed = gen.initial_seed()
-    if st is None or st.seed != seed:
-        st = state.RNGState(seed)
-        try:
-            gen._torchtpu_state = st
-        except AttributeError:
-            _STATES[id(gen)] = st
-    return st
+_Base = torch._C.Generator
 
 
-_STATES: dict = {}
+class Generator(_Base):
+    """``torch.Generator`` that also accepts ``device="tpu"`` / ``"tpu:N"``."""
+
+    def __new__(cls, device="cpu"):
+        d = torch.device(device)
+        if d.type == "tpu":
+            g = _Base.__new__(cls, "cpu")
+            g._tpu_device = torch.device("tpu", state.current_device if d.index is None else d.index)
+            return g
+        return _Base.__new__(cls, device)
+
+    def __init__(self, device="cpu"):
+        pass
+
+    @property
+    def device(self) -> torch.device:
+        dev = getattr(self, "_tpu_device", None)
+        return dev if dev is not None else _Base.device.__get__(self)
+
+    def __reduce__(self):
+        return (_restore, (str(self.device), self.get_state()))
+
+
+def _restore(device, st):
+    g = Generator(device)
+    g.set_state(st)
+    return g
+
+
+def state_of(gen, index) -> state.RNGState:
+    """A fresh :class:`~torchtpu._device.state.RNGState` seeded from generator ``gen``."""
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen))
+    return state.RNGState(seed)
+
+
+def install() -> None:
+    """Make ``torch.Generator`` the tpu-aware subclass (idempotent)."""
+    if torch.Generator is not Generator:
+        torch.Generator = Generator

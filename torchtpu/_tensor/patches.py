@@ -33,7 +33,43 @@ def _storage_new(cls, *args, device=None, **kwargs):
 
 
 def install() -> None:
+    """Install every patch (idempotent)."""
     global _orig_new
     if _orig_new is None:
         _orig_new = torch.UntypedStorage.__new__
         torch.UntypedStorage.__new__ = _storage_new
+    install_pinned()
+
+
+# --------------------------------------------------------------- pinned memory
+# ``Tensor.pin_memory()`` asks the current accelerator's C++ hooks for a pinned-memory
+# allocator, which a Python backend cannot provide.  Host->tpu copies go through a
+# private host copy anyway (see handlers.host_array), so page-locking buys nothing:
+# pin_memory() returns a copy marked as pinned, as CUDA returns a pinned copy.
+_orig_pin = None
+_orig_is_pinned = None
+
+
+def _pin_memory(self, device=None):
+    if self.device.type != "cpu":
+        return _orig_pin(self, device) if device is not None else _orig_pin(self)
+    if getattr(self, "_torchtpu_pinned", False):
+        return self
+    out = self.clone()
+    out._torchtpu_pinned = True
+    return out
+
+
+def _is_pinned(self, device=None):
+    if self.device.type != "cpu":
+        return False
+    return bool(getattr(self, "_torchtpu_pinned", False))
+
+
+def install_pinned() -> None:
+    global _orig_pin, _orig_is_pinned
+    if _orig_pin is None:
+        _orig_pin = torch.Tensor.pin_memory
+        _orig_is_pinned = torch.Tensor.is_pinned
+        torch.Tensor.pin_memory = _pin_memory
+        torch.Tensor.is_pinned = _is_pinned

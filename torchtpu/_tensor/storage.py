@@ -117,6 +117,13 @@ def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):
 def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
     """A ``tpu`` tensor viewing ``storage`` with the given geometry."""
     t = _create_empty([0], dtype)
+    if storage.device.index:
+        # PyTorch 2.13's Python backend API creates every tensor on index 0 and set_
+        # refuses a storage of another index, so tpu:N>0 tensors cannot be made yet.
+        raise NotImplementedError(
+            f"torchtpu: tensors on {storage.device} are not supported yet (only tpu:0; "
+            f"PyTorch's Python backend API cannot create a tensor on another index)"
+        )
     return _set_storage.redispatch(_CPU_KEYSET, t, storage, offset, size, stride)
 
 
