@@ -187,6 +187,28 @@ def _meta_of(v):
     return v
 
 
+def _cpu_stand_in(v):
+    if isinstance(v, torch.Tensor):
+        if v.device.type == "meta":
+            return torch.zeros((), dtype=v.dtype).expand(v.shape)
+        return v
+    if isinstance(v, (list, tuple)):
+        return type(v)(_cpu_stand_in(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "meta":
+        return torch.device("cpu")
+    return v
+
+
+def _raise_cpu_error(sig, op, meta_vals):
+    """When a meta kernel rejects a call, raise the error CPU gives for it instead (same
+    type and message as on CPU), by running the op on memory-free CPU stand-ins."""
+    try:
+        call_op(sig, op, [_cpu_stand_in(v) for v in meta_vals])
+    except Exception as cpu_err:
+        if "single memory location" not in str(cpu_err):  # an artifact of the stand-ins
+            raise cpu_err.with_traceback(None) from None
+
+
 _WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, complex: torch.complex64}
 
 
@@ -433,6 +455,9 @@ class LoweredPlan:
                 out = call_op(self.fsig, self.fsig.op, fvals[: len(self.fsig.args)])
         except NotImplementedError:
             return None
+        except Exception as meta_err:
+            _raise_cpu_error(self.sig, self.op, meta_vals)
+            raise meta_err
         if isinstance(out, torch.Tensor):
             out = [out]
         return [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in out]

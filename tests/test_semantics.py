@@ -1,0 +1,420 @@
+"""Tensor semantics on tpu, each checked against the same PyTorch code on CPU."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+TPU = "tpu"
+
+
+def same(tpu_result, cpu_result, **kw):
+    """Values, dtype and shape equal to the CPU result."""
+    assert tpu_result.device.type == "tpu"
+    torch.testing.assert_close(tpu_result.cpu(), cpu_result, **kw)
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_autoload_without_import():
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import torch; print(torch.accelerator.current_accelerator(), torch.tpu.device_count())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert out[0] == "tpu" and int(out[1]) >= 1
+
+
+def test_autoload_can_be_disabled():
+    code = "import torch, sys; print(hasattr(torch, 'tpu'))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**__import__("os").environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    ).stdout.strip()
+    assert out == "False"
+
+
+def test_device_api():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    assert isinstance(torch.tpu.get_device_name(), str)
+    assert torch.tpu.is_bf16_supported()
+    assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()
+    torch.tpu.synchronize()
+    with torch.tpu.device(0):
+        assert torch.zeros(1, device=TPU).device == torch.device("tpu", 0)
+    x = torch.ones(3, device=TPU)
+    assert x.is_tpu and not torch.ones(3).is_tpu
+    assert torch.ones(2).tpu().device.type == "tpu"
+    assert torch.device("tpu:0").type == "tpu"
+
+
+def test_module_to_tpu():
+    m = torch.nn.Linear(3, 2)
+    m2 = torch.nn.Linear(3, 2)
+    m2.load_state_dict(m.state_dict())
+    m2.to(TPU)
+    assert all(p.device.type == "tpu" for p in m2.parameters())
+    x = torch.randn(4, 3)
+    same(m2(x.to(TPU)).detach(), m(x).detach())
+
+
+# ----------------------------------------------------------------------- dtypes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                   torch.int64, torch.int32, torch.int16, torch.int8,
+                                   torch.uint8, torch.bool, torch.complex64])
+def test_roundtrip_keeps_dtype(dtype):
+    a = (torch.randn(5, 3) * 10).to(dtype)
+    b = a.to(TPU)
+    assert b.dtype == dtype
+    assert torch.equal(b.cpu(), a)
+
+
+def test_int64_and_float64_not_narrowed():
+    a = torch.tensor([2**40 + 1, -3], dtype=torch.int64)
+    same(a.to(TPU) * 3, a * 3)
+    f = torch.tensor([1 + 1e-12], dtype=torch.float64)
+    assert (f.to(TPU) - 1).item() == pytest.approx(1e-12, rel=1e-6)
+
+
+@pytest.mark.parametrize("a_dtype,b", [
+    (torch.int32, 2.5), (torch.int64, 3), (torch.float16, 2.0), (torch.bool, 1),
+    (torch.int8, torch.tensor(1.5, dtype=torch.float64)), (torch.uint8, -1),
+])
+def test_type_promotion(a_dtype, b):
+    a = torch.arange(6).reshape(2, 3).to(a_dtype)
+    bt = b.to(TPU) if isinstance(b, torch.Tensor) else b
+    same(a.to(TPU) + bt, a + b)
+    same(a.to(TPU) * bt, a * b)
+
+
+def test_broadcast_scalar_and_empty():
+    a = torch.randn(3, 1)
+    b = torch.randn(1, 4)
+    same(a.to(TPU) - b.to(TPU), a - b)
+    z = torch.tensor(2.0)
+    same(z.to(TPU) * 3, z * 3)
+    e = torch.empty(0, 4)
+    same(e.to(TPU) + 1, e + 1)
+
+
+def test_noncontiguous_from_cpu():
+    a = torch.randn(4, 5).t()
+    b = a.to(TPU)
+    assert torch.equal(b.cpu(), a)
+    same(b * 2, a * 2)
+
+
+# ------------------------------------------------------------------------ views
+
+
+def test_view_strides_match_cpu():
+    a = torch.randn(4, 6)
+    b = a.to(TPU)
+    for f in (lambda t: t.t(), lambda t: t[1:, ::2], lambda t: t.view(2, 12),
+              lambda t: t.permute(1, 0), lambda t: t.unsqueeze(1).expand(4, 3, 6),
+              lambda t: t.narrow(1, 2, 3), lambda t: t.diagonal(), lambda t: t[2],
+              lambda t: t.unfold(1, 2, 2), lambda t: t.as_strided((2, 2), (1, 3), 1)):
+        v, w = f(b), f(a)
+        assert v.stride() == w.stride() and v.storage_offset() == w.storage_offset()
+        assert v.is_contiguous() == w.is_contiguous()
+        assert torch.equal(v.cpu(), w)
+
+
+def test_inplace_through_view_visible_in_base_and_siblings():
+    a = torch.zeros(4, 4)
+    b = a.to(TPU)
+    for t in (a, b):
+        row = t[1]
+        col = t[:, 2]
+        row.add_(1)
+        col.mul_(3)
+        t.t()[0, 3] = 7
+        t.view(16)[5:8].fill_(-2)
+    assert torch.equal(b.cpu(), a)
+
+
+def test_base_write_visible_in_view():
+    a = torch.arange(12.0).reshape(3, 4)
+    b = a.to(TPU)
+    va, vb = a[:, 1::2], b[:, 1::2]
+    a.mul_(2)
+    b.mul_(2)
+    assert torch.equal(vb.cpu(), va)
+
+
+def test_split_chunk_unbind_share_storage():
+    a = torch.arange(12.0)
+    b = a.to(TPU)
+    for t in (a, b):
+        s = t.split(4)
+        s[1].zero_()
+        c = t.view(3, 4).unbind(0)
+        c[2].add_(100)
+    assert torch.equal(b.cpu(), a)
+    assert b.split(4)[1].untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_storage_identity():
+    x = torch.ones(3, device=TPU)
+    y = torch.ones(3, device=TPU)
+    assert x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr()
+    assert x[1:].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert x.untyped_storage().nbytes() == 12
+
+
+def test_dtype_view():
+    a = torch.randn(6)
+    b = a.to(TPU)
+    assert torch.equal(b.view(torch.int32).cpu(), a.view(torch.int32))
+    assert torch.equal(b.view(torch.uint8).cpu(), a.view(torch.uint8))
+
+
+# --------------------------------------------------------- in-place, out=, index
+
+
+def test_out_variant_and_resize():
+    a, b = torch.randn(3), torch.randn(3)
+    out_c = torch.empty(3)
+    out_t = torch.empty(3, device=TPU)
+    torch.add(a, b, out=out_c)
+    r = torch.add(a.to(TPU), b.to(TPU), out=out_t)
+    assert r is out_t
+    same(out_t, out_c)
+    o = torch.empty(0, device=TPU)
+    torch.mul(a.to(TPU), 2, out=o)
+    same(o, a * 2)
+
+
+def test_inplace_cast_error_matches_cpu():
+    a = torch.arange(3)
+    with pytest.raises(RuntimeError) as cpu_err:
+        a.add_(1.5)
+    with pytest.raises(RuntimeError) as tpu_err:
+        a.to(TPU).add_(1.5)
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
+def test_shape_error_matches_cpu():
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.ones(2, 3) + torch.ones(4)
+    with pytest.raises(RuntimeError) as tpu_err:
+        torch.ones(2, 3, device=TPU) + torch.ones(4, device=TPU)
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
+def test_index_assignment():
+    a = torch.zeros(5, 3)
+    b = a.to(TPU)
+    idx = torch.tensor([0, 3])
+    for t, i in ((a, idx), (b, idx.to(TPU))):
+        t[i] = 1.0
+        t[t > 0.5] = 2.0
+        t.masked_fill_(t == 0, -1.0)
+        t.index_put_((i,), torch.tensor(5.0, device=t.device), accumulate=True)
+        t.scatter_(1, torch.zeros(5, 1, dtype=torch.long, device=t.device), 9.0)
+    assert torch.equal(b.cpu(), a)
+
+
+def test_version_counter_error_matches_cpu():
+    msgs = []
+    for dev in ("cpu", TPU):
+        x = torch.tensor([1.0, 2.0], device=dev, requires_grad=True)
+        y = x * 2
+        z = y.sin()
+        y.add_(1)
+        with pytest.raises(RuntimeError) as e:
+            z.sum().backward()
+        msgs.append(str(e.value))
+    for m in msgs:
+        assert "modified by an inplace operation" in m and "is at version 1" in m
+
+
+# ---------------------------------------------------------------------- devices
+
+
+def test_mixed_device_error():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, "
+                       "but found at least two devices, tpu:0 and cpu!"):
+        torch.ones(2, device=TPU) + torch.ones(2)
+
+
+def test_cpu_scalar_tensor_allowed():
+    a = torch.randn(3)
+    same(a.to(TPU) * torch.tensor(2.0), a * torch.tensor(2.0))
+
+
+# -------------------------------------------------------------------- transfers
+
+
+def test_host_reads():
+    a = torch.tensor([[1.5, -2.0], [3.0, 4.25]])
+    b = a.to(TPU)
+    assert b.tolist() == a.tolist()
+    assert b[1, 1].item() == 4.25
+    assert (b.cpu().numpy() == a.numpy()).all()
+    assert "device='tpu:0'" in repr(b)
+    assert bool(b.sum() > 0)
+
+
+def test_non_blocking_copy_does_not_alias_host():
+    a = torch.ones(1000)
+    b = a.to(TPU, non_blocking=True)
+    a.fill_(5)
+    assert b.sum().item() == 1000.0
+
+
+def test_pinned_dataloader():
+    ds = torch.utils.data.TensorDataset(torch.arange(8.0).reshape(4, 2))
+    dl = torch.utils.data.DataLoader(ds, batch_size=2, pin_memory=True)
+    got = [b.to(TPU, non_blocking=True).cpu() for (b,) in dl]
+    assert torch.equal(torch.cat(got), ds.tensors[0])
+    assert torch.ones(2).pin_memory().is_pinned()
+
+
+# -------------------------------------------------------------------------- RNG
+
+
+def test_rng_reproducible():
+    torch.manual_seed(123)
+    a = torch.randn(100, device=TPU).cpu()
+    b = torch.rand(100, device=TPU).cpu()
+    torch.manual_seed(123)
+    assert torch.equal(torch.randn(100, device=TPU).cpu(), a)
+    assert torch.equal(torch.rand(100, device=TPU).cpu(), b)
+    assert not torch.equal(a, torch.randn(100, device=TPU).cpu())
+
+
+def test_rng_state_roundtrip():
+    torch.tpu.manual_seed(7)
+    st = torch.tpu.get_rng_state()
+    a = torch.randn(10, device=TPU).cpu()
+    torch.tpu.set_rng_state(st)
+    assert torch.equal(torch.randn(10, device=TPU).cpu(), a)
+    assert torch.tpu.initial_seed() == 7
+
+
+def test_generator_device_tpu():
+    g = torch.Generator(device=TPU)
+    assert g.device.type == "tpu"
+    g.manual_seed(3)
+    a = torch.randn(5, generator=g, device=TPU).cpu()
+    g.manual_seed(3)
+    assert torch.equal(torch.randn(5, generator=g, device=TPU).cpu(), a)
+
+
+# --------------------------------------------------------------------- autograd
+
+
+def test_autograd_and_optimizers():
+    torch.manual_seed(0)
+    m_cpu = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    for opt_cls, kw in ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                        (torch.optim.Adam, {"lr": 1e-2}),
+                        (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1})):
+        m_c = __import__("copy").deepcopy(m_cpu)
+        m_t = __import__("copy").deepcopy(m_cpu).to(TPU)
+        o_c, o_t = opt_cls(m_c.parameters(), **kw), opt_cls(m_t.parameters(), **kw)
+        x, y = torch.randn(16, 5), torch.randn(16, 2)
+        for _ in range(3):
+            for m, o, xx, yy in ((m_c, o_c, x, y), (m_t, o_t, x.to(TPU), y.to(TPU))):
+                o.zero_grad()
+                loss = torch.nn.functional.mse_loss(m(xx), yy)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+                o.step()
+        for pc, pt in zip(m_c.parameters(), m_t.parameters()):
+            same(pt.detach(), pc.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_bfloat16():
+    lin = torch.nn.Linear(4, 3).to(TPU)
+    x = torch.randn(2, 4, device=TPU)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        y = lin(x)
+        s = torch.softmax(y, -1)
+    assert y.dtype == torch.bfloat16
+    assert s.dtype == torch.float32
+
+
+# ------------------------------------------------------------------ save / load
+
+
+def test_save_load_roundtrip(tmp_path):
+    m = torch.nn.Linear(3, 2).to(TPU)
+    p = tmp_path / "m.pt"
+    torch.save(m.state_dict(), p)
+    sd = torch.load(p, map_location=TPU)
+    assert all(v.device.type == "tpu" for v in sd.values())
+    sd_cpu = torch.load(p, map_location="cpu")
+    for k, v in m.state_dict().items():
+        assert torch.equal(sd[k].cpu(), v.cpu()) and torch.equal(sd_cpu[k], v.cpu())
+    m2 = torch.nn.Linear(3, 2).to(TPU)
+    m2.load_state_dict(sd)
+    x = torch.randn(2, 3, device=TPU)
+    assert torch.equal(m2(x).detach().cpu(), m(x).detach().cpu())
+
+
+def test_safetensors_onto_tpu(tmp_path):
+    # safetensors validates device names itself and does not know "tpu": load, then move.
+    from safetensors.torch import load_file, save_file
+
+    t = {"w": torch.randn(4, 3), "b": torch.arange(5)}
+    save_file(t, tmp_path / "t.safetensors")
+    got = {k: v.to(TPU) for k, v in load_file(tmp_path / "t.safetensors").items()}
+    save_file({k: v.cpu() for k, v in got.items()}, tmp_path / "u.safetensors")
+    for k in t:
+        assert got[k].device.type == "tpu"
+        assert torch.equal(got[k].cpu(), t[k])
+
+
+# ---------------------------------------------------------------- fallback, metrics
+
+
+def test_unsupported_op_names_op(monkeypatch):
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
+    with pytest.raises(NotImplementedError,
+                       match=r"aten.special_airy_ai.* is not implemented for the tpu device"):
+        torch.special.airy_ai(torch.randn(8, device=TPU))
+
+
+def test_cpu_fallback_opt_in(monkeypatch):
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
+    a = torch.randn(8)
+    with pytest.warns(UserWarning, match="running it on the CPU"):
+        r = torch.special.airy_ai(a.to(TPU))
+    same(r, torch.special.airy_ai(a))
+    assert torchtpu.metrics()["fallbacks"]
+
+
+def test_metrics_count_cache_and_syncs():
+    torchtpu.reset_metrics()
+    x = torch.randn(7, 3, device=TPU)
+    for _ in range(5):
+        y = x * 3.0 + 1.0
+    y.sum().item()
+    m = torchtpu.metrics()
+    assert m["cache_hits"] >= 8
+    assert m["host_syncs"].get("item", 0) == 1
+    assert m["ops_dispatched"] >= 10
+
+
+def test_memory_stats():
+    torch.tpu.reset_peak_memory_stats()
+    before = torch.tpu.memory_allocated()
+    x = torch.empty(1024, 1024, device=TPU)
+    assert torch.tpu.memory_allocated() - before == 4 * 1024 * 1024
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del x
+    assert torch.tpu.memory_allocated() == before
+    assert "allocated_bytes.all.current" in torch.tpu.memory_stats()
