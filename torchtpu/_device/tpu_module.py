@@ -112,15 +112,16 @@ class device_of(device):
 
 
 def synchronize(device=None) -> None:
-    """Wait until every op queued so far on ``device`` has finished (a sync point)."""
+    """Wait until every op queued so far has finished (a sync point).
+
+    PJRT runs a device's executables in dispatch order, so waiting for the results of the
+    most recently dispatched executable waits for everything before it.
+    """
     from torchtpu import _metrics
+    from torchtpu.eager import executor
 
     _metrics.METRICS.sync("synchronize")
-    runtime.jax().effects_barrier()
-    from torchtpu._tensor import storage as _st  # noqa: F401
-    # Block on all live arrays of the platform (cheap when idle).
-    for arr in runtime.jax().live_arrays(runtime.platform()):
-        arr.block_until_ready()
+    runtime.jax().block_until_ready(executor.LAST_OUTPUTS)
 
 
 def get_device_name(device=None) -> str:

@@ -165,6 +165,7 @@ class Executable:
 
 
 _CACHE: dict = {}
+LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
 
 
 def cache_info() -> dict:
@@ -400,6 +401,8 @@ class LoweredPlan:
             outs, ex.first = ex.first, None
         else:
             outs = ex.call(c.arrays, c.dyn)
+        global LAST_OUTPUTS
+        LAST_OUTPUTS = outs
         if CONFIG.debug_sync:
             runtime.jax().block_until_ready(outs)
         return self._finish(ex, c, vals, outs)
