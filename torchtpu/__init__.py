@@ -5,7 +5,19 @@ entry point calls :func:`_autoload`); ``import torchtpu`` does the same explicit
 The public surface is listed in :mod:`torchtpu._public`.
 """
 
-from torchtpu._device import register as _register
+
+
+def _autoload() -> None:
+    """Entry point of PyTorch's ``torch.backends`` group: registers the device.
+
+    Defined before anything imports torch: ``import torchtpu`` first imports torch, whose
+    autoload then looks this function up on the partly imported package."""
+    from torchtpu._device import register
+
+    register()
+
+
+from torchtpu._device import register as _register  # noqa: E402
 
 _register()
 
@@ -13,8 +25,3 @@ from torchtpu._public import *  # noqa: E402,F401,F403
 from torchtpu._public import __all__  # noqa: E402,F401
 
 __version__ = "0.1.0"
-
-
-def _autoload() -> None:
-    """Entry point of PyTorch's ``torch.backends`` group: registers the device."""
-    _register()

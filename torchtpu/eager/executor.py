@@ -383,6 +383,8 @@ class LoweredPlan:
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
         M.lowered_ops += 1
+        if self.lowering.prepare is not None:
+            vals = self.lowering.prepare(vals)
         if self.lowering.dynamic_shape:
             return self._run_dynamic(vals)
         c = gather(self, vals)

@@ -47,22 +47,26 @@ class Lowering:
             op runs on concrete arrays, outside ``jit``, and is a sync point.
         static_scalars: Scalar arguments are compiled in as constants instead of being
             passed as device scalars (for ops whose lowering needs Python values).
+        prepare: optional host-side rewrite of the normalized argument list, run before
+            the executable is looked up (e.g. boolean masks -> integer indices, which has
+            a data-dependent shape and so is a sync point).
     """
 
     fn: Callable
     random: bool = False
     dynamic_shape: bool = False
     static_scalars: bool = False
+    prepare: Callable | None = None
 
 
 LOWERINGS: dict = {}
 
 
-def lower(*ops, random=False, dynamic_shape=False, static_scalars=False):
+def lower(*ops, random=False, dynamic_shape=False, static_scalars=False, prepare=None):
     """Decorator registering ``fn`` as the lowering of each ATen overload in ``ops``."""
 
     def deco(fn):
-        entry = Lowering(fn, random, dynamic_shape, static_scalars)
+        entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare)
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"torchtpu: two lowerings for {op}")

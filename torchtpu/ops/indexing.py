@@ -1,5 +1,626 @@
-"""indexing lowerings."""
+"""Indexing lowerings: advanced indexing, index_put, gather/scatter, index_* ops, masks,
+take/embedding, searchsorted/bucketize, and the data-dependent ops (nonzero,
+masked_select, unique) that run outside ``jit``.
+
+Index semantics follow PyTorch (which are NumPy's): ``None`` entries of an index list are
+full slices; index tensors broadcast together; when the advanced indices are separated by
+a slice their result dimensions go first, else they replace the indexed dimensions in
+place.  Negative indices wrap.
+
+Out-of-range indices: PyTorch raises ("index X is out of bounds"); checking that here
+would need a device->host sync per op, so an out-of-range index is not detected (XLA
+clamps gathers and drops scatters).  Boolean index tensors in ``index.Tensor`` /
+``index_put`` are turned into integer indices on the host (``nonzero``: a sync point)
+except in ``index_put`` with a broadcastable value, which is a ``where``.
+"""
 
 from __future__ import annotations
 
-from torchtpu.ops import aten, lower  # noqa: F401
+import numpy as np
+import torch
+
+from torchtpu._device import runtime
+from torchtpu.ops import aten, lower
+from torchtpu.ops._scalar import Scalar
+from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, tdtype
+
+
+def _wrap(idx, size):
+    """Negative indices wrap around (``idx + size`` where ``idx < 0``), as int64."""
+    j = jnp()
+    idx = idx.astype(npdt(torch.int64))
+    return j.where(idx < 0, idx + size, idx)
+
+
+def _index_tuple(x, indices):
+    """The jnp index tuple of an ATen index list (None -> full slice, wrapped negatives)."""
+    key = []
+    for d, a in enumerate(indices):
+        if a is None:
+            key.append(slice(None))
+        else:
+            key.append(_wrap(a, x.shape[d]))
+    return tuple(key)
+
+
+def _has_bool(indices):
+    return any(a is not None and tdtype(a) in (torch.bool, torch.uint8) for a in indices)
+
+
+def _check_count(x, indices, op):
+    if len(indices) > x.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {x.ndim} (got {len(indices)})")
+
+
+def _expand_masks(vals):
+    """Host side, before ``index.Tensor`` runs: each bool/uint8 mask becomes the integer
+    index tensors of its ``nonzero()`` (PyTorch's ``expandTensors``).  The result's size
+    depends on the mask's values, so this is a sync point."""
+    indices = vals[1]
+    if not any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+               for t in indices):
+        return vals
+    new = []
+    for t in indices:
+        if isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8):
+            new.extend(t.nonzero().unbind(1))
+        else:
+            new.append(t)
+    return [vals[0], new] + list(vals[2:])
+
+
+@lower(aten.index.Tensor, aten._unsafe_index.Tensor, prepare=_expand_masks)
+def index(x, indices):
+    _check_count(x, indices, "index")
+    if _has_bool(indices):
+        raise NotImplementedError("torchtpu: index with an unexpanded boolean mask")
+    return x[_index_tuple(x, indices)]
+
+
+def _index_put_mask(x, indices, v, accumulate):
+    """index_put with one boolean mask (after leading full slices): static shapes.
+
+    The k-th selected element takes row k of ``v`` (``cumsum(mask) - 1``), as PyTorch's
+    ``nonzero`` expansion orders them.  A ``v`` whose count dimension disagrees with the
+    number of True elements is not detected (PyTorch raises; checking would sync)."""
+    j = jnp()
+    p = 0
+    while indices[p] is None:
+        p += 1
+    m = indices[p].astype(bool)
+    if any(a is not None for a in indices[p + 1:]):
+        return None
+    q = m.ndim
+    pre, trail = x.shape[:p], x.shape[p + q:]
+    nsel = 1 + len(pre) + len(trail)
+    if v.ndim > nsel:
+        return None
+    vb = v.reshape((1,) * (nsel - v.ndim) + v.shape)
+    # selected layout: (*pre, count, *trail) -> (count, *pre, *trail)
+    vb = j.moveaxis(vb, p, 0)
+    vb = j.broadcast_to(vb, (vb.shape[0],) + pre + trail)
+    xm = j.moveaxis(x, tuple(range(p, p + q)), tuple(range(q)))  # (*mask, *pre, *trail)
+    flat_m = m.reshape(-1)
+    if vb.shape[0] == 1:
+        rows = j.broadcast_to(vb, (flat_m.shape[0],) + vb.shape[1:])
+    else:
+        pos = j.clip(j.cumsum(flat_m.astype(npdt(torch.int64))) - 1, 0, vb.shape[0] - 1)
+        rows = vb[pos]
+    rows = rows.reshape(m.shape + rows.shape[1:])
+    mf = m.reshape(m.shape + (1,) * (xm.ndim - q))
+    if accumulate:
+        add = j.where(mf, rows, j.zeros((), rows.dtype))
+        new = (xm | add) if x.dtype == np.bool_ else xm + add
+    else:
+        new = j.where(mf, rows, xm)
+    return j.moveaxis(new, tuple(range(q)), tuple(range(p, p + q)))
+
+
+def _index_put(x, indices, values, accumulate):
+    dt = tdtype(x)
+    v = cast(values, dt)
+    _check_count(x, indices, "index_put")
+    if _has_bool(indices):
+        r = None
+        if sum(a is not None for a in indices) == 1:
+            r = _index_put_mask(x, indices, v, accumulate)
+        if r is None:
+            raise NotImplementedError(
+                "torchtpu: index_put with a boolean mask combined with other index tensors "
+                "has data-dependent shapes and is not supported inside a compiled op")
+        return r
+    key = _index_tuple(x, indices)
+    if accumulate:
+        if dt is torch.bool:
+            return x.at[key].max(v)
+        return x.at[key].add(v)
+    return x.at[key].set(v)
+
+
+@lower(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    return _index_put(x, indices, values, accumulate)
+
+
+@lower(aten._index_put_impl.default)
+def _index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put(x, indices, values, accumulate)
+
+
+# ------------------------------------------------------------------- gather / scatter
+
+
+def _dim(d, ndim):
+    n = max(ndim, 1)
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
+                         f"but got {d})")
+    return d % n
+
+
+def _scatter_key(index, dim):
+    """Full index tuple addressing self at (i_0, .., index[i], .., i_n) for each i."""
+    j = jnp()
+    key = []
+    for d in range(index.ndim):
+        if d == dim:
+            key.append(index.astype(npdt(torch.int64)))
+        else:
+            shape = [1] * index.ndim
+            shape[d] = index.shape[d]
+            key.append(j.arange(index.shape[d]).reshape(shape))
+    return tuple(key)
+
+
+@lower(aten.gather.default)
+def gather(x, dim, index, sparse_grad=False):
+    j = jnp()
+    if x.ndim == 0:
+        return j.broadcast_to(x, index.shape)
+    dim = _dim(dim, x.ndim)
+    if index.ndim == 0:
+        index = index.reshape((1,) * x.ndim)
+        return x[_scatter_key(index, dim)].reshape(())
+    if index.size == 0:
+        return j.zeros(index.shape, x.dtype)
+    return x[_scatter_key(index, dim)]
+
+
+def _src_like(src, index, dt):
+    """``src`` (array or Scalar) cut to the shape of ``index``, as dtype ``dt``."""
+    if isinstance(src, Scalar) or not hasattr(src, "shape"):
+        return jnp().broadcast_to(cast(src, dt), index.shape)
+    if src.ndim == 0:
+        return jnp().broadcast_to(cast(src, dt), index.shape)
+    return cast(src[tuple(slice(0, n) for n in index.shape)], dt)
+
+
+def _scatter(x, dim, index, src, how):
+    j = jnp()
+    dt = tdtype(x)
+    if index.size == 0:
+        return x
+    zero_d = x.ndim == 0
+    if zero_d:
+        x = x.reshape(1)
+        index = index.reshape(1)
+    dim = _dim(dim, x.ndim)
+    if index.ndim == 0:
+        index = index.reshape((1,) * x.ndim)
+    v = _src_like(src, index, dt)
+    if zero_d:
+        v = v.reshape(1)
+    key = _scatter_key(index, dim)
+    at = x.at[key]
+    if how == "set":
+        r = at.set(v)
+    elif how in ("add", "sum"):
+        r = at.max(v) if dt is torch.bool else at.add(v)
+    elif how in ("multiply", "prod"):
+        r = at.min(v) if dt is torch.bool else at.multiply(v)
+    elif how == "amax":
+        r = at.max(v)
+    elif how == "amin":
+        r = at.min(v)
+    else:
+        raise RuntimeError(f"reduce argument must be either add or multiply, got {how}")
+    return r.reshape(()) if zero_d else r
+
+
+@lower(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src, "set")
+
+
+@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, reduce):
+    if reduce not in ("add", "multiply"):
+        raise RuntimeError(f"reduce argument must be either add or multiply, got {reduce}")
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lower(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "add")
+
+
+def _identity(reduce, dt):
+    j = jnp()
+    if reduce in ("sum", "mean"):
+        return j.zeros((), npdt(dt))
+    if reduce == "prod":
+        return j.ones((), npdt(dt))
+    if dt is torch.bool:
+        return j.asarray(reduce == "amin")
+    if dt.is_floating_point:
+        return j.asarray(-np.inf if reduce == "amax" else np.inf, npdt(dt))
+    info = torch.iinfo(dt)
+    return j.asarray(info.min if reduce == "amax" else info.max, npdt(dt))
+
+
+@lower(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got "
+                           f"{reduce}")
+    j = jnp()
+    dt = tdtype(x)
+    if index.size == 0:
+        return x
+    zero_d = x.ndim == 0
+    if zero_d:
+        x, index, src = x.reshape(1), index.reshape(1), src.reshape(1)
+    dim = _dim(dim, x.ndim)
+    key = _scatter_key(index, dim)
+    hit = j.zeros(x.shape, bool).at[key].set(True)
+    base = x if include_self else j.where(hit, _identity(reduce, dt), x)
+    if reduce == "mean":
+        ct = opmath(dt)
+        acc = _scatter(base.astype(npdt(ct)), dim, index, src, "sum")
+        cnt = j.zeros(x.shape, npdt(torch.int64)).at[key].add(1)
+        if include_self:
+            cnt = cnt + 1
+        cnt = j.where(cnt == 0, 1, cnt)
+        if dt.is_floating_point or dt.is_complex:
+            r = acc / cnt.astype(acc.dtype)
+        else:
+            r = j.floor_divide(acc, cnt.astype(acc.dtype))
+        r = r.astype(npdt(dt))
+    else:
+        r = _scatter(base, dim, index, src, reduce)
+        if reduce in ("amax", "amin") and dt.is_floating_point:
+            # NaN propagates (XLA's max/min may drop it)
+            nan_hit = j.zeros(x.shape, bool).at[key].max(j.isnan(_src_like(src, index, dt)))
+            if include_self:
+                nan_hit = nan_hit | j.isnan(x)
+            r = j.where(nan_hit, j.nan, r)
+    return r.reshape(()) if zero_d else r
+
+
+@lower(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
+                           f"amin but got {reduce}.")
+    j = jnp()
+    if x.ndim == 0:
+        return scatter_reduce(x, 0, index.reshape(()), source.reshape(()), reduce, include_self)
+    dim = _dim(dim, x.ndim)
+    src = source if source.ndim else source.reshape((1,) * x.ndim)
+    shape = [1] * src.ndim
+    shape[dim] = -1
+    idx = _wrap(index.reshape(shape), x.shape[dim])
+    idx = j.broadcast_to(idx, src.shape)
+    return scatter_reduce(x, dim, idx, src, reduce, include_self)
+
+
+# --------------------------------------------------------------------- index_* ops
+
+
+def _dim_key(ndim, dim, idx):
+    return (slice(None),) * dim + (idx,)
+
+
+def _index1d(index, size):
+    return _wrap(index.reshape(-1), size)
+
+
+@lower(aten.index_select.default)
+def index_select(x, dim, index):
+    if x.ndim == 0:  # PyTorch: index must hold one element (0); the result is 0-d
+        return x
+    dim = _dim(dim, x.ndim)
+    return jnp().take(x, _index1d(index, x.shape[dim]), axis=dim)
+
+
+def _source_for(x, dim, source, dt):
+    """source reshaped so that its ``dim`` lines up with the flattened index."""
+    s = cast(source, dt)
+    if x.ndim == 0:
+        return s.reshape(-1)
+    if s.ndim == 0:
+        s = s.reshape((1,) * x.ndim)
+    return s
+
+
+@lower(aten.index_add.default)
+def index_add(x, dim, index, source, alpha=1):
+    dt = tdtype(x)
+    zero_d = x.ndim == 0
+    xx = x.reshape(1) if zero_d else x
+    dim = _dim(dim, xx.ndim)
+    s = _source_for(x, dim, source, dt)
+    if alpha is not None:
+        s = s * cast(alpha, dt)
+    idx = _index1d(index, xx.shape[dim])
+    at = xx.at[_dim_key(xx.ndim, dim, idx)]
+    r = at.max(s) if dt is torch.bool else at.add(s)
+    return r.reshape(()) if zero_d else r
+
+
+@lower(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    dt = tdtype(x)
+    zero_d = x.ndim == 0
+    xx = x.reshape(1) if zero_d else x
+    dim = _dim(dim, xx.ndim)
+    s = _source_for(x, dim, source, dt)
+    idx = _index1d(index, xx.shape[dim])
+    r = xx.at[_dim_key(xx.ndim, dim, idx)].set(s)
+    return r.reshape(()) if zero_d else r
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    dt = tdtype(x)
+    zero_d = x.ndim == 0
+    xx = x.reshape(1) if zero_d else x
+    dim = _dim(dim, xx.ndim)
+    idx = _index1d(index, xx.shape[dim])
+    r = xx.at[_dim_key(xx.ndim, dim, idx)].set(cast(value, dt))
+    return r.reshape(()) if zero_d else r
+
+
+# --------------------------------------------------------------------------- masks
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    j = jnp()
+    dt = tdtype(x)
+    shape = j.broadcast_shapes(x.shape, mask.shape)
+    return j.where(mask.astype(bool), cast(value, dt), j.broadcast_to(x, shape))
+
+
+@lower(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    j = jnp()
+    shape = j.broadcast_shapes(x.shape, mask.shape)
+    m = j.broadcast_to(mask.astype(bool), shape).reshape(-1)
+    xb = j.broadcast_to(x, shape).reshape(-1)
+    src = source.reshape(-1).astype(x.dtype)
+    if src.size == 0:
+        return xb.reshape(shape)
+    pos = j.clip(j.cumsum(m.astype(npdt(torch.int64))) - 1, 0, src.size - 1)
+    return j.where(m, src[pos], xb).reshape(shape)
+
+
+# ----------------------------------------------------------------- take / embedding
+
+
+@lower(aten.take.default)
+def take(x, index):
+    flat = x.reshape(-1)
+    return flat[_wrap(index, flat.shape[0])]
+
+
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """Rows of ``weight`` referenced by ``indices`` with norm > max_norm are scaled to
+    max_norm (PyTorch: ``scale = max_norm / (norm + 1e-7)``)."""
+    j = jnp()
+    ct = opmath(tdtype(weight))
+    w = weight.astype(npdt(ct))
+    ref = j.zeros((weight.shape[0],), bool).at[indices.reshape(-1)].set(True)
+    if norm_type == float("inf"):
+        norm = j.max(j.abs(w), axis=1)
+    elif norm_type == 1:
+        norm = j.sum(j.abs(w), axis=1)
+    elif norm_type == 2:
+        norm = j.sqrt(j.sum(w * w, axis=1))
+    else:
+        norm = j.sum(j.abs(w) ** norm_type, axis=1) ** (1.0 / norm_type)
+    scale = j.where(ref & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    return (w * scale[:, None].astype(w.dtype)).astype(weight.dtype)
+
+
+@lower(aten.nonzero_static.default)
+def nonzero_static(x, size, fill_value=-1):
+    j = jnp()
+    if x.ndim == 0:
+        return j.full((size, 0), fill_value, npdt(torch.int64))
+    idx = j.nonzero(x, size=size, fill_value=fill_value)
+    return j.stack([i.astype(npdt(torch.int64)) for i in idx], axis=1)
+
+
+@lower(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp().take(weight, indices.astype(npdt(torch.int64)), axis=0)
+
+
+# --------------------------------------------------------- searchsorted / bucketize
+
+
+def _searchsorted(seq, values, right, side, sorter, out_int32):
+    j = jnp()
+    jax = runtime.jax()
+    if side is not None:
+        if side not in ("left", "right"):
+            raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but "
+                               f"got {side}")
+        if right and side == "left":
+            raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, "
+                               "got side of left while right was True")
+        right = side == "right"
+    if sorter is not None:
+        seq = j.take_along_axis(seq, sorter.astype(npdt(torch.int64)), axis=-1)
+    if isinstance(values, Scalar):
+        dt = promote(seq, values)
+        v = cast(values, dt)
+    else:
+        dt = promote(seq, values)
+        v = values.astype(npdt(dt))
+    s = seq.astype(npdt(dt))
+    how = "right" if right else "left"
+    out_dt = npdt(torch.int32 if out_int32 else torch.int64)
+    if s.ndim == 1:
+        return j.searchsorted(s, v, side=how).astype(out_dt)
+    lead = s.shape[:-1]
+    s2 = s.reshape(-1, s.shape[-1])
+    v2 = v.reshape(s2.shape[0], -1)
+    r = jax.vmap(lambda a, b: j.searchsorted(a, b, side=how))(s2, v2)
+    return r.reshape(v.shape).astype(out_dt) if lead else r.astype(out_dt)
+
+
+@lower(aten.searchsorted.Tensor)
+def searchsorted(seq, x, out_int32=False, right=False, side=None, sorter=None):
+    return _searchsorted(seq, x, right, side, sorter, out_int32)
+
+
+@lower(aten.searchsorted.Scalar)
+def searchsorted_scalar(seq, x, out_int32=False, right=False, side=None, sorter=None):
+    if seq.ndim != 1:
+        raise RuntimeError("torch.searchsorted(): input value can be a scalar only when "
+                           "boundaries tensor dimension is 1")
+    return _searchsorted(seq, x, right, side, sorter, out_int32)
+
+
+@lower(aten.bucketize.Tensor)
+def bucketize(x, boundaries, out_int32=False, right=False):
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim("
+                           f"{boundaries.ndim})")
+    return _searchsorted(boundaries, x, right, None, None, out_int32)
+
+
+@lower(aten.bucketize.Scalar)
+def bucketize_scalar(x, boundaries, out_int32=False, right=False):
+    return bucketize(x, boundaries, out_int32, right)
+
+
+# ------------------------------------------------------- data-dependent output shapes
+# These run outside jit on concrete arrays (dynamic_shape=True): a device->host sync.
+
+
+def _i64(a):
+    return jnp().asarray(np.asarray(a, dtype=np.int64))
+
+
+@lower(aten.nonzero.default, dynamic_shape=True)
+def nonzero(x):
+    a = np.asarray(x)
+    if a.ndim == 0:
+        return _i64(np.zeros((1 if a.item() else 0, 0)))
+    return _i64(np.stack(np.nonzero(a), axis=1) if a.size else np.zeros((0, a.ndim)))
+
+
+@lower(aten.argwhere.default, dynamic_shape=True)
+def argwhere(x):
+    return nonzero(x)
+
+
+@lower(aten.masked_select.default, dynamic_shape=True)
+def masked_select(x, mask):
+    a, m = np.broadcast_arrays(np.asarray(x), np.asarray(mask).astype(bool))
+    return jnp().asarray(a[m])
+
+
+def _unique_np(a, return_inverse, return_counts):
+    flat = a.reshape(-1)
+    if flat.size == 0:
+        return (flat, np.zeros(a.shape, np.int64), np.zeros((0,), np.int64))
+    u, inv, cnt = np.unique(flat, return_inverse=True, return_counts=True)
+    inv = inv.reshape(a.shape).astype(np.int64)
+    return u, inv, cnt.astype(np.int64)
+
+
+@lower(aten._unique2.default, dynamic_shape=True)
+def _unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    a = np.asarray(x)
+    u, inv, cnt = _unique_np(a, return_inverse, return_counts)
+    j = jnp()
+    inv = inv if return_inverse else np.zeros((0,), np.int64)
+    cnt = cnt if return_counts else np.zeros((0,), np.int64)
+    return j.asarray(u), j.asarray(inv), j.asarray(cnt)
+
+
+@lower(aten._unique.default, dynamic_shape=True)
+def _unique(x, sorted=True, return_inverse=False):
+    a = np.asarray(x)
+    u, inv, _ = _unique_np(a, return_inverse, False)
+    inv = inv if return_inverse else np.zeros((0,), np.int64)
+    return jnp().asarray(u), jnp().asarray(inv)
+
+
+@lower(aten.unique_consecutive.default, dynamic_shape=True)
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    a = np.asarray(x)
+    if dim is not None:
+        return unique_dim_consecutive(x, dim, return_inverse, return_counts)
+    flat = a.reshape(-1)
+    if flat.size == 0:
+        u, inv, cnt = flat, np.zeros(a.shape, np.int64), np.zeros((0,), np.int64)
+    else:
+        new = np.concatenate([[True], flat[1:] != flat[:-1]])
+        u = flat[new]
+        grp = np.cumsum(new) - 1
+        inv = grp.reshape(a.shape).astype(np.int64)
+        cnt = np.diff(np.append(np.nonzero(new)[0], flat.size)).astype(np.int64)
+    j = jnp()
+    inv = inv if return_inverse else np.zeros((0,), np.int64)
+    cnt = cnt if return_counts else np.zeros((0,), np.int64)
+    return j.asarray(u), j.asarray(inv), j.asarray(cnt)
+
+
+def _unique_dim_np(a, dim, consecutive):
+    dim = _dim(dim, a.ndim)
+    moved = np.moveaxis(a, dim, 0)
+    n = moved.shape[0]
+    rows = moved.reshape(n, -1)
+    if n == 0:
+        return a, np.zeros((0,), np.int64), np.zeros((0,), np.int64)
+    if consecutive:
+        new = np.ones(n, bool)
+        new[1:] = np.any(rows[1:] != rows[:-1], axis=1)
+        first = np.nonzero(new)[0]
+        inv = np.cumsum(new) - 1
+        cnt = np.diff(np.append(first, n))
+        uniq = rows[first]
+    else:
+        order = np.lexsort(rows.T[::-1]) if rows.shape[1] else np.arange(n)
+        srt = rows[order]
+        new = np.ones(n, bool)
+        new[1:] = np.any(srt[1:] != srt[:-1], axis=1)
+        grp = np.cumsum(new) - 1
+        inv = np.empty(n, np.int64)
+        inv[order] = grp
+        cnt = np.bincount(grp)
+        uniq = srt[new]
+    u = np.moveaxis(uniq.reshape((uniq.shape[0],) + moved.shape[1:]), 0, dim)
+    return u, inv.astype(np.int64), cnt.astype(np.int64)
+
+
+@lower(aten.unique_dim.default, dynamic_shape=True)
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    u, inv, cnt = _unique_dim_np(np.asarray(x), dim, False)
+    j = jnp()
+    return (j.asarray(u), j.asarray(inv if return_inverse else np.zeros((0,), np.int64)),
+            j.asarray(cnt if return_counts else np.zeros((0,), np.int64)))
+
+
+@lower(aten.unique_dim_consecutive.default, dynamic_shape=True)
+def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    u, inv, cnt = _unique_dim_np(np.asarray(x), dim, True)
+    j = jnp()
+    return (j.asarray(u), j.asarray(inv if return_inverse else np.zeros((0,), np.int64)),
+            j.asarray(cnt if return_counts else np.zeros((0,), np.int64)))

@@ -1,5 +1,306 @@
-"""random lowerings."""
+"""Random lowerings: uniform, normal, bernoulli, randint/random, randperm, multinomial...
+
+Every random lowering is registered with ``random=True`` and receives ``key=``: uint32[4]
+(seed lo, seed hi, offset lo, offset hi) drawn on the host from the device's stream
+(``torchtpu._device.state.RNGState``).  :func:`prng_key` turns it into a JAX key inside
+the executable, so drawing a key never syncs and a seeded program replays its streams.
+"""
 
 from __future__ import annotations
 
-from torchtpu.ops import aten, lower  # noqa: F401
+import numpy as np
+import torch
+
+from torchtpu._device import runtime
+from torchtpu.ops import aten, lower
+from torchtpu.ops._util import jnp, npdt, opmath, promote, tdtype
+
+
+def prng_key(key):
+    """Traced: a JAX PRNG key from the uint32[4] key data given to random lowerings."""
+    jr = runtime.jax().random
+    k = jr.wrap_key_data(key[:2], impl="threefry2x32")
+    k = jr.fold_in(k, key[2])
+    return jr.fold_in(k, key[3])
+
+
+def _jr():
+    return runtime.jax().random
+
+
+def _sample_dtype(dtype: torch.dtype):
+    """numpy dtype in which to draw floats for a tensor of ``dtype`` (float32 for
+    half/bfloat16 and for non-float tensors, as PyTorch's CPU generator does)."""
+    if dtype is torch.float64:
+        return npdt(torch.float64)
+    return npdt(torch.float32)
+
+
+def _uniform(key, shape, dtype, lo=0.0, hi=1.0):
+    ct = _sample_dtype(dtype)
+    return _jr().uniform(prng_key(key), tuple(shape), ct, lo, hi)
+
+
+def _check_float(op, dtype):
+    if not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"{op} expects a floating point dtype, got {dtype}")
+
+
+# ------------------------------------------------------------------- uniform / normal
+
+
+@lower(aten.uniform.default, random=True)
+def uniform(x, low=0.0, high=1.0, generator=None, *, key):
+    dt = tdtype(x)
+    _check_float("uniform_", dt)
+    if dt.is_complex:
+        raise NotImplementedError("torchtpu: uniform_ of a complex tensor is not supported")
+    u = _uniform(key, x.shape, dt)
+    ct = u.dtype
+    # from + (to - from) * u, as PyTorch's uniform_real_distribution
+    return (jnp().asarray(low, ct) + jnp().asarray(high - low, ct) * u).astype(npdt(dt))
+
+
+def _normal(key, shape, dtype):
+    return _jr().normal(prng_key(key), tuple(shape), _sample_dtype(dtype))
+
+
+@lower(aten.normal_functional.default, random=True)
+def normal_functional(x, mean=0.0, std=1.0, generator=None, *, key):
+    dt = tdtype(x)
+    _check_float("normal_", dt)
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    z = _normal(key, x.shape, dt)
+    return (z * jnp().asarray(std, z.dtype) + jnp().asarray(mean, z.dtype)).astype(npdt(dt))
+
+
+@lower(aten.normal.Tensor_float, random=True)
+def normal_tensor_float(mean, std=1.0, generator=None, *, key):
+    dt = tdtype(mean)
+    z = _normal(key, mean.shape, dt)
+    return z * jnp().asarray(std, z.dtype) + mean.astype(z.dtype)
+
+
+@lower(aten.normal.float_Tensor, random=True)
+def normal_float_tensor(mean, std, generator=None, *, key):
+    dt = tdtype(std)
+    z = _normal(key, std.shape, dt)
+    return z * std.astype(z.dtype) + jnp().asarray(mean, z.dtype)
+
+
+@lower(aten.normal.Tensor_Tensor, random=True)
+def normal_tensor_tensor(mean, std, generator=None, *, key):
+    j = jnp()
+    shape = j.broadcast_shapes(mean.shape, std.shape)
+    dt = promote(mean, std)
+    z = _normal(key, shape, dt)
+    return z * std.astype(z.dtype) + mean.astype(z.dtype)
+
+
+@lower(aten.normal.float_float, random=True)
+def normal_float_float(mean, std, size, generator=None, dtype=None, layout=None, device=None,
+                       pin_memory=None, *, key):
+    dt = dtype or torch.get_default_dtype()
+    z = _normal(key, size, dt)
+    return z * jnp().asarray(std, z.dtype) + jnp().asarray(mean, z.dtype)
+
+
+@lower(aten.log_normal.default, random=True)
+def log_normal(x, mean=1.0, std=2.0, generator=None, *, key):
+    dt = tdtype(x)
+    _check_float("log_normal_", dt)
+    z = _normal(key, x.shape, dt)
+    return jnp().exp(z * jnp().asarray(std, z.dtype) + jnp().asarray(mean, z.dtype))
+
+
+@lower(aten.exponential.default, random=True)
+def exponential(x, lambd=1.0, generator=None, *, key):
+    dt = tdtype(x)
+    _check_float("exponential_", dt)
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    e = _jr().exponential(prng_key(key), tuple(x.shape), _sample_dtype(dt))
+    return e / jnp().asarray(lambd, e.dtype)
+
+
+@lower(aten.cauchy.default, random=True)
+def cauchy(x, median=0.0, sigma=1.0, generator=None, *, key):
+    dt = tdtype(x)
+    _check_float("cauchy_", dt)
+    c = _jr().cauchy(prng_key(key), tuple(x.shape), _sample_dtype(dt))
+    return c * jnp().asarray(sigma, c.dtype) + jnp().asarray(median, c.dtype)
+
+
+@lower(aten.geometric.default, random=True)
+def geometric(x, p, generator=None, *, key):
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    j = jnp()
+    u = _jr().uniform(prng_key(key), tuple(x.shape), npdt(torch.float64),
+                      minval=float(np.finfo(np.float64).tiny), maxval=1.0)
+    return j.ceil(j.log(u) / j.log1p(-p))
+
+
+# ------------------------------------------------------------------------ bernoulli
+
+
+def _bernoulli(key, shape, p, dtype):
+    u = _uniform(key, shape, dtype if dtype.is_floating_point else torch.float64)
+    return u < p
+
+
+@lower(aten.bernoulli.default, random=True)
+def bernoulli(x, generator=None, *, key):
+    dt = tdtype(x)
+    _check_float("bernoulli", dt)
+    return _bernoulli(key, x.shape, x.astype(_sample_dtype(dt)), dt)
+
+
+@lower(aten.bernoulli.p, random=True)
+def bernoulli_p(x, p=0.5, generator=None, *, key):
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
+    return _bernoulli(key, x.shape, p, torch.float64)
+
+
+@lower(aten.bernoulli.Tensor, random=True)
+def bernoulli_tensor(x, p, generator=None, *, key):
+    p = jnp().broadcast_to(p.astype(npdt(torch.float64)), x.shape)
+    return _bernoulli(key, x.shape, p, torch.float64)
+
+
+# --------------------------------------------------------------------------- random_
+
+
+def _random_max(dtype: torch.dtype) -> int:
+    """Inclusive upper bound of ``random_()`` without ``to``: 2**digits for floats."""
+    if dtype is torch.bool:
+        return 1
+    if dtype.is_floating_point:
+        return 2 ** {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24,
+                     torch.float64: 53}[dtype]
+    return int(torch.iinfo(dtype).max)
+
+
+def _randint(key, shape, lo: int, hi_incl: int, dtype: torch.dtype):
+    """Uniform integers in [lo, hi_incl] (drawn as int64), as ``dtype``."""
+    if hi_incl < lo:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} "
+                           f">= to={hi_incl + 1}")
+    i64 = npdt(torch.int64)
+    # maxval is exclusive; int64's largest value itself is never drawn (1 in 2**63)
+    hi_excl = min(hi_incl + 1, 2**63 - 1)
+    v = _jr().randint(prng_key(key), tuple(shape), jnp().asarray(lo, i64),
+                      jnp().asarray(hi_excl, i64), dtype=i64)
+    return v.astype(npdt(dtype))
+
+
+def _check_range(dtype, lo, hi_incl):
+    if dtype.is_floating_point or dtype is torch.bool:
+        mn, mx = -_random_max(dtype), _random_max(dtype)
+        if dtype is torch.bool:
+            mn = 0
+    else:
+        mn, mx = int(torch.iinfo(dtype).min), int(torch.iinfo(dtype).max)
+    if lo < mn or lo > mx:
+        raise RuntimeError(f"from is out of bounds for {dtype}")
+    if hi_incl > mx or hi_incl < mn:
+        raise RuntimeError(f"to - 1 is out of bounds for {dtype}")
+
+
+@lower(aten.random.default, random=True)
+def random_default(x, generator=None, *, key):
+    dt = tdtype(x)
+    return _randint(key, x.shape, 0, _random_max(dt), dt)
+
+
+@lower(getattr(aten.random, "from"), random=True)
+def random_from(x, low, high=None, generator=None, *, key):
+    dt = tdtype(x)
+    hi = _random_max(dt) if high is None else high - 1
+    if high is None and not dt.is_floating_point and dt is not torch.bool:
+        hi = int(torch.iinfo(dt).max)
+    _check_range(dt, low, hi)
+    return _randint(key, x.shape, low, hi, dt)
+
+
+@lower(aten.random.to, random=True)
+def random_to(x, high, generator=None, *, key):
+    dt = tdtype(x)
+    _check_range(dt, 0, high - 1)
+    return _randint(key, x.shape, 0, high - 1, dt)
+
+
+# ------------------------------------------------------------------------- randperm
+
+
+@lower(aten.randperm.default, random=True)
+def randperm(n, dtype=None, layout=None, device=None, pin_memory=None, *, key):
+    return randperm_generator(n, None, dtype, key=key)
+
+
+@lower(aten.randperm.generator, random=True)
+def randperm_generator(n, generator=None, dtype=None, layout=None, device=None,
+                       pin_memory=None, *, key):
+    if n < 0:
+        raise RuntimeError(f"n must be non-negative, got{n}")
+    dt = _as_dtype(dtype) or torch.int64
+    if not dt.is_floating_point and dt is not torch.bool and n > 0:
+        if n - 1 > torch.iinfo(dt).max:
+            raise RuntimeError(f"n is too large for result tensor type: '{dt}'")
+    return _jr().permutation(prng_key(key), n).astype(npdt(dt))
+
+
+def _as_dtype(dtype):
+    from torchtpu.ops.factory import as_dtype
+
+    return as_dtype(dtype)
+
+
+# -------------------------------------------------------------------------- dropout
+
+
+@lower(aten.native_dropout.default, random=True)
+def native_dropout(x, p, train=None, *, key):
+    j = jnp()
+    dt = tdtype(x)
+    if train is False:
+        return x, j.ones(x.shape, bool)
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    u = _uniform(key, x.shape, dt if dt.is_floating_point else torch.float32)
+    mask = u < (1.0 - p)  # bernoulli_(1 - p): keep
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    ct = npdt(opmath(dt))
+    return (x.astype(ct) * mask.astype(ct) * j.asarray(scale, ct)).astype(x.dtype), mask
+
+
+# ---------------------------------------------------------------------- multinomial
+
+
+@lower(aten.multinomial.default, random=True)
+def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
+    j = jnp()
+    jr = _jr()
+    if probs.ndim not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    n_cat = probs.shape[-1]
+    if not replacement and num_samples > n_cat:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
+                           "replacement")
+    p2 = probs.reshape(-1, n_cat).astype(npdt(torch.float64))
+    logp = j.where(p2 > 0, j.log(j.where(p2 > 0, p2, 1.0)), -j.inf)
+    k = prng_key(key)
+    rows = p2.shape[0]
+    if replacement:
+        out = jr.categorical(k, logp[:, None, :], axis=-1, shape=(rows, num_samples))
+    else:
+        # Gumbel top-k: the order of the perturbed log-probabilities is a draw
+        # without replacement (categories of probability 0 come last).
+        g = jr.gumbel(k, (rows, n_cat), npdt(torch.float64))
+        _, out = runtime.jax().lax.top_k(logp + g, num_samples)
+    out = out.astype(npdt(torch.int64))
+    return out.reshape(probs.shape[:-1] + (num_samples,))
