@@ -5,17 +5,22 @@ entry point calls :func:`_autoload`); ``import torchtpu`` does the same explicit
 The public surface is listed in :mod:`torchtpu._public`.
 """
 
+_importing = True
 
 
 def _autoload() -> None:
     """Entry point of PyTorch's ``torch.backends`` group: registers the device.
 
-    Defined before anything imports torch: ``import torchtpu`` first imports torch, whose
-    autoload then looks this function up on the partly imported package."""
+    When ``import torchtpu`` comes first, it imports torch, whose autoload calls this on
+    the partly imported package: then it does nothing and the import below registers."""
+    if _importing:
+        return
     from torchtpu._device import register
 
     register()
 
+
+import torch  # noqa: E402,F401
 
 from torchtpu._device import register as _register  # noqa: E402
 
@@ -25,3 +30,4 @@ from torchtpu._public import *  # noqa: E402,F401,F403
 from torchtpu._public import __all__  # noqa: E402,F401
 
 __version__ = "0.1.0"
+_importing = False

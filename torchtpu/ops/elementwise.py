@@ -418,3 +418,23 @@ def heaviside(x, values):
     j = jnp()
     x, v = cast(x, dt), cast(values, dt)
     return j.where(x == 0, v, (x > 0).astype(x.dtype))
+
+
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):
+    return clamp(x, min, None)
+
+
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return clamp(x, None, max)
+
+
+@lower(aten.isposinf.default)
+def isposinf(x):
+    return jnp().isposinf(x) if _isfloat(x) else jnp().zeros(x.shape, bool)
+
+
+@lower(aten.isneginf.default)
+def isneginf(x):
+    return jnp().isneginf(x) if _isfloat(x) else jnp().zeros(x.shape, bool)
