@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
+import sys
 import threading
 
 _lock = threading.Lock()
@@ -22,6 +24,9 @@ class Metrics:
         host_syncs: Counter of host synchronizations by cause ("item", "to_cpu", ...).
         fallbacks: Counter of ops run on CPU through the opt-in CPU fallback, by op name.
         transfers_to_device_bytes / transfers_to_host_bytes: host<->device copies (bytes).
+        segments_run / segment_ops: DeferAndFuse segments executed and ops they held.
+        segment_cache_hits / segment_cache_misses: compiled-segment cache lookups.
+        sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
     """
 
     def __init__(self):
@@ -40,9 +45,15 @@ class Metrics:
         self.fallbacks = collections.Counter()
         self.transfers_to_device_bytes = 0
         self.transfers_to_host_bytes = 0
+        self.segments_run = 0
+        self.segment_ops = 0
+        self.segment_cache_hits = 0
+        self.segment_cache_misses = 0
+        self.sync_sites = collections.Counter()
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1
+        self.sync_sites[(cause, _user_line())] += 1
 
     def snapshot(self) -> dict:
         with _lock:
@@ -50,7 +61,26 @@ class Metrics:
         d["host_syncs"] = dict(d["host_syncs"])
         d["host_syncs_total"] = sum(d["host_syncs"].values())
         d["fallbacks"] = dict(d["fallbacks"])
+        d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
+        if d["segments_run"]:
+            d["ops_per_segment"] = d["segment_ops"] / d["segments_run"]
         return d
+
+
+_INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}torchtpu{os.sep}", f"{os.sep}jax{os.sep}",
+             f"{os.sep}jaxlib{os.sep}", "<frozen ", f"{os.sep}numpy{os.sep}",
+             f"{os.sep}contextlib.py", f"{os.sep}threading.py")
+
+
+def _user_line() -> str:
+    """"file:line" of the innermost frame outside torch, torchtpu, jax and numpy."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not any(p in fn for p in _INTERNAL):
+            return f"{fn}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
 
 
 METRICS = Metrics()
@@ -59,6 +89,15 @@ METRICS = Metrics()
 def metrics() -> dict:
     """A snapshot of torchtpu's counters as a plain dict (see :class:`Metrics`)."""
     return METRICS.snapshot()
+
+
+def explain_syncs() -> list:
+    """Every host sync since the last reset, grouped by cause and the user's source line,
+    most frequent first: ``[{"cause", "line", "count"}]``.  Use it to find an accidental
+    ``.item()`` or ``print`` inside a training loop."""
+    rows = [{"cause": c, "line": line, "count": n}
+            for (c, line), n in METRICS.sync_sites.items()]
+    return sorted(rows, key=lambda r: -r["count"])
 
 
 def reset_metrics() -> None:

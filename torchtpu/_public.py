@@ -4,6 +4,6 @@
 :mod:`torchtpu._device.tpu_module`.
 """
 
-from torchtpu._metrics import metrics, reset_metrics
+from torchtpu._metrics import explain_syncs, metrics, reset_metrics
 
-__all__ = ["metrics", "reset_metrics"]
+__all__ = ["metrics", "reset_metrics", "explain_syncs"]

@@ -118,9 +118,12 @@ def synchronize(device=None) -> None:
     most recently dispatched executable waits for everything before it.
     """
     from torchtpu import _metrics
-    from torchtpu.eager import executor
+    from torchtpu.eager import defer, executor
 
-    _metrics.METRICS.sync("synchronize")
+    if defer.pending_ops():
+        defer.flush("synchronize")
+    else:
+        _metrics.METRICS.sync("synchronize")
     runtime.jax().block_until_ready(executor.LAST_OUTPUTS)
 
 
@@ -314,3 +317,42 @@ def _get_device_index(device, optional=False) -> int:
 enable_cpu_fallback: bool = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0")
 """Run ops that have no lowering on the CPU (copying inputs and results), warning once per
 op, instead of raising ``NotImplementedError``.  Also set by ``TORCHTPU_CPU_FALLBACK=1``."""
+
+
+# ------------------------------------------------------------------ eager modes
+from torchtpu.eager.modes import EagerMode, set_eager_mode  # noqa: E402,F401
+
+
+class _TpuModule(type(os)):
+    """``torch.tpu``'s module class: settable ``eager_mode`` and ``debug_nans``."""
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        """The current :class:`EagerMode` (settable: ``torch.tpu.eager_mode = ...``)."""
+        from torchtpu.eager import modes
+
+        return modes.get_eager_mode()
+
+    @eager_mode.setter
+    def eager_mode(self, mode) -> None:
+        from torchtpu.eager import modes
+
+        modes.set_eager_mode_now(mode)
+
+    @property
+    def debug_nans(self) -> bool:
+        """DEBUG mode: raise at the first op producing NaN/Inf (``TORCHTPU_DEBUG_NANS``)."""
+        from torchtpu.eager.executor import CONFIG
+
+        return CONFIG.debug_nans
+
+    @debug_nans.setter
+    def debug_nans(self, value: bool) -> None:
+        from torchtpu.eager.executor import CONFIG
+
+        CONFIG.debug_nans = bool(value)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _TpuModule

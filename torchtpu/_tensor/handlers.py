@@ -177,7 +177,7 @@ def resize_(self, size, memory_format=None):
         new = _st.new_storage((n,), self.dtype, old.index)
         if old.arr is not None and old.dtype is self.dtype:
             jnp = runtime.jax().numpy
-            flat = old.arr.reshape(-1)
+            flat = old.get().reshape(-1)
             k = min(flat.shape[0], n)
             new._tpu.arr = jnp.zeros((n,), flat.dtype).at[:k].set(flat[:k])
         st = new
@@ -198,7 +198,7 @@ def _adopt_dtype(t: torch.Tensor) -> torch.Tensor:
         whole = (t.storage_offset() == 0 and t.is_contiguous() and t.numel() == n)
         shape = tuple(t.shape) if whole else (n,)
         if sd.arr is not None:
-            sd.arr = ex.retype(sd.arr, t.dtype, shape)
+            sd.arr = ex.retype(sd.get(), t.dtype, shape)
         sd.dtype, sd.shape = t.dtype, shape
     return t
 

@@ -92,12 +92,36 @@ class StorageData:
             pass
 
     def get(self):
-        """The storage array, materializing zeros for an uninitialized storage."""
-        if self.arr is None:
+        """The concrete storage array: zeros for an uninitialized storage; a pending
+        DeferAndFuse value runs its segment first (a sync point)."""
+        a = self.arr
+        if a.__class__ is Lazy:
+            if a.value is None:
+                from torchtpu.eager import defer
+
+                defer.flush("materialize")
+            self.arr = a.value
+            return self.arr
+        if a is None:
             jnp = runtime.jax().numpy
             with runtime.jax().default_device(runtime.jax_device(self.index)):
                 self.arr = jnp.zeros(self.shape, runtime.to_np_dtype(self.dtype))
         return self.arr
+
+
+class Lazy:
+    """A DeferAndFuse value not computed yet: output ``out`` of node ``node`` of a
+    recorded segment.  ``value`` is set when the segment runs (if it is still needed)."""
+
+    __slots__ = ("seg", "node", "out", "shape", "dtype", "value", "__weakref__")
+
+    def __init__(self, seg, node, out, shape, dtype):
+        self.seg = seg
+        self.node = node
+        self.out = out
+        self.shape = shape
+        self.dtype = dtype
+        self.value = None
 
 
 def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):
@@ -172,9 +196,24 @@ def view_spec(t: torch.Tensor, sd: StorageData):
     """
     size = tuple(t.shape)
     dtype = t.dtype
+    if t.is_neg() or (dtype.is_complex and t.is_conj()):
+        # PyTorch's lazy conjugation / negation bits: the tensor's values are
+        # conj(storage) / -storage.  Applied on read (and inverted on write).
+        return (size, dtype, tuple(t.stride()), t.storage_offset(), sd.shape, sd.dtype,
+                t.is_conj(), t.is_neg())
     if size == sd.shape and dtype is sd.dtype and t.storage_offset() == 0 and t.is_contiguous():
         return (size, dtype)
     return (size, dtype, tuple(t.stride()), t.storage_offset(), sd.shape, sd.dtype)
+
+
+def _bits(x, spec):
+    """Apply a spec's conj/neg bits (their own inverses) to values ``x``."""
+    if len(spec) > 6:
+        if spec[6]:
+            x = runtime.jax().numpy.conj(x)
+        if spec[7]:
+            x = -x
+    return x
 
 
 def _nested_plan(size, stride):
@@ -231,6 +270,15 @@ def _bitcast(flat, dtype):
     to_bool = target == np.bool_
     if to_bool:
         target = np.dtype(np.uint8)
+    jnp = runtime.jax().numpy
+    if jnp.iscomplexobj(flat):  # complex -> its (real, imag) pairs, then on
+        part = np.dtype(np.float32 if flat.dtype == np.complex64 else np.float64)
+        flat = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).astype(part).reshape(-1)
+        return _bitcast(flat, runtime.to_torch_dtype(target) if not to_bool else torch.bool)
+    if target.kind == "c":  # -> complex: build from (real, imag) pairs
+        part = np.dtype(np.float32 if target == np.complex64 else np.float64)
+        pairs = _bitcast(flat, runtime.to_torch_dtype(part)).reshape(-1, 2)
+        return lax.complex(pairs[:, 0], pairs[:, 1]).astype(target)
     src_size, dst_size = flat.dtype.itemsize, target.itemsize
     if src_size == dst_size:
         out = lax.bitcast_convert_type(flat, target)
@@ -247,6 +295,8 @@ def read_view(arr, spec):
     """Traced: the elements of a tensor with ``spec`` from its storage array ``arr``."""
     if len(spec) == 2:
         return arr
+    if len(spec) > 6:
+        return _bits(read_view(arr, spec[:6]), spec)
     size, dtype, stride, offset, _, sdtype = spec
     jnp = runtime.jax().numpy
     lax = runtime.jax().lax
@@ -272,6 +322,9 @@ def write_view(arr, spec, value):
     """Traced: the storage array ``arr`` after writing ``value`` through a view ``spec``."""
     if len(spec) == 2:
         return value.astype(arr.dtype).reshape(arr.shape)
+    if len(spec) > 6:
+        value = _bits(value.astype(runtime.to_np_dtype(spec[1])), spec)
+        return write_view(arr, spec[:6], value)
     size, dtype, stride, offset, sshape, sdtype = spec
     jnp = runtime.jax().numpy
     lax = runtime.jax().lax

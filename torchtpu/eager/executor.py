@@ -22,6 +22,7 @@ host never waits for device results except at sync points (``item``, ``.cpu()``.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -45,6 +46,9 @@ class Config:
     """Executor switches (the eager mode sets ``debug_sync``)."""
 
     debug_sync = False  # DEBUG eager mode: wait for every op
+    defer = False  # DEFER_AND_FUSE: record ops instead of running them
+    debug_nans = os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("", "0")
+    log_ops = os.environ.get("TORCHTPU_LOG_OPS", "0") not in ("", "0")
 
 
 CONFIG = Config()
@@ -153,10 +157,14 @@ class Executable:
         resize: for ``out=`` calls whose out tensors need resizing first, their shapes.
     """
 
-    __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "first")
+    __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
+                 "out_avals", "name")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
-        self.first = None
+        self.compiled = False
+        self.traced = None  # the pure function (DeferAndFuse composes these)
+        self.out_avals = None
+        self.name = ""
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -270,10 +278,43 @@ class _Call:
             j = len(self.arrays)
             self.slots[cid] = j
             self.sdatas.append(sd)
-            self.arrays.append(None if writeonly and sd.arr is None else sd.get())
+            self.arrays.append(_input_array(sd, writeonly))
         elif self.arrays[j] is None and not writeonly:
             self.arrays[j] = sd.get()
         self.key.append((j, _st.view_spec(t, sd)))
+
+
+def _input_array(sd, writeonly):
+    """The storage array to pass to an executable: concrete, or (DeferAndFuse) a pending
+    ``Lazy`` value; ``None`` for an uninitialized storage that is only written."""
+    a = sd.arr
+    if a is None:
+        return None if writeonly else sd.get()
+    if a.__class__ is _st.Lazy:
+        if a.value is not None:
+            sd.arr = a = a.value
+        elif not CONFIG.defer:
+            a = sd.get()
+    return a
+
+
+def _debug_checks(op, vals, outs):
+    """DEBUG mode: wait for the op; optionally check for NaN/Inf and log it."""
+    t0 = time.perf_counter()
+    runtime.jax().block_until_ready(outs)
+    if CONFIG.debug_nans:
+        jnp = runtime.jax().numpy
+        for o in outs:
+            if jnp.issubdtype(o.dtype, jnp.inexact) and not bool(jnp.isfinite(o).all()):
+                raise RuntimeError(
+                    f"torchtpu debug: {op} produced NaN or Inf "
+                    f"(inputs: {describe(vals)}; output shape {tuple(o.shape)})"
+                )
+    if CONFIG.log_ops:
+        import sys
+
+        print(f"[torchtpu] {op}({describe(vals)}) {time.perf_counter() - t0:.6f}s",
+              file=sys.stderr)
 
 
 def _host_scalar(t):
@@ -399,15 +440,34 @@ class LoweredPlan:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
             return self(args, kwargs)
-        if ex.first is not None:  # the call that compiled it already ran
-            outs, ex.first = ex.first, None
-        else:
+        if CONFIG.defer:
+            from torchtpu.eager import defer
+
+            return self._finish(ex, c, vals, defer.record(ex, c))
+        if ex.compiled:
             outs = ex.call(c.arrays, c.dyn)
+        else:
+            outs = self._first_call(ex, c, vals)
         global LAST_OUTPUTS
         LAST_OUTPUTS = outs
         if CONFIG.debug_sync:
-            runtime.jax().block_until_ready(outs)
+            _debug_checks(self.op, vals, outs)
         return self._finish(ex, c, vals, outs)
+
+    def _first_call(self, ex, c, vals):
+        """The first call traces and compiles (dispatch is asynchronous, so its wall time
+        is the compile time)."""
+        t0 = time.perf_counter()
+        try:
+            outs = ex.call(c.arrays, c.dyn)
+        except (TypeError, ValueError) as e:
+            raise RuntimeError(
+                f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
+            ) from e
+        M.compiles += 1
+        M.compile_seconds += time.perf_counter() - t0
+        ex.compiled = True
+        return outs
 
     def _resize_outs(self, vals, shapes):
         for i, shape in zip(self.sig.out_args, shapes):
@@ -578,17 +638,6 @@ class LoweredPlan:
 
         sharding = SingleDeviceSharding(runtime.jax_device(c.index))
         jitted = jax.jit(traced, out_shardings=sharding)
-        # The first call traces and compiles (dispatch is asynchronous, so its wall time
-        # is the compile time); its results are handed to the caller.
-        t0 = time.perf_counter()
-        try:
-            first = jitted(c.arrays, c.dyn)
-        except (TypeError, ValueError) as e:
-            raise RuntimeError(
-                f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
-            ) from e
-        M.compiles += 1
-        M.compile_seconds += time.perf_counter() - t0
         final_meta = []
         if not mutated:
             for (size, stride, dt), perm in zip(out_meta, perms):
@@ -596,7 +645,8 @@ class LoweredPlan:
                     stride, perm = _st.contiguous_strides(size), None
                 final_meta.append((size, stride, dt, perm))
         ex = Executable(jitted, final_meta, list(dict.fromkeys(writes)), c.index)
-        ex.first = first
+        ex.traced = traced
+        ex.name = str(self.op)
         return ex
 
     def _run_dynamic(self, vals):
@@ -692,7 +742,13 @@ def retype(arr, dtype: torch.dtype, shape: tuple):
 
 def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
     """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
-    M.sync(cause)
+    a = _st.data(t).arr
+    if a.__class__ is _st.Lazy and a.value is None:
+        from torchtpu.eager import defer
+
+        defer.flush(cause)  # counts the sync
+    else:
+        M.sync(cause)
     arr = np.asarray(to_jax(t))
     M.transfers_to_host_bytes += arr.nbytes
     return arr

@@ -1,5 +1,632 @@
-"""reduction lowerings."""
+"""Reduction lowerings: sum/mean/prod, min/max families, any/all, var/std, cumulative ops,
+logsumexp, vector norms, sort and topk.
+
+Dtype rules follow PyTorch: integer and bool sums/products accumulate in int64;
+half/bfloat16 reductions accumulate in float32 (``opmath``) and round once; an explicit
+``dtype=`` casts the input before reducing.  ``dim=None`` or ``dim=[]`` means every
+dimension.  Max/min/argmax/argmin propagate NaN (the first NaN wins for the indices), and
+sort/topk order NaN above every number, like PyTorch's CPU kernels.  Index outputs are
+int64.  The executor casts each result to the dtype of PyTorch's meta kernel.
+"""
 
 from __future__ import annotations
 
-from torchtpu.ops import aten, lower  # noqa: F401
+import math
+
+import torch
+
+from torchtpu.ops import aten, lower
+from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, tdtype
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _dims(ndim: int, dim) -> tuple:
+    """Normalized reduction dims; ``None``/``[]`` mean all dims (0-d: nothing)."""
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return tuple(range(ndim))
+    n = max(ndim, 1)
+    out = []
+    for d in dim:
+        d = d + n if d < 0 else d
+        if ndim == 0:
+            continue  # dim 0 / -1 of a 0-d tensor reduces nothing
+        out.append(d)
+    return tuple(sorted(set(out)))
+
+
+def _one_dim(ndim: int, dim: int) -> int:
+    return dim + max(ndim, 1) if dim < 0 else dim
+
+
+def _out_shape(shape, dims, keepdim):
+    if keepdim:
+        return tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in dims)
+
+
+def _is_int_or_bool(dt: torch.dtype) -> bool:
+    return not (dt.is_floating_point or dt.is_complex)
+
+
+def _is_floatlike(x) -> bool:
+    j = jnp()
+    return j.issubdtype(x.dtype, j.floating) or j.issubdtype(x.dtype, j.complexfloating)
+
+
+def _accum_dtype(x, dtype) -> torch.dtype:
+    """Result dtype of sum/prod/cumsum: ``dtype`` if given, int64 for ints/bool."""
+    if dtype is not None:
+        return dtype
+    dt = tdtype(x)
+    return torch.int64 if _is_int_or_bool(dt) else dt
+
+
+def _empty_guard(x, dims, keepdim, fill, dtype=None):
+    """Result for a reduction whose output has no elements (avoids jnp's empty checks)."""
+    shape = _out_shape(x.shape, dims, keepdim)
+    if math.prod(shape) == 0:
+        return jnp().full(shape, fill, dtype or x.dtype)
+    return None
+
+
+def _max_nan(x, dims, keepdim, is_max: bool):
+    """amax/amin over ``dims`` with NaN propagation (XLA's max/min already propagate
+    NaN, but we make it explicit so it does not depend on the backend)."""
+    j = jnp()
+    if x.dtype == j.bool_:
+        return (j.any if is_max else j.all)(x, axis=dims, keepdims=keepdim)
+    r = (j.max if is_max else j.min)(x, axis=dims, keepdims=keepdim)
+    if j.issubdtype(x.dtype, j.floating):
+        nan = j.any(j.isnan(x), axis=dims, keepdims=keepdim)
+        r = j.where(nan, j.asarray(j.nan, x.dtype), r)
+    return r
+
+
+def _reduce_raise(name, x, dims):
+    if any(x.shape[d] == 0 for d in dims) or (not dims and x.ndim > 0 and x.size == 0):
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+            f"Specify the reduction dim with the 'dim' argument."
+        )
+
+
+# ------------------------------------------------------------------ sum / mean / prod
+
+
+@lower(aten.sum.dim_IntList)
+def sum_dim(x, dim=None, keepdim=False, dtype=None):
+    out = _accum_dtype(x, dtype)
+    dims = _dims(x.ndim, dim)
+    xc = cast(x, opmath(out))
+    return jnp().sum(xc, axis=dims, keepdims=keepdim)
+
+
+@lower(aten.sum.default)
+def sum_default(x, dtype=None):
+    return sum_dim(x, None, False, dtype)
+
+
+@lower(aten.mean.dim)
+def mean_dim(x, dim=None, keepdim=False, dtype=None):
+    out = dtype if dtype is not None else tdtype(x)
+    if _is_int_or_bool(out):
+        raise RuntimeError(
+            "mean(): could not infer output dtype. Input dtype must be either a floating "
+            f"point or complex dtype. Got: {out}"
+        )
+    dims = _dims(x.ndim, dim)
+    xc = cast(x, opmath(out))
+    n = math.prod(x.shape[d] for d in dims)
+    s = jnp().sum(xc, axis=dims, keepdims=keepdim)
+    return s / jnp().asarray(n, s.dtype) if n else s * jnp().asarray(jnp().nan, s.dtype)
+
+
+@lower(aten.mean.default)
+def mean_default(x, dtype=None):
+    return mean_dim(x, None, False, dtype)
+
+
+@lower(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, dtype=None):
+    out = _accum_dtype(x, dtype)
+    dims = _dims(x.ndim, [dim])
+    return jnp().prod(cast(x, opmath(out)), axis=dims, keepdims=keepdim)
+
+
+@lower(aten.prod.default)
+def prod_default(x, dtype=None):
+    out = _accum_dtype(x, dtype)
+    return jnp().prod(cast(x, opmath(out)))
+
+
+@lower(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, dtype=None):
+    out = _accum_dtype(x, dtype)
+    dims = _dims(x.ndim, dim)
+    xc = cast(x, opmath(out))
+    if _is_floatlike(xc):
+        xc = jnp().where(jnp().isnan(xc), jnp().zeros_like(xc), xc)
+    return jnp().sum(xc, axis=dims, keepdims=keepdim)
+
+
+@lower(aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim):
+    dims = _dims(x.ndim, dim)
+    return jnp().sum((x != 0).astype(npdt(torch.int64)), axis=dims)
+
+
+@lower(aten.count_nonzero.default)
+def count_nonzero_default(x, dim=None):
+    dims = _dims(x.ndim, dim)
+    return jnp().sum((x != 0).astype(npdt(torch.int64)), axis=dims)
+
+
+# ------------------------------------------------------------------ amax / amin / any / all
+
+
+@lower(aten.amax.default)
+def amax(x, dim=(), keepdim=False):
+    dims = _dims(x.ndim, dim)
+    _reduce_raise("amax", x, dims)
+    e = _empty_guard(x, dims, keepdim, 0)
+    return e if e is not None else _max_nan(x, dims, keepdim, True)
+
+
+@lower(aten.amin.default)
+def amin(x, dim=(), keepdim=False):
+    dims = _dims(x.ndim, dim)
+    _reduce_raise("amin", x, dims)
+    e = _empty_guard(x, dims, keepdim, 0)
+    return e if e is not None else _max_nan(x, dims, keepdim, False)
+
+
+@lower(aten.aminmax.default)
+def aminmax(x, dim=None, keepdim=False):
+    if dim is None and x.size == 0:
+        raise RuntimeError(
+            "aminmax(): cannot compute aminmax over an empty dimension as the operation "
+            "has no identity."
+        )
+    dims = _dims(x.ndim, None if dim is None else [dim])
+    if dim is not None and x.ndim > 0 and x.shape[dims[0]] == 0:
+        raise RuntimeError(
+            "aminmax(): Expected reduction dim 0 to have non-zero size."
+        )
+    e = _empty_guard(x, dims, keepdim, 0)
+    if e is not None:
+        return e, e
+    return _max_nan(x, dims, keepdim, False), _max_nan(x, dims, keepdim, True)
+
+
+def _to_bool(x):
+    return x if x.dtype == jnp().bool_ else (x != 0)
+
+
+@lower(aten.any.default)
+def any_default(x):
+    return jnp().any(_to_bool(x))
+
+
+@lower(aten.any.dim)
+def any_dim(x, dim, keepdim=False):
+    return jnp().any(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
+
+
+@lower(aten.any.dims)
+def any_dims(x, dim=None, keepdim=False):
+    return jnp().any(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
+
+
+@lower(aten.all.default)
+def all_default(x):
+    return jnp().all(_to_bool(x))
+
+
+@lower(aten.all.dim)
+def all_dim(x, dim, keepdim=False):
+    return jnp().all(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
+
+
+@lower(aten.all.dims)
+def all_dims(x, dim=None, keepdim=False):
+    return jnp().all(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
+
+
+# ------------------------------------------------------------------ arg/max/min with indices
+
+
+def _ext_with_index(x, axis: int, keepdim: bool, is_max: bool):
+    """(values, first index) of the max/min along ``axis``; NaN wins (first NaN)."""
+    j = jnp()
+    if x.dtype == j.bool_:
+        x = x.astype(j.uint8)
+    n = x.shape[axis]
+    m = _max_nan(x, (axis,), True, is_max)
+    hit = x == m
+    if j.issubdtype(x.dtype, j.floating):
+        hit = hit | (j.isnan(x) & j.isnan(m))
+    iota = lax().broadcasted_iota(npdt(torch.int64), x.shape, axis)
+    idx = j.min(j.where(hit, iota, j.asarray(n, iota.dtype)), axis=axis, keepdims=True)
+    if not keepdim:
+        m = j.squeeze(m, axis)
+        idx = j.squeeze(idx, axis)
+    return m, idx
+
+
+def _arg(x, dim, keepdim, is_max, name):
+    j = jnp()
+    if x.dtype == j.bool_:
+        raise RuntimeError(f"{name}(): does not support bool input")
+    if dim is None:
+        if x.size == 0:
+            raise IndexError(
+                f"{name}(): Expected reduction dim to be specified for input.numel() == 0."
+            )
+        flat = x.reshape(-1)
+        _, idx = _ext_with_index(flat, 0, False, is_max)
+        if keepdim:
+            idx = idx.reshape((1,) * x.ndim)
+        return idx
+    if x.ndim == 0:
+        return j.zeros((), npdt(torch.int64))
+    axis = _one_dim(x.ndim, dim)
+    if x.shape[axis] == 0:
+        raise IndexError(
+            f"{name}(): Expected reduction dim {dim} to have non-zero size."
+        )
+    e = _empty_guard(x, (axis,), keepdim, 0, npdt(torch.int64))
+    if e is not None:
+        return e
+    return _ext_with_index(x, axis, keepdim, is_max)[1]
+
+
+@lower(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, True, "argmax")
+
+
+@lower(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg(x, dim, keepdim, False, "argmin")
+
+
+def _ext_dim(x, dim, keepdim, is_max, name):
+    j = jnp()
+    if x.ndim == 0:
+        return x, j.zeros((), npdt(torch.int64))
+    axis = _one_dim(x.ndim, dim)
+    if x.shape[axis] == 0:
+        raise IndexError(
+            f"{name}(): Expected reduction dim {dim} to have non-zero size."
+        )
+    shape = _out_shape(x.shape, (axis,), keepdim)
+    if math.prod(shape) == 0:
+        return j.zeros(shape, x.dtype), j.zeros(shape, npdt(torch.int64))
+    m, idx = _ext_with_index(x, axis, keepdim, is_max)
+    return m.astype(x.dtype), idx
+
+
+@lower(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return _ext_dim(x, dim, keepdim, True, "max")
+
+
+@lower(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return _ext_dim(x, dim, keepdim, False, "min")
+
+
+@lower(aten.max.default)
+def max_default(x):
+    if x.size == 0:
+        raise RuntimeError(
+            "max(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
+    return _max_nan(x, tuple(range(x.ndim)), False, True)
+
+
+@lower(aten.min.default)
+def min_default(x):
+    if x.size == 0:
+        raise RuntimeError(
+            "min(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
+    return _max_nan(x, tuple(range(x.ndim)), False, False)
+
+
+# ------------------------------------------------------------------ var / std
+
+
+def _var(x, dim, correction, keepdim):
+    """(var, mean) in opmath: sum(|x - mean|^2) / max(0, N - correction)."""
+    j = jnp()
+    dt = tdtype(x)
+    if _is_int_or_bool(dt):
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    ct = opmath(dt)
+    xc = cast(x, ct)
+    dims = _dims(x.ndim, dim)
+    n = math.prod(x.shape[d] for d in dims)
+    nan = j.asarray(j.nan, xc.dtype)
+    if n:
+        mean = j.sum(xc, axis=dims, keepdims=True) / j.asarray(n, xc.dtype)
+    else:
+        mean = j.sum(xc, axis=dims, keepdims=True) * nan
+    d = xc - mean
+    if dt.is_complex:
+        sq = j.real(d) ** 2 + j.imag(d) ** 2
+    else:
+        sq = d * d
+    s = j.sum(sq, axis=dims, keepdims=keepdim)
+    if correction is None:
+        c = j.asarray(1.0, s.dtype)
+    else:
+        c = cast(correction, torch.float64).astype(s.dtype)
+    denom = j.maximum(j.asarray(n, s.dtype) - c, j.asarray(0, s.dtype))
+    var = s / denom
+    if not keepdim:
+        mean = j.squeeze(mean, dims) if dims else mean
+    return var, mean
+
+
+@lower(aten.var.correction)
+def var_correction(x, dim=None, correction=None, keepdim=False):
+    return _var(x, dim, correction, keepdim)[0]
+
+
+@lower(aten.std.correction)
+def std_correction(x, dim=None, correction=None, keepdim=False):
+    return jnp().sqrt(_var(x, dim, correction, keepdim)[0])
+
+
+@lower(aten.var_mean.correction)
+def var_mean_correction(x, dim=None, correction=None, keepdim=False):
+    return _var(x, dim, correction, keepdim)
+
+
+@lower(aten.std_mean.correction)
+def std_mean_correction(x, dim=None, correction=None, keepdim=False):
+    v, m = _var(x, dim, correction, keepdim)
+    return jnp().sqrt(v), m
+
+
+@lower(aten.var.dim)
+def var_dim(x, dim=None, unbiased=True, keepdim=False):
+    from torchtpu.ops._scalar import Scalar
+
+    c = Scalar(jnp().asarray(1.0 if unbiased else 0.0), float)
+    return _var(x, dim, c, keepdim)[0]
+
+
+@lower(aten.std.dim)
+def std_dim(x, dim=None, unbiased=True, keepdim=False):
+    return jnp().sqrt(var_dim(x, dim, unbiased, keepdim))
+
+
+# ------------------------------------------------------------------ cumulative
+
+
+def _cum(x, dim, dtype, fn):
+    out = _accum_dtype(x, dtype)
+    xc = cast(x, opmath(out))
+    if xc.ndim == 0:
+        return xc
+    axis = _one_dim(x.ndim, dim)
+    if xc.size == 0:
+        return xc
+    return fn(xc, axis=axis)
+
+
+@lower(aten.cumsum.default)
+def cumsum(x, dim, dtype=None):
+    return _cum(x, dim, dtype, jnp().cumsum)
+
+
+@lower(aten.cumprod.default)
+def cumprod(x, dim, dtype=None):
+    return _cum(x, dim, dtype, jnp().cumprod)
+
+
+def _cum_ext(x, dim, is_max):
+    """cummax/cummin: running extreme and the index of its last occurrence (PyTorch CPU
+    uses ``>=``/``<=`` so ties move the index forward; NaN sticks)."""
+    j = jnp()
+    if x.ndim == 0:
+        return x, j.zeros((), npdt(torch.int64))
+    axis = _one_dim(x.ndim, dim)
+    if x.size == 0:
+        return x, j.zeros(x.shape, npdt(torch.int64))
+    xv = x.astype(j.uint8) if x.dtype == j.bool_ else x
+    is_f = j.issubdtype(xv.dtype, j.floating)
+    iota = lax().broadcasted_iota(npdt(torch.int64), x.shape, axis)
+
+    def combine(a, b):
+        va, ia = a
+        vb, ib = b
+        take_b = (vb >= va) if is_max else (vb <= va)
+        if is_f:
+            take_b = (take_b & ~j.isnan(va)) | j.isnan(vb)
+        return j.where(take_b, vb, va), j.where(take_b, ib, ia)
+
+    v, i = lax().associative_scan(combine, (xv, iota), axis=axis)
+    return v.astype(x.dtype), i
+
+
+@lower(aten.cummax.default)
+def cummax(x, dim):
+    return _cum_ext(x, dim, True)
+
+
+@lower(aten.cummin.default)
+def cummin(x, dim):
+    return _cum_ext(x, dim, False)
+
+
+@lower(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    j = jnp()
+    dt = tdtype(x)
+    xc = cast(x, opmath(dt))
+    if xc.ndim == 0 or xc.size == 0:
+        return xc
+    axis = _one_dim(x.ndim, dim)
+    return lax().cumlogsumexp(xc, axis=axis) if not dt.is_complex else _raise(
+        "logcumsumexp", "complex input")
+
+
+def _raise(op, case):
+    raise NotImplementedError(f"torchtpu: {op} does not support {case}")
+
+
+# ------------------------------------------------------------------ logsumexp / norms
+
+
+@lower(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    j = jnp()
+    dt = tdtype(x)
+    if _is_int_or_bool(dt):
+        dt = torch.get_default_dtype()
+    xc = cast(x, opmath(dt))
+    dims = _dims(x.ndim, dim)
+    if xc.size == 0:
+        return j.log(j.sum(j.exp(xc), axis=dims, keepdims=keepdim))
+    m = _max_nan(xc, dims, True, True)
+    if dt.is_complex:
+        _raise("logsumexp", "complex input")
+    m = j.where(j.abs(m) == j.inf, j.zeros_like(m), m)
+    s = j.sum(j.exp(xc - m), axis=dims, keepdims=True)
+    r = j.log(s) + m
+    if not keepdim:
+        r = j.squeeze(r, dims) if dims else r
+    return r
+
+
+@lower(aten.linalg_vector_norm.default, static_scalars=True)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    j = jnp()
+    src = dtype if dtype is not None else tdtype(x)
+    if _is_int_or_bool(src):
+        raise RuntimeError(
+            "linalg.vector_norm: Expected a floating point or complex tensor as input. "
+            f"Got {src}"
+        )
+    xc = cast(x, opmath(src))
+    a = j.abs(xc)
+    dims = _dims(x.ndim, dim)
+    p = float(ord)
+    e = _empty_guard(x, dims, keepdim, 0, a.dtype)
+    if e is not None:
+        return e
+    if any(x.shape[d] == 0 for d in dims) or (x.size == 0 and not dims):
+        if p == math.inf or p == -math.inf:
+            raise RuntimeError(
+                "linalg.vector_norm cannot compute the inf norm on an empty tensor because "
+                "the operation does not have an identity"
+            )
+    if p == math.inf:
+        return _max_nan(a, dims, keepdim, True)
+    if p == -math.inf:
+        return _max_nan(a, dims, keepdim, False)
+    if p == 0:
+        return j.sum((a != 0).astype(a.dtype), axis=dims, keepdims=keepdim)
+    if p == 1:
+        return j.sum(a, axis=dims, keepdims=keepdim)
+    if p == 2:
+        return j.sqrt(j.sum(a * a, axis=dims, keepdims=keepdim))
+    pv = j.asarray(p, a.dtype)
+    return j.sum(a ** pv, axis=dims, keepdims=keepdim) ** (j.asarray(1.0, a.dtype) / pv)
+
+
+# ------------------------------------------------------------------ sort / topk
+
+
+def _sort_key(x):
+    """A sort key where NaNs (any sign) are the largest values and -0.0 == 0.0."""
+    j = jnp()
+    if x.dtype == j.bool_:
+        return x.astype(j.uint8)
+    if j.issubdtype(x.dtype, j.floating):
+        k = j.where(x == 0, j.zeros_like(x), x)
+        return j.where(j.isnan(x), j.asarray(j.nan, x.dtype), k)
+    if j.issubdtype(x.dtype, j.complexfloating):
+        _raise("sort", "complex input")
+    return x
+
+
+def _sort(x, axis: int, descending: bool):
+    """Stable sort along ``axis``: (values, int64 indices); descending keeps ties in
+    index order (sort the reversed array ascending, then reverse)."""
+    j = jnp()
+    n = x.shape[axis]
+    iota = lax().broadcasted_iota(npdt(torch.int64), x.shape, axis)
+    if descending:
+        xr = j.flip(x, axis)
+        _, v, i = lax().sort((_sort_key(xr), xr, iota), dimension=axis, is_stable=True, num_keys=1)
+        return j.flip(v, axis), (n - 1) - j.flip(i, axis)
+    _, v, i = lax().sort((_sort_key(x), x, iota), dimension=axis, is_stable=True, num_keys=1)
+    return v, i
+
+
+@lower(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    j = jnp()
+    if x.ndim == 0:
+        return x, j.zeros((), npdt(torch.int64))
+    axis = _one_dim(x.ndim, dim)
+    if x.size == 0:
+        return x, j.zeros(x.shape, npdt(torch.int64))
+    return _sort(x, axis, descending)
+
+
+@lower(aten.sort.stable)
+def sort_stable(x, stable=None, dim=-1, descending=False):
+    return sort(x, dim, descending)
+
+
+@lower(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    """Largest/smallest ``k`` along ``dim`` (ties: lowest index first; NaN largest).
+    ``sorted=False`` also returns them sorted (PyTorch leaves the order unspecified)."""
+    j = jnp()
+    if x.dtype == j.bool_:
+        raise RuntimeError("topk does not support bool dtypes on CPU")
+    if x.ndim == 0:
+        return x, j.zeros((), npdt(torch.int64))
+    axis = _one_dim(x.ndim, dim)
+    shape = list(x.shape)
+    shape[axis] = k
+    if x.size == 0 or k == 0:
+        return j.zeros(shape, x.dtype), j.zeros(shape, npdt(torch.int64))
+    v, i = _sort(x, axis, largest)
+    return lax().slice_in_dim(v, 0, k, axis=axis), lax().slice_in_dim(i, 0, k, axis=axis)
+
+
+@lower(aten.argsort.stable)
+def argsort_stable(x, stable=False, dim=-1, descending=False):
+    return sort(x, dim, descending)[1]
+
+
+@lower(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    j = jnp()
+    if x.ndim == 0:
+        return x, j.zeros((), npdt(torch.int64))
+    axis = _one_dim(x.ndim, dim)
+    n = x.shape[axis]
+    if not 1 <= k <= n:
+        raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
+    v, i = _sort(x, axis, False)
+    v = lax().slice_in_dim(v, k - 1, k, axis=axis)
+    i = lax().slice_in_dim(i, k - 1, k, axis=axis)
+    if not keepdim:
+        v, i = j.squeeze(v, axis), j.squeeze(i, axis)
+    return v, i

@@ -1,0 +1,172 @@
+"""DeferAndFuse: record ops, run them later as one fused XLA computation.
+
+In ``DEFER_AND_FUSE`` mode the strict executor (``executor.LoweredPlan``) still does all
+per-op work on the host — argument checks, PyTorch's meta kernel, the output tensors with
+their shapes, dtypes and strides — but instead of running the op's executable it calls
+:func:`record`, which appends the op to the current :class:`Segment` and returns
+:class:`~torchtpu._tensor.storage.Lazy` placeholders that the output storages hold.
+
+A segment runs (:func:`flush`) when a value must exist: a host read (``item``,
+``.cpu()``, ``print``, ``bool()``), a data-dependent shape (``nonzero``...),
+``torch.tpu.synchronize()``, a mode change, the segment-size limit, or a CPU-fallback op.
+It becomes one ``jax.jit`` function of the segment's live inputs that composes the
+recorded per-op functions (the same lowerings strict mode compiles one by one).  Only
+values still held by a storage when the segment runs are outputs: dead intermediates
+never reach device memory, and XLA fuses the rest.  Compiled segments are cached by
+structure — the sequence of per-op executables (each keyed by op, shapes, dtypes, views
+and static arguments) and how their inputs are wired — never by values, so a training
+loop compiles in its first steps and then only hits the cache.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+from torchtpu import _metrics
+from torchtpu._device import runtime
+from torchtpu._tensor import storage as _st
+
+M = _metrics.METRICS
+SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit")
+
+_current = None
+_CACHE: dict = {}
+
+
+class Segment:
+    """Ops recorded since the last flush (on one device)."""
+
+    __slots__ = ("index", "inputs", "input_ids", "dyn", "nodes", "key", "lazies")
+
+    def __init__(self, index):
+        self.index = index
+        self.inputs = []  # concrete JAX arrays read by the segment
+        self.input_ids = {}  # id(array) -> position in inputs
+        self.dyn = []  # host scalars / RNG key data, in op order
+        self.nodes = []  # (traced fn, input refs, number of dyn values)
+        self.key = []  # structure, for the compiled-segment cache
+        self.lazies = []  # weakref to each node output's Lazy, with (node, out)
+
+    def ref(self, a):
+        """Reference to an executable input: a segment input or a node output."""
+        if a is None:
+            return None
+        if a.__class__ is _st.Lazy:
+            if a.value is not None:
+                a = a.value
+            elif a.seg is self:
+                return (a.node, a.out)
+            else:  # cannot happen: a live value of a flushed segment has its value
+                raise RuntimeError("torchtpu internal error: stale deferred value")
+        k = self.input_ids.get(id(a))
+        if k is None:
+            k = self.input_ids[id(a)] = len(self.inputs)
+            self.inputs.append(a)
+        return k
+
+
+def _out_avals(ex, arrays, dyn):
+    jax = runtime.jax()
+
+    def aval(a):
+        if a is None:
+            return None
+        return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+    return jax.eval_shape(ex.traced, [aval(a) for a in arrays], list(dyn))
+
+
+def record(ex, c):
+    """Append one op (executable ``ex`` with gathered call ``c``) to the segment and return
+    the Lazy values standing for its results."""
+    global _current
+    seg = _current
+    if seg is None or seg.index != c.index:
+        if seg is not None:
+            flush("device_change")
+        seg = _current = Segment(c.index)
+    if ex.out_avals is None:
+        ex.out_avals = _out_avals(ex, c.arrays, c.dyn)
+    refs = tuple(seg.ref(a) for a in c.arrays)
+    seg.dyn.extend(c.dyn)
+    node = len(seg.nodes)
+    seg.nodes.append((ex.traced, refs, len(c.dyn)))
+    seg.key.append((id(ex), refs))
+    outs = []
+    for i, av in enumerate(ex.out_avals):
+        lz = _st.Lazy(seg, node, i, av.shape, av.dtype)
+        outs.append(lz)
+        seg.lazies.append((weakref.ref(lz), node, i))
+    if len(seg.nodes) >= SEGMENT_LIMIT:
+        flush("segment_limit")
+    return outs
+
+
+def pending_ops() -> int:
+    """Number of ops recorded and not run yet."""
+    return 0 if _current is None else len(_current.nodes)
+
+
+def flush(cause: str = "flush") -> None:
+    """Run the pending segment, if any (a sync point counted under ``cause``)."""
+    global _current
+    seg = _current
+    if seg is None:
+        return
+    _current = None
+    if not seg.nodes:
+        return
+    live = []
+    for wr, node, out in seg.lazies:
+        lz = wr()
+        if lz is not None:
+            live.append((lz, node, out))
+    key = (tuple(seg.key), tuple((n, o) for _, n, o in live))
+    fn = _CACHE.get(key)
+    M.segments_run += 1
+    M.segment_ops += len(seg.nodes)
+    M.sync(cause)
+    if fn is None:
+        M.segment_cache_misses += 1
+        fn = _CACHE[key] = _build(seg, [(n, o) for _, n, o in live])
+        t0 = time.perf_counter()
+        results = fn(seg.inputs, seg.dyn)
+        M.compiles += 1
+        M.compile_seconds += time.perf_counter() - t0
+    else:
+        M.segment_cache_hits += 1
+        results = fn(seg.inputs, seg.dyn)
+    from torchtpu.eager import executor
+
+    executor.LAST_OUTPUTS = results
+    for (lz, _, _), r in zip(live, results):
+        lz.value = r
+        lz.seg = None
+
+
+def _build(seg, live):
+    jax = runtime.jax()
+    from jax.sharding import SingleDeviceSharding
+
+    nodes = list(seg.nodes)
+
+    def run(inputs, dyn):
+        vals = {}
+        d = 0
+        for n, (traced, refs, ndyn) in enumerate(nodes):
+            arrays = [
+                None if r is None else (inputs[r] if r.__class__ is int else vals[r])
+                for r in refs
+            ]
+            outs = traced(arrays, dyn[d:d + ndyn])
+            d += ndyn
+            for i, o in enumerate(outs):
+                vals[(n, i)] = o
+        return tuple(vals[k] for k in live)
+
+    return jax.jit(run, out_shardings=SingleDeviceSharding(runtime.jax_device(seg.index)))
+
+
+def cache_info() -> dict:
+    return {"segments_cached": len(_CACHE)}
