@@ -24,6 +24,7 @@ views) inside the op's compiled executable, so a view costs no extra dispatch.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ class StorageData:
         nbytes: storage size in bytes.
     """
 
-    __slots__ = ("arr", "shape", "dtype", "index", "nbytes", "__weakref__")
+    __slots__ = ("arr", "shape", "dtype", "index", "nbytes", "counted", "__weakref__")
 
     def __init__(self, arr, shape, dtype, index, nbytes):
         self.arr = arr
@@ -83,13 +84,27 @@ class StorageData:
         self.dtype = dtype
         self.index = index
         self.nbytes = nbytes
-        ALLOCATOR.alloc(index, nbytes)
+        # Device bytes are counted once the storage has (or will surely get) a buffer: a
+        # DeferAndFuse value is counted only if it is still alive when its segment runs.
+        self.counted = arr.__class__ is not Lazy
+        if self.counted:
+            ALLOCATOR.alloc(index, nbytes)
+        else:
+            arr.owner = weakref.ref(self)
 
     def __del__(self):
         try:
-            ALLOCATOR.free(self.index, self.nbytes)
+            if self.counted:
+                ALLOCATOR.free(self.index, self.nbytes)
         except Exception:  # interpreter shutdown
             pass
+
+    def resolve(self, value) -> None:
+        """A DeferAndFuse segment computed this storage's pending value."""
+        self.arr = value
+        if not self.counted:
+            self.counted = True
+            ALLOCATOR.alloc(self.index, self.nbytes)
 
     def get(self):
         """The concrete storage array: zeros for an uninitialized storage; a pending
@@ -100,7 +115,7 @@ class StorageData:
                 from torchtpu.eager import defer
 
                 defer.flush("materialize")
-            self.arr = a.value
+            self.resolve(a.value)
             return self.arr
         if a is None:
             jnp = runtime.jax().numpy
@@ -113,9 +128,10 @@ class Lazy:
     """A DeferAndFuse value not computed yet: output ``out`` of node ``node`` of a
     recorded segment.  ``value`` is set when the segment runs (if it is still needed)."""
 
-    __slots__ = ("seg", "node", "out", "shape", "dtype", "value", "__weakref__")
+    __slots__ = ("seg", "node", "out", "shape", "dtype", "value", "owner", "__weakref__")
 
     def __init__(self, seg, node, out, shape, dtype):
+        self.owner = None  # weakref to the StorageData holding it
         self.seg = seg
         self.node = node
         self.out = out

@@ -143,6 +143,9 @@ def flush(cause: str = "flush") -> None:
     for (lz, _, _), r in zip(live, results):
         lz.value = r
         lz.seg = None
+        owner = lz.owner() if lz.owner is not None else None
+        if owner is not None and owner.arr is lz:
+            owner.resolve(r)
 
 
 def _build(seg, live):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from weakref import ref as _weakref
 
 import numpy as np
 import torch
@@ -292,7 +293,8 @@ def _input_array(sd, writeonly):
         return None if writeonly else sd.get()
     if a.__class__ is _st.Lazy:
         if a.value is not None:
-            sd.arr = a = a.value
+            sd.resolve(a.value)
+            a = sd.arr
         elif not CONFIG.defer:
             a = sd.get()
     return a
@@ -488,7 +490,10 @@ class LoweredPlan:
     def _finish(self, ex, c, vals, outs):
         nw = len(ex.writes)
         for j, arr in zip(ex.writes, outs[:nw]):
-            c.sdatas[j].arr = arr
+            sd = c.sdatas[j]
+            sd.arr = arr
+            if arr.__class__ is _st.Lazy:
+                arr.owner = _weakref(sd)
         if self.sig.mutated:
             res = [vals[i] for i in self.sig.mutated]
             return res[0] if len(res) == 1 else tuple(res)
@@ -592,7 +597,9 @@ class LoweredPlan:
                 layout.append(item)
         nf = len(self.fsig.args)
         perms = [_perm_for(size, stride) for size, stride, _ in out_meta]
-        sdatas = c.sdatas
+        # (shape, dtype) of each storage slot; never the StorageData themselves, which
+        # the compiled function would otherwise keep alive (and their device buffers).
+        slot_meta = [(sd.shape, sd.dtype) for sd in c.sdatas]
         op = self.op
 
         def traced(arrays, dyn):
@@ -619,10 +626,10 @@ class LoweredPlan:
                     base = cur.get(slot, arrays[slot])
                     if base is None:
                         if len(spec) == 2:
-                            cur[slot] = r.reshape(sdatas[slot].shape)
+                            cur[slot] = r.reshape(slot_meta[slot][0])
                             continue
-                        sd = sdatas[slot]
-                        base = jax.numpy.zeros(sd.shape, runtime.to_np_dtype(sd.dtype))
+                        sshape, sdtype = slot_meta[slot]
+                        base = jax.numpy.zeros(sshape, runtime.to_np_dtype(sdtype))
                     if tuple(r.shape) != tuple(spec[0]):
                         r = jax.numpy.broadcast_to(r, spec[0])
                     cur[slot] = _st.write_view(base, spec, r)

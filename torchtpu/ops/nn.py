@@ -1,5 +1,1045 @@
-"""nn lowerings."""
+"""nn lowerings: convolution, pooling, normalization, softmax, activations, losses,
+embedding backward, upsampling.
+
+Conventions (see ``docs/ARCHITECTURE.md``):
+
+* float16/bfloat16 inputs compute in float32 (PyTorch's opmath) and round once.
+* Convolutions and the matrix products inside use ``precision=HIGHEST`` (full float32;
+  see ``ops/linalg.py``).
+* Backward ops whose ``output_mask`` can leave outputs undefined (``convolution_backward``,
+  ``native_layer_norm_backward``, ``native_group_norm_backward``,
+  ``native_batch_norm_backward``): the executor cannot return ``None`` outputs, so each
+  goes through a decomposition (``ops.decomp_overrides``) calling a private op
+  ``torchtpu_nn::<name>`` that returns an empty tensor for each masked output; the
+  decomposition turns those into ``None``.
+* Batch norm with running statistics: ``native_batch_norm`` / ``_native_batch_norm_legit``
+  mutate ``running_mean``/``running_var`` (``native_batch_norm``'s schema does not even
+  say so), which a lowering cannot express; they decompose into the lowered functional
+  ``_native_batch_norm_legit_functional`` plus ``copy_`` into the running buffers.
+* Index-dependent losses (``nll_loss``): an out-of-range class index cannot raise on the
+  device without a sync; the loss (and its gradient) becomes NaN instead of a wrong value.
+"""
 
 from __future__ import annotations
 
-from torchtpu.ops import aten, lower  # noqa: F401
+import itertools
+import math
+
+import numpy as np
+import torch
+
+from torchtpu.ops import Lowering, LOWERINGS, aten, lower
+from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, tdtype
+from torchtpu.ops.decomp_overrides import decomp
+from torchtpu.ops.linalg import highest
+
+
+def _jax():
+    from torchtpu._device import runtime
+
+    return runtime.jax()
+
+
+def _ct(x) -> torch.dtype:
+    """Compute dtype for float math on ``x``."""
+    dt = tdtype(x)
+    if not (dt.is_floating_point or dt.is_complex):
+        dt = torch.get_default_dtype()
+    return opmath(dt)
+
+
+def _f(x):
+    return cast(x, _ct(x))
+
+
+def _tup(v, n):
+    v = list(v)
+    if len(v) == 1:
+        v = v * n
+    return tuple(int(i) for i in v)
+
+
+# ============================================================ masked-output machinery
+
+_LIB = torch.library.Library("torchtpu_nn", "DEF")
+_PRIVATE: dict = {}
+_ATEN_IMPL = torch.library.Library("aten", "IMPL")
+
+
+def _masked_op(aten_op, fn, mask_arg="output_mask"):
+    """Lower ``aten_op`` (outputs may be undefined per ``output_mask``) through a private
+    op that returns an empty tensor for each masked output (see the module docstring)."""
+    base = aten_op._schema.name.split("::")[1]
+    name = base if aten_op._overloadname == "default" else f"{base}_{aten_op._overloadname}"
+    sch = str(aten_op._schema)
+    _LIB.define(name + sch[sch.index("("):])
+    pkt = getattr(torch.ops.torchtpu_nn, name)
+    priv = pkt.default
+
+    def meta(*args, **kwargs):
+        res = aten_op(*args, **kwargs)
+        return tuple(
+            torch.empty(0, device="meta") if r is None else torch.empty_like(r) for r in res
+        )
+
+    _LIB.impl(name, meta, "Meta")
+    names = [a.name for a in aten_op._schema.arguments]
+    mi = names.index(mask_arg)
+
+    def decomposition(*args, **kwargs):
+        if priv not in LOWERINGS:
+            # registered late: the import-time loop registering direct PrivateUse1 kernels
+            # only knows the aten namespace
+            LOWERINGS[priv] = Lowering(fn)
+        mask = args[mi] if mi < len(args) else kwargs[mask_arg]
+        res = priv(*args, **kwargs)
+        return tuple(r if m else None for r, m in zip(res, mask))
+
+    decomp(aten_op)(decomposition)
+    # Some of these ops have a CompositeExplicitAutograd kernel (convolution_backward) or
+    # one that raises (convolution_backward_overrideable), so the fallback never sees
+    # them: give them their own PrivateUse1 kernel running the decomposition.
+    opname = aten_op._schema.name.split("::")[1]
+    if aten_op._overloadname != "default":
+        opname += "." + aten_op._overloadname
+    _ATEN_IMPL.impl(opname, decomposition, "PrivateUse1")
+    _PRIVATE[aten_op] = priv
+    return fn
+
+
+def _empty():
+    return jnp().zeros((0,), jnp().float32)
+
+
+# ============================================================ convolution
+
+_SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
+
+
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """Convolution of x (N, C, *sp) with w, no bias, result in the compute dtype."""
+    nd = x.ndim - 2
+    s = _tup(stride, nd)
+    p = _tup(padding, nd)
+    d = _tup(dilation, nd)
+    sp = _SPATIAL[nd]
+    dn = lax().conv_dimension_numbers(x.shape, w.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
+    if not transposed:
+        return lax().conv_general_dilated(
+            x, w, window_strides=s, padding=[(pi, pi) for pi in p], rhs_dilation=d,
+            feature_group_count=groups, dimension_numbers=dn, precision=highest())
+    op = _tup(output_padding, nd)
+    cin, coutg = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w2 = w.reshape((groups, cin // groups, coutg) + tuple(k))
+    w2 = jnp().swapaxes(w2, 1, 2).reshape((groups * coutg, cin // groups) + tuple(k))
+    w2 = jnp().flip(w2, axis=tuple(range(2, 2 + nd)))
+    pads = [(d[i] * (k[i] - 1) - p[i], d[i] * (k[i] - 1) - p[i] + op[i]) for i in range(nd)]
+    dn = lax().conv_dimension_numbers(x.shape, w2.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
+    return lax().conv_general_dilated(
+        x, w2, window_strides=(1,) * nd, padding=pads, lhs_dilation=s, rhs_dilation=d,
+        feature_group_count=groups, dimension_numbers=dn, precision=highest())
+
+
+def _conv_dtype(x, w):
+    dt = tdtype(x)
+    if dt != tdtype(w):
+        raise NotImplementedError(f"convolution: input {dt} and weight {tdtype(w)} differ")
+    if not dt.is_floating_point:
+        raise NotImplementedError(f"convolution: {dt} inputs")
+    return opmath(dt)
+
+
+@lower(aten.convolution_overrideable.default, aten.convolution.default)
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    ct = _conv_dtype(x, w)
+    unbatched = x.ndim == w.ndim - 1
+    xx = cast(x, ct)
+    if unbatched:
+        xx = xx[None]
+    out = _conv(xx, cast(w, ct), stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + cast(bias, ct).reshape((1, -1) + (1,) * (out.ndim - 2))
+    return out[0] if unbatched else out
+
+
+def convolution_backward(grad_output, x, w, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask, bias_sizes=None):
+    ct = _conv_dtype(x, w)
+    g = cast(grad_output, ct)
+    xx, ww = cast(x, ct), cast(w, ct)
+    unbatched = x.ndim == w.ndim - 1
+    if unbatched:
+        xx, g = xx[None], g[None]
+    f = lambda a, b: _conv(a, b, stride, padding, dilation, transposed, output_padding, groups)  # noqa: E731
+    _, vjp = _jax().vjp(f, xx, ww)
+    gi, gw = vjp(g)
+    if unbatched:
+        gi = gi[0]
+    gb = jnp().sum(g, axis=(0,) + tuple(range(2, g.ndim)))
+    outs = (gi, gw, gb)
+    return tuple(o if m else _empty() for o, m in zip(outs, output_mask))
+
+
+_masked_op(aten.convolution_backward_overrideable.default, convolution_backward)
+_masked_op(aten.convolution_backward.default,
+           lambda go, x, w, bias_sizes, *rest: convolution_backward(go, x, w, *rest))
+
+
+# ============================================================ pooling
+
+
+def _pool_out(size, k, s, p, d, ceil):
+    num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)
+    out = num // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _windows(x, nd, k, s, p, d, ceil, pad_value):
+    """Pooling windows of the trailing ``nd`` dims of x.
+
+    Returns (patches list, one array per kernel offset shaped (..., *out); positions list
+    of static numpy arrays (*out) of flat input indices; valid list of static bool masks;
+    out sizes)."""
+    j = jnp()
+    insz = x.shape[-nd:]
+    out = [_pool_out(insz[i], k[i], s[i], p[i], d[i], ceil) for i in range(nd)]
+    hi = [max(0, (out[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - insz[i] - p[i]) for i in range(nd)]
+    lead = x.ndim - nd
+    xp = j.pad(x, [(0, 0)] * lead + [(p[i], hi[i]) for i in range(nd)], constant_values=pad_value)
+    patches, positions, valid = [], [], []
+    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
+    instr = [int(np.prod(insz[i + 1:])) for i in range(nd)]
+    for offs in itertools.product(*[range(ki) for ki in k]):
+        sl = tuple(slice(offs[i] * d[i], offs[i] * d[i] + (out[i] - 1) * s[i] + 1, s[i])
+                   for i in range(nd))
+        patches.append(xp[(Ellipsis,) + sl])
+        coords = [grids[i] * s[i] - p[i] + offs[i] * d[i] for i in range(nd)]
+        ok = np.ones(out, bool)
+        flat = np.zeros(out, np.int64)
+        for i in range(nd):
+            ok &= (coords[i] >= 0) & (coords[i] < insz[i])
+            flat += coords[i] * instr[i]
+        positions.append(flat)
+        valid.append(ok)
+    return patches, positions, valid, out
+
+
+def _max_pool(x, nd, kernel_size, stride, padding, dilation, ceil_mode):
+    k = _tup(kernel_size, nd)
+    s = _tup(stride, nd) if len(stride) else k
+    p = _tup(padding, nd)
+    d = _tup(dilation, nd)
+    j = jnp()
+    dt = x.dtype
+    isf = j.issubdtype(dt, j.floating)
+    low = -j.inf if isf else j.iinfo(dt).min
+    patches, positions, valid, out = _windows(x, nd, k, s, p, d, ceil_mode, low)
+    # PyTorch's scan: the first valid position starts, `val > max || isnan(val)` updates
+    first = np.full(out, -1, np.int64)
+    for pos, ok in zip(positions, valid):
+        first = np.where((first < 0) & ok, pos, first)
+    maxval = j.full(patches[0].shape, low, dt)
+    maxidx = j.broadcast_to(j.asarray(first), patches[0].shape)
+    for v, pos, ok in zip(patches, positions, valid):
+        upd = v > maxval
+        if isf:
+            upd = upd | j.isnan(v)
+        upd = upd & j.asarray(ok)
+        maxval = j.where(upd, v, maxval)
+        maxidx = j.where(upd, j.asarray(pos), maxidx)
+    return maxval, maxidx
+
+
+@lower(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+@lower(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    return _max_pool(x, 3, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _max_pool_backward(g, x, nd, indices):
+    j = jnp()
+    ct = _ct(x)
+    lead = x.shape[:-nd]
+    b = int(np.prod(lead))
+    n_in = int(np.prod(x.shape[-nd:]))
+    n_out = int(np.prod(g.shape[-nd:]))
+    gg = cast(g, ct).reshape(b, n_out)
+    idx = indices.reshape(b, n_out)
+    gi = j.zeros((b, n_in), npdt(ct)).at[j.arange(b)[:, None], idx].add(gg)
+    return gi.reshape(x.shape)
+
+
+@lower(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(g, x, 2, indices)
+
+
+@lower(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(g, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_pool_backward(g, x, 3, indices)
+
+
+def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    k = _tup(kernel_size, nd)
+    s = _tup(stride, nd) if len(stride) else k
+    p = _tup(padding, nd)
+    ct = _ct(x)
+    xx = cast(x, ct)
+    patches, positions, valid, out = _windows(xx, nd, k, s, p, (1,) * nd, ceil_mode, 0)
+    total = patches[0]
+    for v in patches[1:]:
+        total = total + v
+    insz = x.shape[-nd:]
+    # divisor per output position (PyTorch's CPU rule), static
+    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
+    pool = np.ones(out, np.int64)
+    cnt = np.ones(out, np.int64)
+    for i in range(nd):
+        start = grids[i] * s[i] - p[i]
+        end = np.minimum(start + k[i], insz[i] + p[i])
+        pool *= end - start
+        cnt *= np.minimum(end, insz[i]) - np.maximum(start, 0)
+    if divisor_override:
+        div = np.full(out, divisor_override, np.int64)
+    elif count_include_pad:
+        div = pool
+    else:
+        div = cnt
+    return total / jnp().asarray(div.astype(npdt(ct)))
+
+
+@lower(aten.avg_pool2d.default)
+def avg_pool2d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+@lower(aten.avg_pool3d.default)
+def avg_pool3d(x, kernel_size, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def _vjp_x(f, x, g):
+    ct = _ct(x)
+    _, vjp = _jax().vjp(f, cast(x, ct))
+    return vjp(cast(g, ct))[0]
+
+
+@lower(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _vjp_x(lambda a: _avg_pool(a, 2, kernel_size, stride, padding, ceil_mode,
+                                      count_include_pad, divisor_override), x, g)
+
+
+@lower(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _vjp_x(lambda a: _avg_pool(a, 3, kernel_size, stride, padding, ceil_mode,
+                                      count_include_pad, divisor_override), x, g)
+
+
+def _adaptive_matrix(n_in, n_out):
+    m = np.zeros((n_out, n_in), np.float64)
+    cnt = np.zeros(n_out, np.int64)
+    for i in range(n_out):
+        a = (i * n_in) // n_out
+        b = -((-(i + 1) * n_in) // n_out)
+        m[i, a:b] = 1
+        cnt[i] = b - a
+    return m, cnt
+
+
+def _adaptive_avg(x, nd, output_size):
+    osz = _tup(output_size, nd)
+    ct = _ct(x)
+    y = cast(x, ct)
+    div = np.ones((), np.int64)
+    for i in range(nd):
+        ax = x.ndim - nd + i
+        m, cnt = _adaptive_matrix(x.shape[ax], osz[i])
+        y = jnp().moveaxis(
+            jnp().tensordot(y, jnp().asarray(m.astype(npdt(ct))), axes=([ax], [1]),
+                            precision=highest()), -1, ax)
+        div = np.multiply.outer(div, cnt)
+    return y / jnp().asarray(div.astype(npdt(ct)))
+
+
+@lower(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(x, output_size):
+    return _adaptive_avg(x, 2, output_size)
+
+
+@lower(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(x, output_size):
+    return _adaptive_avg(x, 3, output_size)
+
+
+@lower(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(g, x):
+    return _vjp_x(lambda a: _adaptive_avg(a, 2, g.shape[-2:]), x, g)
+
+
+@lower(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(g, x):
+    return _vjp_x(lambda a: _adaptive_avg(a, 3, g.shape[-3:]), x, g)
+
+
+# ============================================================ softmax
+
+
+def _dim(d, nd):
+    return d % nd if nd else 0
+
+
+@lower(aten._softmax.default)
+def softmax(x, dim, half_to_float):
+    xx = _f(x)
+    if x.ndim == 0:
+        return jnp().ones_like(xx)
+    return _jax().nn.softmax(xx, axis=_dim(dim, x.ndim))
+
+
+@lower(aten._log_softmax.default)
+def log_softmax(x, dim, half_to_float):
+    xx = _f(x)
+    if x.ndim == 0:
+        return jnp().zeros_like(xx)
+    return _jax().nn.log_softmax(xx, axis=_dim(dim, x.ndim))
+
+
+@lower(aten._softmax_backward_data.default)
+def softmax_backward_data(g, out, dim, input_dtype):
+    gg, o = _f(g), _f(out)
+    if out.ndim == 0:
+        return jnp().zeros_like(gg)
+    ax = _dim(dim, out.ndim)
+    return o * (gg - jnp().sum(gg * o, axis=ax, keepdims=True))
+
+
+@lower(aten._log_softmax_backward_data.default)
+def log_softmax_backward_data(g, out, dim, input_dtype):
+    gg, o = _f(g), _f(out)
+    if out.ndim == 0:
+        return jnp().zeros_like(gg)
+    ax = _dim(dim, out.ndim)
+    return gg - jnp().exp(o) * jnp().sum(gg, axis=ax, keepdims=True)
+
+
+# ============================================================ normalization
+
+
+def _bshape(c_axis, ndim, v):
+    shape = [1] * ndim
+    shape[c_axis] = -1
+    return v.reshape(shape)
+
+
+@lower(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    j = jnp()
+    ct = _ct(x)
+    xx = cast(x, ct)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = j.mean(xx, axis=axes, keepdims=True)
+    var = j.mean(j.square(xx - mean), axis=axes, keepdims=True)
+    rstd = lax().rsqrt(var + eps)
+    out = (xx - mean) * rstd
+    if weight is not None:
+        out = out * cast(weight, ct)
+    if bias is not None:
+        out = out + cast(bias, ct)
+    return out, mean, rstd
+
+
+def native_layer_norm_backward(g, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    j = jnp()
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    m, r = cast(mean, ct), cast(rstd, ct)
+    n = len(normalized_shape)
+    axes = tuple(range(x.ndim - n, x.ndim))
+    lead = tuple(range(x.ndim - n))
+    xhat = (xx - m) * r
+    gx = gg * cast(weight, ct) if weight is not None else gg
+    cnt = int(np.prod(normalized_shape)) if n else 1
+    gi = (r / cnt) * (cnt * gx - j.sum(gx, axis=axes, keepdims=True)
+                      - xhat * j.sum(gx * xhat, axis=axes, keepdims=True))
+    gw = j.sum(gg * xhat, axis=lead) if weight is not None else _empty()
+    gb = j.sum(gg, axis=lead) if bias is not None else _empty()
+    outs = (gi, gw, gb)
+    return tuple(o if mk else _empty() for o, mk in zip(outs, output_mask))
+
+
+_masked_op(aten.native_layer_norm_backward.default, native_layer_norm_backward)
+
+
+def _group_stats(xx, n, group, eps):
+    j = jnp()
+    xg = xx.reshape(n, group, xx.size // max(n * group, 1) if n * group else 0)
+    mean = j.mean(xg, axis=2)
+    var = j.mean(j.square(xg - mean[..., None]), axis=2)
+    return xg, mean, lax().rsqrt(var + eps)
+
+
+@lower(aten.native_group_norm.default)
+def native_group_norm(x, weight, bias, N, C, HxW, group, eps):
+    ct = _ct(x)
+    xx = cast(x, ct)
+    xg, mean, rstd = _group_stats(xx, N, group, eps)
+    out = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    if weight is not None:
+        out = out * _bshape(1, x.ndim, cast(weight, ct))
+    if bias is not None:
+        out = out + _bshape(1, x.ndim, cast(bias, ct))
+    return out, mean, rstd
+
+
+def native_group_norm_backward(g, x, mean, rstd, weight, N, C, HxW, group, output_mask):
+    j = jnp()
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    m, r = cast(mean, ct), cast(rstd, ct)
+    per = C // group * HxW
+    xg = xx.reshape(N, group, per)
+    xhat = ((xg - m[..., None]) * r[..., None]).reshape(x.shape)
+    gx = gg * _bshape(1, x.ndim, cast(weight, ct)) if weight is not None else gg
+    gxg = gx.reshape(N, group, per)
+    xhg = xhat.reshape(N, group, per)
+    cnt = xg.shape[-1]
+    gi = (r[..., None] / cnt) * (cnt * gxg - j.sum(gxg, axis=2, keepdims=True)
+                                 - xhg * j.sum(gxg * xhg, axis=2, keepdims=True))
+    gi = gi.reshape(x.shape)
+    red = (0,) + tuple(range(2, x.ndim))
+    gw = j.sum(gg * xhat, axis=red)
+    gb = j.sum(gg, axis=red)
+    outs = (gi, gw, gb)
+    return tuple(o if mk else _empty() for o, mk in zip(outs, output_mask))
+
+
+_masked_op(aten.native_group_norm_backward.default, native_group_norm_backward)
+
+
+def _bn_train(x, weight, bias, eps):
+    j = jnp()
+    ct = _ct(x)
+    xx = cast(x, ct)
+    red = (0,) + tuple(range(2, x.ndim))
+    mean = j.mean(xx, axis=red)
+    var = j.mean(j.square(xx - _bshape(1, x.ndim, mean)), axis=red)
+    invstd = lax().rsqrt(var + eps)
+    out = (xx - _bshape(1, x.ndim, mean)) * _bshape(1, x.ndim, invstd)
+    out = _affine(out, weight, bias, ct)
+    return out, mean, var, invstd
+
+
+def _affine(out, weight, bias, ct):
+    if weight is not None:
+        out = out * _bshape(1, out.ndim, cast(weight, ct))
+    if bias is not None:
+        out = out + _bshape(1, out.ndim, cast(bias, ct))
+    return out
+
+
+def _bn_eval(x, weight, bias, rm, rv, eps):
+    ct = _ct(x)
+    xx = cast(x, ct)
+    invstd = lax().rsqrt(cast(rv, ct) + eps)
+    out = (xx - _bshape(1, x.ndim, cast(rm, ct))) * _bshape(1, x.ndim, invstd)
+    return _affine(out, weight, bias, ct)
+
+
+@lower(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(x, weight, bias, rm, rv, training, momentum, eps):
+    if not training:
+        raise NotImplementedError(
+            "torchtpu: _native_batch_norm_legit_functional with training=False (use "
+            "_native_batch_norm_legit_no_training)")
+    out, mean, var, invstd = _bn_train(x, weight, bias, eps)
+    n = x.size // x.shape[1]
+    ct = opmath(tdtype(rm))
+    unbiased = var * (n / (n - 1)) if n > 1 else var * float("inf")
+    new_rm = (1 - momentum) * cast(rm, ct) + momentum * cast(mean, ct)
+    new_rv = (1 - momentum) * cast(rv, ct) + momentum * cast(unbiased, ct)
+    return out, mean, invstd, new_rm, new_rv
+
+
+@lower(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
+    if not training:
+        raise NotImplementedError("_native_batch_norm_legit.no_stats with training=False")
+    out, mean, _, invstd = _bn_train(x, weight, bias, eps)
+    return out, mean, invstd
+
+
+@lower(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_legit_no_training(x, weight, bias, rm, rv, momentum, eps):
+    # PyTorch's meta kernel gives (C,) saved stats (the CPU kernel returns empty ones);
+    # the executor follows the meta kernel: the running stats the backward uses.
+    out = _bn_eval(x, weight, bias, rm, rv, eps)
+    ct = _ct(x)
+    return out, cast(rm, ct), lax().rsqrt(cast(rv, ct) + eps)
+
+
+@decomp(aten._native_batch_norm_legit.default)
+def _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        out = aten._native_batch_norm_legit_no_training(
+            x, weight, bias, running_mean, running_var, momentum, eps)[0]
+        # like the CPU kernel: empty saved statistics in eval mode
+        return out, x.new_empty((0,)), x.new_empty((0,))
+    out, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional(
+        x, weight, bias, running_mean, running_var, True, momentum, eps)
+    running_mean.copy_(nrm)
+    running_var.copy_(nrv)
+    return out, mean, invstd
+
+
+@decomp(aten.native_batch_norm.default)
+def _native_bn(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if running_mean is None and running_var is None:
+        return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)
+    if running_mean is None or running_var is None:
+        raise NotImplementedError("native_batch_norm with only one of running_mean/running_var")
+    return _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+def native_batch_norm_backward(g, x, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    j = jnp()
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    nd = x.ndim
+    red = (0,) + tuple(range(2, nd))
+    if train:
+        mean, invstd = cast(save_mean, ct), cast(save_invstd, ct)
+    else:
+        mean = cast(running_mean, ct)
+        invstd = lax().rsqrt(cast(running_var, ct) + eps)
+    xhat = (xx - _bshape(1, nd, mean)) * _bshape(1, nd, invstd)
+    w = cast(weight, ct) if weight is not None else j.ones_like(mean)
+    sg = j.sum(gg, axis=red)
+    sgx = j.sum(gg * xhat, axis=red)
+    if train:
+        n = x.size // x.shape[1]
+        gi = _bshape(1, nd, w * invstd / n) * (
+            n * gg - _bshape(1, nd, sg) - xhat * _bshape(1, nd, sgx))
+    else:
+        gi = gg * _bshape(1, nd, w * invstd)
+    outs = (gi, sgx, sg)
+    return tuple(o if mk else _empty() for o, mk in zip(outs, output_mask))
+
+
+_masked_op(aten.native_batch_norm_backward.default, native_batch_norm_backward)
+
+
+# ============================================================ activations
+
+
+@lower(aten.relu.default)
+def relu(x):
+    if x.dtype == jnp().bool_:
+        return x
+    return jnp().maximum(x, jnp().zeros((), x.dtype))
+
+
+@lower(aten.gelu.default)
+def gelu(x, approximate="none"):
+    j = jnp()
+    xx = _f(x)
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        return 0.5 * xx * (1 + j.tanh(k * (xx + 0.044715 * xx * xx * xx)))
+    return xx * 0.5 * (1 + lax().erf(xx * (1 / math.sqrt(2))))
+
+
+@lower(aten.gelu_backward.default)
+def gelu_backward(g, x, approximate="none"):
+    j = jnp()
+    xx, gg = _f(x), _f(g)
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        kb = 0.044715
+        inner = k * (xx + kb * xx * xx * xx)
+        t = j.tanh(inner)
+        left = 0.5 * xx
+        right = 1 + t
+        left_d = 0.5 * right
+        right_d = left * (1 - t * t) * (k * (1 + 3 * kb * xx * xx))
+        return gg * (left_d + right_d)
+    cdf = 0.5 * (1 + lax().erf(xx * (1 / math.sqrt(2))))
+    pdf = j.exp(-0.5 * xx * xx) * (1 / math.sqrt(2 * math.pi))
+    return gg * (cdf + xx * pdf)
+
+
+@lower(aten.silu.default)
+def silu(x):
+    xx = _f(x)
+    return xx * _jax().nn.sigmoid(xx)
+
+
+@lower(aten.silu_backward.default)
+def silu_backward(g, x):
+    xx, gg = _f(x), _f(g)
+    s = _jax().nn.sigmoid(xx)
+    return gg * s * (1 + xx * (1 - s))
+
+
+@lower(aten.mish.default)
+def mish(x):
+    xx = _f(x)
+    return xx * jnp().tanh(_jax().nn.softplus(xx))
+
+
+@lower(aten.mish_backward.default)
+def mish_backward(g, x):
+    xx, gg = _f(x), _f(g)
+    s = _jax().nn.sigmoid(xx)
+    t = jnp().tanh(_jax().nn.softplus(xx))
+    return gg * (t + xx * s * (1 - t * t))
+
+
+@lower(aten.hardtanh.default)
+def hardtanh(x, min_val=-1, max_val=1):
+    ct = opmath(tdtype(x))
+    xx = cast(x, ct)
+    lo, hi = cast(min_val, ct), cast(max_val, ct)
+    j = jnp()
+    # clamp with NaN propagation
+    return j.where(xx < lo, lo, j.where(xx > hi, hi, xx))
+
+
+@lower(aten.hardtanh_backward.default)
+def hardtanh_backward(g, x, min_val, max_val):
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    lo, hi = cast(min_val, ct), cast(max_val, ct)
+    return jnp().where((xx <= lo) | (xx >= hi), jnp().zeros_like(gg), gg)
+
+
+@lower(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    xx = _f(x)
+    return jnp().where(xx > 0, xx, xx * cast(negative_slope, _ct(x)))
+
+
+@lower(aten.leaky_relu_backward.default)
+def leaky_relu_backward(g, x, negative_slope, self_is_result):
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    return jnp().where(xx > 0, gg, gg * cast(negative_slope, ct))
+
+
+@lower(aten.elu.default)
+def elu(x, alpha=1, scale=1, input_scale=1):
+    ct = _ct(x)
+    xx = cast(x, ct)
+    a, s, i = cast(alpha, ct), cast(scale, ct), cast(input_scale, ct)
+    return jnp().where(xx > 0, xx * s, jnp().expm1(xx * i) * a * s)
+
+
+@lower(aten.elu_backward.default)
+def elu_backward(g, alpha, scale, input_scale, is_result, self_or_result):
+    ct = _ct(self_or_result)
+    y, gg = cast(self_or_result, ct), cast(g, ct)
+    neg, pos, ni = cast(alpha, ct) * cast(scale, ct), cast(scale, ct), cast(input_scale, ct)
+    if is_result:
+        return jnp().where(y <= 0, gg * ni * (y + neg), gg * pos)
+    return jnp().where(y <= 0, gg * ni * neg * jnp().exp(y * ni), gg * pos)
+
+
+@lower(aten.softplus.default)
+def softplus(x, beta=1, threshold=20):
+    ct = _ct(x)
+    xx = cast(x, ct)
+    b, t = cast(beta, ct), cast(threshold, ct)
+    return jnp().where(xx * b > t, xx, jnp().log1p(jnp().exp(xx * b)) / b)
+
+
+@lower(aten.softplus_backward.default)
+def softplus_backward(g, x, beta, threshold):
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    b, t = cast(beta, ct), cast(threshold, ct)
+    z = jnp().exp(xx * b)
+    return jnp().where(xx * b > t, gg, gg * z / (z + 1))
+
+
+@lower(aten.hardswish.default)
+def hardswish(x):
+    xx = _f(x)
+    return xx * jnp().clip(xx + 3, 0, 6) / 6
+
+
+@lower(aten.hardswish_backward.default)
+def hardswish_backward(g, x):
+    j = jnp()
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    return j.where(xx < -3, j.zeros_like(gg), j.where(xx <= 3, gg * (xx / 3 + 0.5), gg))
+
+
+@lower(aten.hardsigmoid.default)
+def hardsigmoid(x):
+    xx = _f(x)
+    return jnp().clip(xx + 3, 0, 6) / 6
+
+
+@lower(aten.hardsigmoid_backward.default)
+def hardsigmoid_backward(g, x):
+    j = jnp()
+    ct = _ct(x)
+    xx, gg = cast(x, ct), cast(g, ct)
+    return j.where((xx > -3) & (xx < 3), gg / 6, j.zeros_like(gg))
+
+
+@lower(aten.threshold.default)
+def threshold(x, threshold, value):
+    ct = opmath(tdtype(x))
+    xx = cast(x, ct)
+    return jnp().where(xx <= cast(threshold, ct), cast(value, ct), xx)
+
+
+@lower(aten.threshold_backward.default)
+def threshold_backward(g, x, threshold):
+    ct = opmath(tdtype(g))
+    gg = cast(g, ct)
+    xt = opmath(tdtype(x))
+    xx = cast(x, xt)
+    return jnp().where(xx <= cast(threshold, xt), jnp().zeros_like(gg), gg)
+
+
+# ============================================================ embedding
+
+
+@lower(aten.embedding_dense_backward.default)
+def embedding_dense_backward(g, indices, num_weights, padding_idx, scale_grad_by_freq):
+    j = jnp()
+    ct = _ct(g)
+    d = g.shape[-1]
+    gg = cast(g, ct).reshape(indices.size, d)
+    idx = indices.reshape(indices.size).astype(j.int64)
+    if padding_idx >= 0:
+        gg = j.where((idx == padding_idx)[:, None], j.zeros_like(gg), gg)
+    if scale_grad_by_freq:
+        counts = j.zeros((num_weights,), npdt(ct)).at[idx].add(1)
+        gg = gg / counts[idx][:, None]
+    return j.zeros((num_weights, d), npdt(ct)).at[idx].add(gg)
+
+
+# ============================================================ losses
+
+
+def _nll_core(x, target, weight, ignore_index, c_axis):
+    """Per-element (-x[target] * w, w); NaN loss for an out-of-range target."""
+    j = jnp()
+    ct = _ct(x)
+    xx = cast(x, ct)
+    nc = x.shape[c_axis]
+    t = target.astype(j.int64)
+    ignore = t == ignore_index
+    bad = (~ignore) & ((t < 0) | (t >= nc))
+    safe = j.where(ignore | bad, 0, t)
+    picked = j.take_along_axis(xx, j.expand_dims(safe, c_axis), axis=c_axis)
+    picked = j.squeeze(picked, c_axis)
+    w = cast(weight, ct)[safe] if weight is not None else j.ones(safe.shape, npdt(ct))
+    w = j.where(ignore, j.zeros_like(w), w)
+    w = j.where(bad, j.nan, w)
+    return -picked * w, w
+
+
+def _nll_forward(x, target, weight, reduction, ignore_index, c_axis):
+    j = jnp()
+    loss, w = _nll_core(x, target, weight, ignore_index, c_axis)
+    if reduction == 0:
+        return loss, j.zeros((), loss.dtype)
+    tw = j.sum(w)
+    s = j.sum(loss)
+    if reduction == 1:
+        return s / tw, tw
+    return s, tw
+
+
+@lower(aten.nll_loss_forward.default)
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    return _nll_forward(x, target, weight, reduction, ignore_index, x.ndim - 1 if x.ndim == 1 else 1)
+
+
+@lower(aten.nll_loss2d_forward.default)
+def nll_loss2d_forward(x, target, weight, reduction, ignore_index):
+    return _nll_forward(x, target, weight, reduction, ignore_index, 1)
+
+
+def _nll_backward(g, x, target, weight, reduction, ignore_index, total_weight, c_axis):
+    j = jnp()
+    ct = _ct(x)
+    _, w = _nll_core(x, target, weight, ignore_index, c_axis)
+    gg = cast(g, ct)
+    if reduction == 1:
+        gg = gg / cast(total_weight, ct)
+    t = target.astype(j.int64)
+    safe = j.where((t < 0) | (t >= x.shape[c_axis]), 0, t)
+    onehot = j.expand_dims(safe, c_axis) == lax().broadcasted_iota(
+        j.int64, x.shape, c_axis)
+    val = j.expand_dims(-w * gg, c_axis)
+    return j.where(onehot, val, j.zeros((), npdt(ct)))
+
+
+@lower(aten.nll_loss_backward.default)
+def nll_loss_backward(g, x, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(g, x, target, weight, reduction, ignore_index, total_weight,
+                         x.ndim - 1 if x.ndim == 1 else 1)
+
+
+@lower(aten.nll_loss2d_backward.default)
+def nll_loss2d_backward(g, x, target, weight, reduction, ignore_index, total_weight):
+    return _nll_backward(g, x, target, weight, reduction, ignore_index, total_weight, 1)
+
+
+def _reduce(loss, reduction):
+    if reduction == 0:
+        return loss
+    if reduction == 1:
+        return jnp().mean(loss)
+    return jnp().sum(loss)
+
+
+@lower(aten.mse_loss.default)
+def mse_loss(x, target, reduction=1):
+    ct = _ct(x)
+    d = cast(x, ct) - cast(target, ct)
+    return _reduce(d * d, reduction)
+
+
+@lower(aten.mse_loss_backward.default)
+def mse_loss_backward(g, x, target, reduction):
+    ct = _ct(x)
+    d = cast(x, ct) - cast(target, ct)
+    gg = cast(g, ct)
+    if reduction == 1:
+        gg = gg / x.size
+    return 2 * d * gg
+
+
+@lower(aten.binary_cross_entropy.default)
+def binary_cross_entropy(x, target, weight=None, reduction=1):
+    j = jnp()
+    ct = _ct(x)
+    xx, t = cast(x, ct), cast(target, ct)
+    lx = j.maximum(j.log(xx), -100)
+    l1x = j.maximum(j.log1p(-xx), -100)
+    loss = -((t * lx) + (1 - t) * l1x)
+    if weight is not None:
+        loss = loss * cast(weight, ct)
+    return _reduce(loss, reduction)
+
+
+@lower(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(g, x, target, weight=None, reduction=1):
+    j = jnp()
+    ct = _ct(x)
+    xx, t, gg = cast(x, ct), cast(target, ct), cast(g, ct)
+    gi = gg * (xx - t) / j.maximum((1 - xx) * xx, 1e-12)
+    if weight is not None:
+        gi = gi * cast(weight, ct)
+    if reduction == 1:
+        gi = gi / x.size
+    return gi
+
+
+# ============================================================ upsampling
+
+
+def _np_ct(x):
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+def _nearest_index(n_in, n_out, scale, ft):
+    o = np.arange(n_out)
+    if n_out == n_in:
+        return o
+    if n_out == 2 * n_in:
+        return o >> 1
+    sc = ft(1.0 / scale) if scale is not None and scale > 0 else ft(n_in) / ft(n_out)
+    src = np.floor((o.astype(ft) * sc).astype(ft)).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def _upsample_nearest(x, output_size, scales):
+    nd = len(output_size)
+    ft = np.float32
+    y = x
+    for i in range(nd):
+        ax = x.ndim - nd + i
+        idx = _nearest_index(x.shape[ax], output_size[i], scales[i], ft)
+        y = jnp().take(y, jnp().asarray(idx), axis=ax)
+    return y
+
+
+def _linear_weights(n_in, n_out, align_corners, scale, ft):
+    o = np.arange(n_out).astype(ft)
+    if align_corners:
+        sc = ft((n_in - 1) / (n_out - 1)) if n_out > 1 else ft(0)
+        src = (sc * o).astype(ft)
+    else:
+        sc = ft(1.0 / scale) if scale is not None and scale > 0 else ft(ft(n_in) / ft(n_out))
+        src = np.maximum((sc * (o + ft(0.5)) - ft(0.5)).astype(ft), ft(0))
+    i0 = np.floor(src).astype(np.int64)
+    i0 = np.minimum(i0, n_in - 1)
+    i1 = i0 + (i0 < n_in - 1).astype(np.int64)
+    l1 = (src - i0.astype(ft)).astype(ft)
+    l0 = (ft(1) - l1).astype(ft)
+    return i0, i1, l0, l1
+
+
+def _upsample_linear(x, output_size, align_corners, scales):
+    nd = len(output_size)
+    ft = _np_ct(x)
+    y = x
+    # last dim first: PyTorch computes h0l * (w0l * x00 + w1l * x01) + h1l * (...)
+    for i in reversed(range(nd)):
+        ax = x.ndim - nd + i
+        i0, i1, l0, l1 = _linear_weights(x.shape[ax], output_size[i], align_corners, scales[i], ft)
+        shape = [1] * x.ndim
+        shape[ax] = -1
+        a = jnp().take(y, jnp().asarray(i0), axis=ax)
+        b = jnp().take(y, jnp().asarray(i1), axis=ax)
+        y = jnp().asarray(l0).reshape(shape) * a + jnp().asarray(l1).reshape(shape) * b
+    return y
+
+
+@lower(aten.upsample_nearest2d.default)
+def upsample_nearest2d(x, output_size, scales_h=None, scales_w=None):
+    return _upsample_nearest(x, tuple(output_size), (scales_h, scales_w))
+
+
+@lower(aten.upsample_nearest2d_backward.default)
+def upsample_nearest2d_backward(g, output_size, input_size, scales_h=None, scales_w=None):
+    ct = _ct(g)
+    x0 = jnp().zeros(tuple(input_size), npdt(ct))
+    _, vjp = _jax().vjp(lambda a: _upsample_nearest(a, tuple(output_size), (scales_h, scales_w)), x0)
+    return vjp(cast(g, ct))[0]
+
+
+@lower(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_linear(_f(x), tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(g, output_size, input_size, align_corners, scales_h=None,
+                                 scales_w=None):
+    ct = _ct(g)
+    x0 = jnp().zeros(tuple(input_size), npdt(ct))
+    _, vjp = _jax().vjp(
+        lambda a: _upsample_linear(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
+    return vjp(cast(g, ct))[0]
+

@@ -1,6 +1,6 @@
 """Per-op eager overhead: median microseconds for a small op, measured in one run.
 
-    python bench/op_overhead.py [--size 16] [--json PATH]
+    python -m torchtpu.bench overhead [--size 16] [--json PATH]
 
 Compares, for ``a + b`` on ``size x size`` float32: native PyTorch on CPU, raw
 ``jax.numpy`` on the same PJRT platform as ``tpu``, a jitted JAX call, and torchtpu's

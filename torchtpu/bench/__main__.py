@@ -1,0 +1,21 @@
+import sys
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("eager", "overhead"):
+        print("usage: python -m torchtpu.bench {eager|overhead} [options]  (--help per command)")
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "eager":
+        from torchtpu.bench import eager
+
+        return eager.main(rest)
+    from torchtpu.bench import overhead
+
+    overhead.main(rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
