@@ -26,6 +26,7 @@ class Metrics:
         transfers_to_device_bytes / transfers_to_host_bytes: host<->device copies (bytes).
         segments_run / segment_ops: DeferAndFuse segments executed and ops they held.
         segment_cache_hits / segment_cache_misses: compiled-segment cache lookups.
+        donated_buffers: segment inputs handed to XLA for reuse (in-place updates).
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
     """
 
@@ -49,6 +50,7 @@ class Metrics:
         self.segment_ops = 0
         self.segment_cache_hits = 0
         self.segment_cache_misses = 0
+        self.donated_buffers = 0
         self.sync_sites = collections.Counter()
 
     def sync(self, cause: str):

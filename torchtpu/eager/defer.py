@@ -20,7 +20,9 @@ loop compiles in its first steps and then only hits the cache.
 
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 import weakref
 
 from torchtpu import _metrics
@@ -32,6 +34,11 @@ SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit"
 
 _current = None
 _CACHE: dict = {}
+# sys.getrefcount of a segment input held by nobody else: the inputs list + the call's
+# own argument reference.
+_REFS_IF_UNUSED = 2
+# XLA on some platforms cannot reuse every donated buffer; that is fine.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
 class Segment:
@@ -122,23 +129,36 @@ def flush(cause: str = "flush") -> None:
         lz = wr()
         if lz is not None:
             live.append((lz, node, out))
-    key = (tuple(seg.key), tuple((n, o) for _, n, o in live))
+    from torchtpu.eager import executor
+
+    # Donation: an input buffer nobody but this segment still references (its storage
+    # was overwritten in the segment, e.g. a parameter updated in place) is given to
+    # XLA, which may write the result into it instead of allocating.
+    executor.LAST_OUTPUTS = ()
+    inputs = seg.inputs
+    seg.inputs = None
+    donate = tuple(i for i in range(len(inputs)) if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED)
+    key = (tuple(seg.key), tuple((n, o) for _, n, o in live), donate)
     fn = _CACHE.get(key)
     M.segments_run += 1
     M.segment_ops += len(seg.nodes)
+    M.donated_buffers += len(donate)
     M.sync(cause)
+    dset = set(donate)
+    donated = [inputs[i] for i in donate]
+    kept = [a for i, a in enumerate(inputs) if i not in dset]
+    del inputs
     if fn is None:
         M.segment_cache_misses += 1
-        fn = _CACHE[key] = _build(seg, [(n, o) for _, n, o in live])
+        fn = _CACHE[key] = _build(seg, [(n, o) for _, n, o in live], donate,
+                                  len(donated) + len(kept))
         t0 = time.perf_counter()
-        results = fn(seg.inputs, seg.dyn)
+        results = fn(donated, kept, seg.dyn)
         M.compiles += 1
         M.compile_seconds += time.perf_counter() - t0
     else:
         M.segment_cache_hits += 1
-        results = fn(seg.inputs, seg.dyn)
-    from torchtpu.eager import executor
-
+        results = fn(donated, kept, seg.dyn)
     executor.LAST_OUTPUTS = results
     for (lz, _, _), r in zip(live, results):
         lz.value = r
@@ -148,13 +168,20 @@ def flush(cause: str = "flush") -> None:
             owner.resolve(r)
 
 
-def _build(seg, live):
+def _build(seg, live, donate, n_inputs):
     jax = runtime.jax()
     from jax.sharding import SingleDeviceSharding
 
     nodes = list(seg.nodes)
+    dset = set(donate)
+    kept_idx = [i for i in range(n_inputs) if i not in dset]
 
-    def run(inputs, dyn):
+    def run(donated, kept, dyn):
+        inputs = [None] * n_inputs
+        for i, a in zip(donate, donated):
+            inputs[i] = a
+        for i, a in zip(kept_idx, kept):
+            inputs[i] = a
         vals = {}
         d = 0
         for n, (traced, refs, ndyn) in enumerate(nodes):
@@ -168,7 +195,8 @@ def _build(seg, live):
                 vals[(n, i)] = o
         return tuple(vals[k] for k in live)
 
-    return jax.jit(run, out_shardings=SingleDeviceSharding(runtime.jax_device(seg.index)))
+    return jax.jit(run, out_shardings=SingleDeviceSharding(runtime.jax_device(seg.index)),
+                   donate_argnums=(0,) if donate else ())
 
 
 def cache_info() -> dict:
