@@ -12,6 +12,12 @@ import torchtpu
 TPU = "tpu"
 
 
+@pytest.fixture(autouse=True)
+def _all_modes(eager_mode):
+    """Every semantics test runs in STRICT, DEBUG and DEFER_AND_FUSE."""
+    yield
+
+
 def same(tpu_result, cpu_result, **kw):
     """Values, dtype and shape equal to the CPU result."""
     assert tpu_result.device.type == "tpu"
@@ -389,7 +395,10 @@ def test_unsupported_op_names_op(monkeypatch):
 
 
 def test_cpu_fallback_opt_in(monkeypatch):
+    from torchtpu.eager import cpu_fallback
+
     monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
+    cpu_fallback._warned.clear()  # it warns once per op and process
     a = torch.randn(8)
     with pytest.warns(UserWarning, match="running it on the CPU"):
         r = torch.special.airy_ai(a.to(TPU))

@@ -1,0 +1,136 @@
+"""Eager modes: the API, DEBUG's checks, DeferAndFuse's caching and sync reporting."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+
+TPU = "tpu"
+EM = torch.tpu.EagerMode
+
+
+def test_mode_api_and_restore_on_exception():
+    assert torch.tpu.eager_mode is EM.STRICT
+    with torch.tpu.set_eager_mode(EM.DEBUG):
+        assert torch.tpu.eager_mode is EM.DEBUG
+    assert torch.tpu.eager_mode is EM.STRICT
+    with pytest.raises(ValueError):
+        with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+            assert torch.tpu.eager_mode is EM.DEFER_AND_FUSE
+            raise ValueError("boom")
+    assert torch.tpu.eager_mode is EM.STRICT
+    torch.tpu.eager_mode = EM.DEBUG
+    assert torch.tpu.eager_mode is EM.DEBUG
+    torch.tpu.eager_mode = "strict"
+    assert torch.tpu.eager_mode is EM.STRICT
+
+
+def test_mode_from_environment():
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.tpu.eager_mode.value)"],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "TORCHTPU_EAGER_MODE": "defer_and_fuse"},
+    ).stdout.strip()
+    assert out == "defer_and_fuse"
+
+
+def test_mode_change_runs_pending_segment():
+    x = torch.ones(4, device=TPU)
+    with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+        y = x * 3
+        from torchtpu.eager import defer
+
+        assert defer.pending_ops() >= 1
+    assert defer.pending_ops() == 0
+    assert y.sum().item() == 12.0
+
+
+def test_debug_nans_raises_at_first_bad_op():
+    x = torch.tensor([1.0, 0.0], device=TPU)
+    with torch.tpu.set_eager_mode(EM.DEBUG):
+        torch.tpu.debug_nans = True
+        try:
+            y = x + 1  # fine
+            with pytest.raises(RuntimeError, match=r"aten\.div.*NaN or Inf"):
+                x / x[1]
+        finally:
+            torch.tpu.debug_nans = False
+    assert torch.equal(y.cpu(), torch.tensor([2.0, 1.0]))
+
+
+def test_defer_matches_strict_values():
+    torch.manual_seed(0)
+    a = torch.randn(8, 8)
+    res = {}
+    for mode in ("strict", "defer_and_fuse"):
+        with torch.tpu.set_eager_mode(mode):
+            x = a.to(TPU)
+            y = torch.tanh(x @ x.t()) * 2 - x.mean(0, keepdim=True)
+            y[:, 0] = 5.0
+            res[mode] = y.cpu()
+    c = torch.tanh(a @ a.t()) * 2 - a.mean(0, keepdim=True)
+    c[:, 0] = 5.0
+    torch.testing.assert_close(res["defer_and_fuse"], c)
+    assert torch.equal(res["defer_and_fuse"], res["strict"])
+
+
+def test_training_loop_compiles_nothing_after_second_step_and_reports_item():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 1)).to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(32, 8, device=TPU), torch.randn(32, 1, device=TPU)
+    compiles = []
+    with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+        torchtpu.reset_metrics()
+        for _ in range(20):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            loss.item()  # the sync we expect to see reported
+            compiles.append(torchtpu.metrics()["compiles"])
+    m = torchtpu.metrics()
+    assert compiles[-1] == compiles[1], compiles  # no new segment after step 2
+    assert m["segments_run"] == 20 and m["segment_cache_hits"] >= 18
+    rows = torchtpu.explain_syncs()
+    assert rows[0]["cause"] == "item" and rows[0]["count"] == 20
+    assert rows[0]["line"].endswith(f"{__file__}:{_line_of('loss.item()  # the sync')}")
+
+
+def _line_of(text):
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if text in line and "_line_of" not in line:
+                return i
+    raise AssertionError(text)
+
+
+def test_defer_data_dependent_shape_is_a_sync():
+    with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+        torchtpu.reset_metrics()
+        x = torch.arange(10.0, device=TPU) - 4
+        nz = x[x > 0]
+        assert nz.shape == (5,)
+        assert torch.equal(nz.cpu(), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert any("nonzero" in c or "materialize" in c or "data_dependent" in c
+               for c in torchtpu.metrics()["host_syncs"])
+
+
+def test_defer_lower_peak_memory_than_strict():
+    peaks = {}
+    for mode in ("strict", "defer_and_fuse"):
+        x = torch.randn(256, 256, device=TPU)
+        torch.tpu.synchronize()
+        torch.tpu.reset_peak_memory_stats()
+        base = torch.tpu.memory_allocated()
+        with torch.tpu.set_eager_mode(mode):
+            y = ((x * 2 + 1).exp() * x).sum()
+            y.item()
+        peaks[mode] = torch.tpu.max_memory_allocated() - base
+        del x, y
+    assert peaks["defer_and_fuse"] < peaks["strict"]
