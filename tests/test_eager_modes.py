@@ -75,7 +75,8 @@ def test_defer_matches_strict_values():
     c = torch.tanh(a @ a.t()) * 2 - a.mean(0, keepdim=True)
     c[:, 0] = 5.0
     torch.testing.assert_close(res["defer_and_fuse"], c)
-    assert torch.equal(res["defer_and_fuse"], res["strict"])
+    # fusion may reorder float arithmetic (seen on GPU): close, not bitwise equal
+    torch.testing.assert_close(res["defer_and_fuse"], res["strict"])
 
 
 def test_training_loop_compiles_nothing_after_second_step_and_reports_item():

@@ -782,9 +782,12 @@ class DecompPlan:
         M.decomposed_ops += 1
         self.active = True
         try:
-            return self.fn(*args, **kwargs)
+            out = self.fn(*args, **kwargs)
         finally:
             self.active = False
+        if out is NotImplemented:  # the decomposition declined this case
+            return UnsupportedPlan(self.op)(args, kwargs)
+        return out
 
 
 class ViewPlan:

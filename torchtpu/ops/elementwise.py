@@ -438,3 +438,11 @@ def isposinf(x):
 @lower(aten.isneginf.default)
 def isneginf(x):
     return jnp().isneginf(x) if _isfloat(x) else jnp().zeros(x.shape, bool)
+
+
+@lower(aten.glu.default)
+def glu(x, dim=-1):
+    """``glu(x) = a * sigmoid(b)`` with ``a, b = x.chunk(2, dim)``."""
+    a, b = jnp().split(x, 2, axis=dim)
+    ct = _float_compute(x)
+    return cast(a, ct) * _sigmoid(cast(b, ct))

@@ -52,10 +52,21 @@ def _check_count(x, indices, op):
         raise IndexError(f"too many indices for tensor of dimension {x.ndim} (got {len(indices)})")
 
 
+def _indices_to_device(vals):
+    """PyTorch accepts CPU index tensors for a device tensor: move them over (host side)."""
+    dev = vals[0].device
+    idx = vals[1]
+    if any(isinstance(t, torch.Tensor) and t.device != dev and t.dim() > 0 for t in idx):
+        vals = list(vals)
+        vals[1] = [t.to(dev) if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in idx]
+    return vals
+
+
 def _expand_masks(vals):
     """Host side, before ``index.Tensor`` runs: each bool/uint8 mask becomes the integer
     index tensors of its ``nonzero()`` (PyTorch's ``expandTensors``).  The result's size
     depends on the mask's values, so this is a sync point."""
+    vals = _indices_to_device(vals)
     indices = vals[1]
     if not any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
                for t in indices):
@@ -137,12 +148,12 @@ def _index_put(x, indices, values, accumulate):
     return x.at[key].set(v)
 
 
-@lower(aten.index_put.default, aten._unsafe_index_put.default)
+@lower(aten.index_put.default, aten._unsafe_index_put.default, prepare=_indices_to_device)
 def index_put(x, indices, values, accumulate=False):
     return _index_put(x, indices, values, accumulate)
 
 
-@lower(aten._index_put_impl.default)
+@lower(aten._index_put_impl.default, prepare=_indices_to_device)
 def _index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return _index_put(x, indices, values, accumulate)
 

@@ -1,0 +1,150 @@
+"""OpInfo conformance (forward, float32): tpu results must equal PyTorch's CPU results.
+
+Default run: the first ``SAMPLES_PER_OP`` samples of each OpInfo in ``DEFAULT_OPS`` (a
+fixed list of common ops: elementwise, reductions, matmul, indexing, shape, factories,
+nn.functional basics).  Each new op signature costs an XLA compile, so this subset keeps
+the suite fast.
+
+``TORCHTPU_FULL_OPINFO=1``: every OpInfo of ``op_db`` that supports float32 on CPU, all
+samples (``TORCHTPU_OPINFO_SAMPLES=N`` caps the samples in either mode).  For a report
+instead of a pass/fail run, use the sweep: ``python -m torchtpu.conformance.opinfo``.
+
+Comparison rules (tolerances, random ops, what counts as a mismatch) are those of
+:mod:`torchtpu.conformance.opinfo`.  A sample on which CPU itself raises is skipped.
+
+``XFAIL`` lists ops the backend does not support yet (tpu raises); they are
+``xfail(strict=False, raises=BackendFailure)``, so a *wrong result*
+(:class:`ValueMismatch`) still fails the test.  Remove entries as lowerings land
+(an XPASS in the report means an entry is stale).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from torchtpu.conformance.opinfo import (
+    BackendFailure,
+    ValueMismatch,
+    check_op,
+    op_id,
+    select_opinfos,
+)
+
+FULL = os.environ.get("TORCHTPU_FULL_OPINFO", "") == "1"
+_env_samples = os.environ.get("TORCHTPU_OPINFO_SAMPLES")
+SAMPLES_PER_OP = int(_env_samples) if _env_samples else (None if FULL else 2)
+
+DTYPE = torch.float32
+
+# OpInfo ids (``name`` or ``name.variant_test_name``) of the default subset.
+DEFAULT_OPS = [
+    # unary elementwise
+    "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos", "cosh",
+    "exp", "exp2", "expm1", "floor", "frac", "log", "log10", "log1p", "log2", "neg",
+    "reciprocal", "round", "rsqrt", "sigmoid", "sign", "sgn", "sin", "sinh", "sqrt",
+    "square", "tan", "tanh", "trunc", "erf", "erfc", "erfinv", "lgamma", "nan_to_num",
+    "isnan", "isinf", "isfinite", "logical_not", "signbit", "deg2rad", "rad2deg",
+    "positive",
+    # binary / ternary elementwise
+    "add", "sub", "mul", "div.no_rounding_mode", "div.floor_rounding",
+    "div.trunc_rounding", "true_divide", "pow", "float_power", "atan2", "fmod",
+    "remainder", "maximum", "minimum", "max.binary", "min.binary", "fmax", "fmin", "eq",
+    "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "hypot",
+    "lerp", "xlogy", "copysign", "floor_divide", "rsub", "clamp", "clamp_min",
+    "clamp_max", "where", "addcmul", "addcdiv", "logaddexp", "isclose",
+    # reductions / scans
+    "sum", "mean", "prod", "amax", "amin", "argmax", "argmin", "max.reduction_with_dim",
+    "max.reduction_no_dim", "min.reduction_with_dim", "min.reduction_no_dim", "var",
+    "std", "var_mean", "std_mean", "logsumexp", "all", "any", "cumsum", "cumprod",
+    "norm", "linalg.vector_norm", "count_nonzero", "nansum",
+    # matmul family
+    "matmul", "mm", "bmm", "addmm", "mv", "dot", "outer", "einsum", "baddbmm", "addmv",
+    "tensordot",
+    # indexing
+    "gather", "scatter", "scatter_add", "index_select", "index_add", "index_copy",
+    "index_fill", "index_put", "__getitem__", "masked_fill", "take_along_dim", "select",
+    "narrow", "nonzero", "masked_select",
+    # shape / layout
+    "reshape", "view", "flatten", "unflatten", "permute", "transpose", "t", "squeeze",
+    "unsqueeze", "expand", "expand_as", "cat", "stack", "split", "chunk", "unbind",
+    "flip", "roll", "repeat", "tile", "tril", "triu", "diagonal", "diag_embed",
+    "movedim", "contiguous", "clone", "hstack", "vstack", "repeat_interleave",
+    # sorting
+    "sort", "argsort", "topk",
+    # factories / conversions
+    "zeros_like", "ones_like", "full_like", "arange", "linspace", "eye", "new_zeros",
+    "new_full", "zeros", "ones", "full", "to", "double", "long", "bool",
+    # nn.functional basics
+    "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
+    "nn.functional.elu", "nn.functional.leaky_relu", "nn.functional.hardtanh",
+    "nn.functional.hardsigmoid", "nn.functional.hardswish", "nn.functional.softplus",
+    "nn.functional.mish", "nn.functional.logsigmoid", "softmax", "log_softmax",
+    "nn.functional.softmin", "nn.functional.linear", "nn.functional.layer_norm",
+    "nn.functional.group_norm", "nn.functional.batch_norm", "nn.functional.embedding",
+    "nn.functional.dropout", "nn.functional.conv1d", "nn.functional.conv2d",
+    "nn.functional.max_pool2d", "nn.functional.avg_pool2d",
+    "nn.functional.adaptive_avg_pool2d", "nn.functional.pad.constant",
+    "nn.functional.cross_entropy", "nn.functional.nll_loss", "nn.functional.mse_loss",
+    "nn.functional.l1_loss", "nn.functional.smooth_l1_loss",
+    "nn.functional.binary_cross_entropy_with_logits", "nn.functional.one_hot",
+    "nn.functional.normalize", "nn.functional.cosine_similarity",
+    "nn.functional.scaled_dot_product_attention", "nn.functional.interpolate.nearest",
+    "nn.functional.interpolate.bilinear", "nn.functional.glu",
+]
+
+# Ops the backend does not support yet, from a real run (see the module docstring).
+# Only "tpu raised" failures are expected here; wrong values are never listed.
+# Regenerate: run this file (or the sweep on DEFAULT_OPS) and list what tpu cannot run.
+XFAIL: dict[str, str] = {}
+
+
+def _cases():
+    if FULL:
+        ops = select_opinfos()
+    else:
+        by_id = {op_id(op): op for op in select_opinfos()}
+        missing = [n for n in DEFAULT_OPS if n not in by_id]
+        assert not missing, f"DEFAULT_OPS names no OpInfo: {missing}"
+        ops = [by_id[n] for n in DEFAULT_OPS]
+    for op in ops:
+        if DTYPE not in op.supported_dtypes("cpu"):
+            continue
+        oid = op_id(op)
+        marks = []
+        if oid in XFAIL:
+            marks.append(pytest.mark.xfail(reason=XFAIL[oid], raises=BackendFailure,
+                                           strict=False))
+        yield pytest.param(op, id=oid, marks=marks)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_cpu_fallback():
+    """Measure the backend itself: the opt-in CPU fallback is off during this module."""
+    from torchtpu._device import tpu_module
+
+    saved = tpu_module.enable_cpu_fallback
+    tpu_module.enable_cpu_fallback = False
+    yield
+    tpu_module.enable_cpu_fallback = saved
+
+
+@pytest.mark.parametrize("op", list(_cases()))
+def test_opinfo_float32(op):
+    (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP)
+    oid = op_id(op)
+
+    def lines(status):
+        return "\n".join(f"  sample {r['index']} [{r['sample']}]: {r['detail']}"
+                         for r in pair.samples if r["status"] in status)
+
+    if pair.status == "mismatch":
+        raise ValueMismatch(f"{oid}: tpu result differs from CPU\n{lines(('mismatch',))}")
+    if pair.status in ("error", "unsupported"):
+        raise BackendFailure(
+            f"{oid}: tpu raised where CPU did not\n{lines(('error', 'unsupported'))}")
+    if pair.status == "skipped":
+        pytest.skip(f"no sample CPU could run: {pair.detail}")
+    assert pair.status == "pass", pair

@@ -1,0 +1,1160 @@
+"""OpInfo conformance sweep: every OpInfo of PyTorch's ``op_db`` on ``tpu`` vs. CPU.
+
+Usage (CLI)::
+
+    python -m torchtpu.conformance.opinfo                       # all ops, float32
+    python -m torchtpu.conformance.opinfo --filter '^(add|mul)$' --dtypes float32,bfloat16
+    python -m torchtpu.conformance.opinfo --limit-samples 5 --jobs 2 --json sweep.json
+
+(Also ``python -m torchtpu.conformance ops ...``.)
+
+For each OpInfo (optionally filtered by a regex on its id, ``name`` or
+``name.variant_test_name``) and each requested dtype the OpInfo supports on CPU, the first
+``--limit-samples`` samples of ``op.sample_inputs('cpu', dtype, requires_grad=False)`` run
+on CPU and, on copies moved to ``tpu``, on the device.  Outputs are compared recursively
+with :func:`torch.testing.assert_close` (dtype and shape exact, device ignored), and the
+sample's ``input`` is compared after the call too (catches wrong in-place writes).
+
+Classes, per sample:
+
+``pass``        same result as CPU;
+``mismatch``    the op ran on tpu but the result differs (values, dtype, shape, device,
+                or a mutated input); max abs / rel error reported;
+``error``       tpu raised and CPU did not (exception type + first line);
+``unsupported`` tpu raised torchtpu's ``NotImplementedError`` ("torchtpu: ...");
+``skipped``     CPU itself raised: nothing to compare.
+
+A (op, dtype) pair takes the worst class of its samples (mismatch > error > unsupported >
+pass); it is ``skipped`` only if every sample was; it passes only if all non-skipped
+samples pass.  An op that times out or crashes its worker makes its remaining pairs
+``error`` with cause ``timeout`` / ``worker crashed``.
+
+Tolerances (:func:`tolerance`): :func:`torch.testing.assert_close`'s defaults per dtype
+(float32 atol 1e-5 / rtol 1.3e-6), except bfloat16 atol 1e-2 / rtol 1.6e-2 and float16
+atol 1e-3 / rtol 1e-3 (PyTorch's device tests compute half types in float32 and round
+once; XLA may round differently in between), loosened per op by the largest
+``toleranceOverride`` / ``precisionOverride`` that the OpInfo declares for that dtype in
+its ``decorators`` for a numerical-comparison test class (:data:`TOLERANCE_CLASSES`).
+
+Random ops (:func:`is_random`: OpInfo ``has_nondeterministic_output``, a known name, or
+two CPU runs of the same sample that disagree) are compared for dtype/shape only.
+
+Each OpInfo runs in a worker process (``multiprocessing`` spawn, ``--jobs`` workers,
+recycled every ``--ops-per-worker`` ops) under ``--timeout`` seconds, so one crash or hang
+cannot stop the sweep.  ``--jobs 0`` runs in-process (debugging; no timeout).
+
+Inputs move to ``tpu`` with their strides and storage offsets (the whole storage is
+copied); the sample function is also run for the ``meta`` device, and a tensor it leaves
+on the CPU there (CPU scalar operands, ``tensor_split`` indices) stays on the CPU, as in
+PyTorch's own device tests.
+
+Library use: :func:`select_opinfos`, :func:`sample_inputs`, :func:`run_sample`,
+:func:`check_op`, :func:`sweep`, :func:`summarize`; the test suite uses
+:func:`assert_sample_matches`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict, deque
+from typing import Any, Iterable, Optional
+
+import torch
+
+DEVICE = "tpu"
+
+STATUSES = ("pass", "mismatch", "error", "unsupported", "skipped")
+# Worst first: a pair takes the worst class among its non-skipped samples.
+_SEVERITY = {"mismatch": 0, "error": 1, "unsupported": 2, "pass": 3, "skipped": 4}
+
+# ---------------------------------------------------------------------------------------
+# Tolerances
+
+# (atol, rtol) per floating/complex dtype; integer and bool dtypes compare exactly.
+BASE_TOLERANCE = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1.3e-6),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1e-2, 1.6e-2),
+    torch.complex128: (1e-7, 1e-7),
+    torch.complex64: (1e-5, 1.3e-6),
+    torch.complex32: (1e-3, 1e-3),
+}
+
+# Test classes of PyTorch's suite whose tolerance overrides describe how much an op's
+# numerics may legitimately differ between two correct implementations (device vs CPU,
+# reference, decomposition, compiled vs eager).  ``None`` = applies to every test.
+TOLERANCE_CLASSES = frozenset(
+    {
+        None,
+        "TestCommon",
+        "TestUnaryUfuncs",
+        "TestBinaryUfuncs",
+        "TestReductions",
+        "TestConsistency",
+        "TestDecomp",
+        "TestInductorOpInfo",
+        "TestMasked",
+    }
+)
+
+
+def _tolerance_decorators():
+    from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
+
+    return toleranceOverride, precisionOverride
+
+
+def tolerance(op, dtype: torch.dtype) -> tuple[float, float, str]:
+    """(atol, rtol, source) used to compare ``op``'s outputs of ``dtype``."""
+    if dtype not in BASE_TOLERANCE:
+        return 0.0, 0.0, "exact"
+    from torch.testing._internal.opinfo.core import DecorateInfo
+
+    tol_cls, prec_cls = _tolerance_decorators()
+    atol, rtol = BASE_TOLERANCE[dtype]
+    source = "default"
+
+    def apply(dec, where):
+        nonlocal atol, rtol, source
+        if isinstance(dec, tol_cls) and dtype in dec.d:
+            t = dec.d[dtype]
+            if t.atol > atol or t.rtol > rtol:
+                atol, rtol = max(atol, t.atol), max(rtol, t.rtol)
+                source = f"toleranceOverride({where})"
+        elif isinstance(dec, prec_cls) and dtype in dec.d:
+            if dec.d[dtype] > atol:
+                atol = dec.d[dtype]
+                source = f"precisionOverride({where})"
+
+    for info in getattr(op, "decorators", ()) or ():
+        if isinstance(info, DecorateInfo):
+            if info.cls_name not in TOLERANCE_CLASSES:
+                continue
+            if info.dtypes is not None and dtype not in info.dtypes:
+                continue
+            if callable(info.active_if) or not info.active_if:
+                continue
+            where = f"{info.cls_name}.{info.test_name}" if info.cls_name else "all"
+            for dec in info.decorators:
+                apply(dec, where)
+        else:
+            apply(info, "all")
+    return atol, rtol, source
+
+
+# ---------------------------------------------------------------------------------------
+# Selecting OpInfos
+
+def op_id(op) -> str:
+    """Unique id of an OpInfo: ``name`` or ``name.variant_test_name``."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def op_db() -> list:
+    from torch.testing._internal.common_methods_invocations import op_db as db
+
+    return db
+
+
+def select_opinfos(filter: Optional[str] = None, names: Optional[Iterable[str]] = None) -> list:
+    """OpInfos of ``op_db`` whose id matches regex ``filter`` (``re.search``) and, if
+    ``names`` is given, whose id or name is in it."""
+    rx = re.compile(filter) if filter else None
+    wanted = set(names) if names is not None else None
+    out = []
+    for op in op_db():
+        oid = op_id(op)
+        if rx is not None and not (rx.search(oid) or rx.search(op.name)):
+            continue
+        if wanted is not None and oid not in wanted and op.name not in wanted:
+            continue
+        out.append(op)
+    return out
+
+
+def get_opinfo(oid: str):
+    for op in op_db():
+        if op_id(op) == oid:
+            return op
+    raise KeyError(f"no OpInfo with id {oid!r}")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.strip(), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+_RANDOM_NAME = re.compile(
+    r"(^|[._])(rand\w*|bernoulli|multinomial|\w*dropout\d?d?|normal|uniform|cauchy|"
+    r"exponential|geometric|log_normal|poisson|empty\w*|new_empty\w*)$"
+)
+_NOT_RANDOM = frozenset({"signal.windows.exponential", "native_dropout_backward", "item",
+                         "__rand__"})
+# Random in some samples (dropout / training-mode arguments) though the name does not say.
+_RANDOM_OPS = frozenset({"nn.functional.multi_head_attention_forward", "nn.functional.rrelu"})
+
+
+def is_random(op) -> bool:
+    """Whether ``op``'s output values are not reproducible (random or uninitialized):
+    compared for dtype/shape only."""
+    if getattr(op, "has_nondeterministic_output", False):
+        return True
+    if op.name in _NOT_RANDOM or op.name.startswith("__"):
+        return False
+    if op.name in _RANDOM_OPS:
+        return True
+    # PyTorch wraps ops that draw random numbers in ``wrapper_set_seed`` (a fixed seed, so
+    # CPU is reproducible, but tpu's generator is another stream): random too.
+    code = getattr(getattr(op, "op", None), "__code__", None)
+    if code is not None and "wrapper_set_seed" in code.co_names:
+        return True
+    return bool(_RANDOM_NAME.search(op.name))
+
+
+def sample_inputs(op, dtype: torch.dtype, limit: Optional[int] = None, seed: int = 0) -> list:
+    """The first ``limit`` CPU samples of ``op`` for ``dtype`` (deterministic: seeded)."""
+    torch.manual_seed(seed)
+    it = op.sample_inputs("cpu", dtype, requires_grad=False)
+    return list(itertools.islice(it, limit) if limit is not None else it)
+
+
+# ---------------------------------------------------------------------------------------
+# Moving and comparing
+
+def _map(obj, fn, key=None):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, list):
+        return [_map(o, fn) for o in obj]
+    if isinstance(obj, tuple):
+        items = [_map(o, fn) for o in obj]
+        if hasattr(obj, "_fields"):  # namedtuple
+            return type(obj)(*items)
+        return tuple(items)
+    if isinstance(obj, dict):
+        return {k: _map(v, fn, key=k) for k, v in obj.items()}
+    return obj
+
+
+def _is_cpu_device(o) -> bool:
+    if isinstance(o, torch.device):
+        return o.type == "cpu"
+    return isinstance(o, str) and o.split(":")[0] == "cpu"
+
+
+def _is_meta_device(o) -> bool:
+    if isinstance(o, torch.device):
+        return o.type == "meta"
+    return isinstance(o, str) and o.split(":")[0] == "meta"
+
+
+def _move_tensor(t: torch.Tensor, device: str, memo: dict) -> torch.Tensor:
+    """``t`` on ``device`` with the same sizes, strides and storage offset: its whole
+    storage is copied (once per storage, so views that share a CPU storage share the
+    device storage too) and the view is re-created there."""
+    t = t.detach()
+    if t.layout != torch.strided or t.is_conj() or t.is_neg() or t.device.type != "cpu":
+        return t.to(device)
+    try:
+        st = t.untyped_storage()
+        key = (st.data_ptr(), st.nbytes(), t.dtype)
+        base = memo.get(key)
+        if base is None:
+            n, rem = divmod(st.nbytes(), t.element_size())
+            if rem:
+                return t.to(device)
+            flat = torch.empty(0, dtype=t.dtype).set_(st, 0, (n,), (1,))
+            base = memo[key] = flat.to(device)
+        return base.as_strided(t.shape, t.stride(), t.storage_offset())
+    except Exception:
+        return t.to(device)
+
+
+def to_device(obj, device: str = DEVICE, guide=None, memo: Optional[dict] = None):
+    """Copy of ``obj`` with every tensor (recursively through lists, tuples, dicts)
+    moved to ``device`` (same strides and storage offset, see :func:`_move_tensor`) and
+    every ``device=`` keyword naming the CPU redirected to it.
+
+    ``guide``: the same sample generated for the ``meta`` device (``sample_inputs``
+    with device ``"meta"``).  Where given, only what it shows on ``meta`` moves: a
+    tensor it shows on the CPU was put there deliberately by the sample function (a
+    CPU scalar operand, ``tensor_split``'s indices) and stays on the CPU; any device
+    argument it shows as ``meta`` becomes ``device``."""
+    memo = {} if memo is None else memo
+    nog = object()
+
+    def walk(o, g, key=None):
+        if isinstance(o, torch.Tensor):
+            if isinstance(g, torch.Tensor) and g.device.type == "cpu":
+                return o.detach().clone()
+            return _move_tensor(o, device, memo)
+        if isinstance(o, (torch.device, str)):
+            if g is not nog:
+                if _is_meta_device(g):
+                    return torch.device(device) if isinstance(o, torch.device) else device
+                return o
+            if isinstance(o, torch.device) and o.type == "cpu":
+                return torch.device(device)
+            if key == "device" and _is_cpu_device(o):
+                return device
+            return o
+        if isinstance(o, (list, tuple)):
+            same = isinstance(g, (list, tuple)) and len(g) == len(o)
+            items = [walk(v, g[i] if same else nog) for i, v in enumerate(o)]
+            if isinstance(o, list):
+                return items
+            return type(o)(*items) if hasattr(o, "_fields") else tuple(items)
+        if isinstance(o, dict):
+            return {k: walk(v, g[k] if isinstance(g, dict) and k in g else nog, k)
+                    for k, v in o.items()}
+        return o
+
+    return walk(obj, nog if guide is None else guide)
+
+
+def _meta_guides(op, dtype, n: int, seed: int = 0) -> list:
+    """Per sample, its ``meta``-device twin as (input, args, kwargs), or None where the
+    sample function cannot run on ``meta`` or yields a different number of samples."""
+    try:
+        torch.manual_seed(seed)
+        it = op.sample_inputs("meta", dtype, requires_grad=False)
+        metas = list(itertools.islice(it, n))
+    except Exception:
+        return [None] * n
+    if len(metas) != n:
+        return [None] * n
+    return [(m.input, tuple(m.args), dict(m.kwargs)) for m in metas]
+
+
+def _clone(obj):
+    return _map(obj, lambda t: t.detach().clone())
+
+
+def _to_cpu(obj):
+    return _map(obj, lambda t: t.cpu() if t.device.type != "cpu" else t)
+
+
+@dataclasses.dataclass
+class Diff:
+    """A difference found by :func:`compare`."""
+
+    path: str
+    what: str  # "values", "dtype", "shape", "device", "type", "structure"
+    detail: str
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+
+
+def _err_stats(a: torch.Tensor, e: torch.Tensor) -> tuple[float, float, int, int]:
+    if a.dtype == torch.bool:
+        a, e = a.int(), e.int()
+    if a.is_complex():
+        a, e = a.to(torch.complex128), e.to(torch.complex128)
+    else:
+        a, e = a.to(torch.float64), e.to(torch.float64)
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    both_nan = nan_a & nan_e
+    same_inf = (a == e) & torch.isinf(e)
+    diff = (a - e).abs()
+    diff = torch.where(both_nan | same_inf, torch.zeros_like(diff), diff)
+    diff = torch.where(nan_a ^ nan_e, torch.full_like(diff, math.inf), diff)
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
+    n_nan = int((nan_a ^ nan_e).sum())
+    if diff.numel() == 0:
+        return 0.0, 0.0, 0, 0
+    return float(diff.max()), float(rel.max()), n_nan, diff.numel()
+
+
+def compare(actual, expected, atol: float, rtol: float, shape_only: bool = False,
+            path: str = "out", device: str = DEVICE) -> Optional[Diff]:
+    """First difference between a tpu result ``actual`` and the CPU result ``expected``
+    (recursively through tuples, lists, dicts), or None.  Tensors: device must be
+    ``device`` where the CPU result is on the CPU, dtype and shape exact, values within
+    (atol, rtol) unless ``shape_only``."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            return Diff(path, "type", f"expected a Tensor, got {type(actual).__name__}")
+        if expected.device.type == "cpu" and actual.device.type != device:
+            return Diff(path, "device", f"result on {actual.device}, expected {device}")
+        if actual.dtype != expected.dtype:
+            return Diff(path, "dtype", f"dtype {actual.dtype} != expected {expected.dtype}")
+        if actual.shape != expected.shape:
+            return Diff(path, "shape",
+                        f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}")
+        if shape_only:
+            return None
+        a = actual.cpu() if actual.device.type != "cpu" else actual
+        e = expected
+        if a.layout != torch.strided:
+            a = a.to_dense()
+        if e.layout != torch.strided:
+            e = e.to_dense()
+        if e.dtype in BASE_TOLERANCE:
+            at, rt = atol, rtol
+        else:
+            at, rt = 0.0, 0.0
+        try:
+            torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True,
+                                       check_device=False, check_stride=False,
+                                       check_layout=False)
+        except AssertionError as exc:
+            max_abs, max_rel, n_nan, n = _err_stats(a, e)
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            mism = next((ln for ln in lines if ln.startswith("Mismatched elements")), lines[0])
+            extra = f", {n_nan} NaN mismatches" if n_nan else ""
+            return Diff(path, "values",
+                        f"{mism}{extra} (max abs {max_abs:.3g}, max rel {max_rel:.3g}, "
+                        f"atol {at:g}, rtol {rt:g})", max_abs, max_rel)
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(actual, (list, tuple)):
+            return Diff(path, "type", f"expected {type(expected).__name__}, "
+                                      f"got {type(actual).__name__}")
+        if len(actual) != len(expected):
+            return Diff(path, "structure", f"length {len(actual)} != expected {len(expected)}")
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            d = compare(a, e, atol, rtol, shape_only, f"{path}[{i}]", device)
+            if d is not None:
+                return d
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            return Diff(path, "structure", "dict keys differ")
+        for k in expected:
+            d = compare(actual[k], expected[k], atol, rtol, shape_only, f"{path}[{k!r}]", device)
+            if d is not None:
+                return d
+        return None
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        if actual != expected:
+            return Diff(path, "values", f"{actual!r} != expected {expected!r}")
+        return None
+    if isinstance(expected, (int, float, complex)) and isinstance(actual, (int, float, complex)):
+        if type(actual) is not type(expected):
+            return Diff(path, "type", f"{type(actual).__name__} != expected "
+                                      f"{type(expected).__name__}")
+        if shape_only:
+            return None
+        if isinstance(expected, int):
+            ok = actual == expected
+        else:
+            ok = (cmath_isnan(actual) and cmath_isnan(expected)) or abs(actual - expected) <= (
+                atol + rtol * abs(expected))
+        if not ok:
+            err = abs(actual - expected)
+            return Diff(path, "values", f"{actual!r} != expected {expected!r}", float(err),
+                        float(err / abs(expected)) if expected else math.inf)
+        return None
+    if type(actual) is not type(expected):
+        return Diff(path, "type", f"{type(actual).__name__} != expected {type(expected).__name__}")
+    try:
+        same = actual == expected
+        same = bool(same)
+    except Exception:
+        same = repr(actual) == repr(expected)
+    if not same:
+        return Diff(path, "values", f"{actual!r:.80} != expected {expected!r:.80}")
+    return None
+
+
+def _device_diff(actual, expected, device, path="out") -> Optional[Diff]:
+    """A tensor result that is on the CPU for CPU inputs must be on ``device``."""
+    if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
+        if expected.device.type == "cpu" and actual.device.type != device:
+            return Diff(path, "device", f"result on {actual.device}, expected {device}")
+    elif isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            d = _device_diff(a, e, device, f"{path}[{i}]")
+            if d is not None:
+                return d
+    elif isinstance(expected, dict) and isinstance(actual, dict):
+        for k in expected:
+            if k in actual:
+                d = _device_diff(actual[k], expected[k], device, f"{path}[{k!r}]")
+                if d is not None:
+                    return d
+    return None
+
+
+def cmath_isnan(x) -> bool:
+    return isinstance(x, (float, complex)) and (x != x)
+
+
+# ---------------------------------------------------------------------------------------
+# Running one sample
+
+@dataclasses.dataclass
+class SampleResult:
+    index: int
+    status: str
+    cause: str = ""  # root-cause key for grouping (failures only)
+    detail: str = ""  # human-readable detail
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    sample: str = ""  # short description of the sample
+    random: bool = False  # compared for dtype/shape only
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+_MISSING_OP = re.compile(r"the ATen op '([^']+)' is not implemented")
+_NUM = re.compile(r"(?<![\w.])-?\d+(\.\d+)?(e-?\d+)?(?![\w])")
+_TPU_SRC = os.sep + "torchtpu" + os.sep
+
+
+def _first_line(msg: str) -> str:
+    for ln in msg.splitlines():
+        if ln.strip():
+            return ln.strip()
+    return ""
+
+
+def _normalize(msg: str, n: int = 140) -> str:
+    msg = re.sub(r"\s*\(arguments: .*", "", msg)
+    msg = _NUM.sub("#", msg)
+    return msg if len(msg) <= n else msg[: n - 3] + "..."
+
+
+def _location(exc: BaseException) -> str:
+    """Innermost frame inside torchtpu (not this module), else the innermost frame."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    here = os.path.abspath(__file__)
+    inner = None
+    for fr in tb:
+        if _TPU_SRC in fr.filename and os.path.abspath(fr.filename) != here:
+            inner = fr
+    if inner is None and tb:
+        inner = tb[-1]
+    if inner is None:
+        return ""
+    fn = inner.filename
+    i = fn.rfind(_TPU_SRC)
+    if i >= 0:
+        fn = fn[i + 1:]
+    return f"{fn}:{inner.lineno} in {inner.name}"
+
+
+def _lowering_target(name: str) -> str:
+    """The overload to lower for missing op ``name`` ('aten.add.out' -> 'aten.add.Tensor'):
+    mutable and out= overloads are derived from their functional twin."""
+    try:
+        ns, pkt, ov = name.split(".")
+        op = getattr(getattr(getattr(torch.ops, ns), pkt), ov)
+        if not op._schema.is_mutable:
+            return name
+        from torchtpu.eager.executor import functional_variant
+
+        f = functional_variant(op)
+        return str(f) if f is not None else name
+    except Exception:
+        return name
+
+
+def classify_exception(exc: BaseException) -> tuple[str, str, str]:
+    """(status, cause, detail) of an exception raised on tpu only."""
+    msg = str(exc)
+    first = _first_line(msg)
+    loc = _location(exc)
+    detail = f"{type(exc).__name__}: {first[:300]}" + (f" [at {loc}]" if loc else "")
+    if isinstance(exc, NotImplementedError) and msg.lstrip().startswith("torchtpu:"):
+        m = _MISSING_OP.search(msg)
+        if m:
+            return "unsupported", f"missing {_lowering_target(m.group(1))}", detail
+        return "unsupported", "NotImplementedError: " + _normalize(first), detail
+    return "error", f"{type(exc).__name__}: {_normalize(first)}", detail
+
+
+def describe(obj, n: int = 240) -> str:
+    """Short description of a sample (tensors as dtype[shape])."""
+
+    def d(o):
+        if isinstance(o, torch.Tensor):
+            s = f"{dtype_name(o.dtype)}{list(o.shape)}"
+            if o.layout != torch.strided:
+                s += f"({str(o.layout).replace('torch.', '')})"
+            elif o.numel() > 1 and not o.is_contiguous():
+                s += "(nc)"
+            return s
+        if isinstance(o, (list, tuple)):
+            inner = ", ".join(d(v) for v in o)
+            return f"[{inner}]" if isinstance(o, list) else f"({inner})"
+        if isinstance(o, dict):
+            return "{" + ", ".join(f"{k}={d(v)}" for k, v in o.items()) + "}"
+        return repr(o)
+
+    try:
+        s = d(obj)
+    except Exception as exc:  # never let describing a sample fail the run
+        s = f"<{type(exc).__name__} describing sample>"
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _call(op, sample):
+    return op(sample.input, *sample.args, **sample.kwargs)
+
+
+def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[bool] = None,
+               tol: Optional[tuple[float, float]] = None, seed: int = 0,
+               device: str = DEVICE, guide=None) -> SampleResult:
+    """Run one sample on CPU and on ``device`` and classify it.  ``guide``: the sample's
+    ``meta`` twin (see :func:`to_device`, :func:`_meta_guides`)."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    desc = describe({"input": sample.input, "args": tuple(sample.args), **sample.kwargs})
+    if tol is None:
+        tol = tolerance(op, dtype)[:2]
+    atol, rtol = tol
+    rnd = is_random(op) if random is None else random
+    g_in, g_args, g_kwargs = guide if guide is not None else (None, None, None)
+    try:
+        memo: dict = {}
+        dev_sample = SampleInput(
+            to_device(sample.input, device, g_in, memo),
+            args=to_device(tuple(sample.args), device, g_args, memo),
+            kwargs=to_device(dict(sample.kwargs), device, g_kwargs, memo))
+    except Exception as exc:  # moving the inputs already fails
+        status, cause, detail = classify_exception(exc)
+        return SampleResult(index, status, cause, "moving inputs: " + detail, sample=desc)
+    # Clones for the extra CPU runs that detect random outputs (made before the first
+    # run: an op may mutate its inputs).
+    extra = [] if rnd else [
+        SampleInput(_clone(sample.input), args=_clone(tuple(sample.args)),
+                    kwargs=_clone(dict(sample.kwargs))) for _ in range(2)]
+    process = getattr(sample, "output_process_fn_grad", None) or (lambda x: x)
+
+    # CPU reference (twice, to detect random outputs the name does not reveal).
+    torch.manual_seed(seed)
+    try:
+        expected = process(_call(op, sample))
+    except Exception as exc:
+        return SampleResult(index, "skipped", "",
+                            f"CPU raised {type(exc).__name__}: {_first_line(str(exc))[:200]}",
+                            sample=desc)
+    # Two more seeds: small random outputs (dropout of a 1-element softmax) can collide.
+    for k, cpu2 in enumerate(extra, 1):
+        try:
+            torch.manual_seed(seed + k)
+            again = process(_call(op, cpu2))
+            if compare(again, expected, 0.0, 0.0, device="cpu") is not None:
+                rnd = True
+                break
+        except Exception:
+            break
+
+    torch.manual_seed(seed)
+    try:
+        actual = _call(op, dev_sample)
+        actual_cpu = process(_to_cpu(actual))
+        input_after = _to_cpu(dev_sample.input)
+    except Exception as exc:
+        status, cause, detail = classify_exception(exc)
+        return SampleResult(index, status, cause, detail, sample=desc, random=rnd)
+
+    diff = _device_diff(actual, expected, device)
+    if diff is None:
+        diff = compare(actual_cpu, expected, atol, rtol, shape_only=rnd, device="cpu")
+    if diff is None:
+        # Inputs must be left as CPU left them (in-place ops, or stray writes).
+        diff = compare(input_after, sample.input, atol, rtol, shape_only=rnd, path="input",
+                       device="cpu")
+    if diff is not None:
+        cause = f"wrong {diff.what}: {op_id(op)}"
+        return SampleResult(index, "mismatch", cause, f"{diff.path}: {diff.detail}",
+                            diff.max_abs, diff.max_rel, sample=desc, random=rnd)
+    return SampleResult(index, "pass", sample=desc, random=rnd)
+
+
+class BackendFailure(Exception):
+    """The tpu run raised (unsupported or error) where CPU did not."""
+
+
+class ValueMismatch(AssertionError):
+    """The tpu run returned a different result than CPU."""
+
+
+def assert_sample_matches(op, sample, dtype: torch.dtype, index: int = 0,
+                          guide=None) -> SampleResult:
+    """Run one sample; raise :class:`ValueMismatch` or :class:`BackendFailure` unless it
+    passes (returns the result; ``status == 'skipped'`` when CPU itself raised)."""
+    r = run_sample(op, sample, dtype, index=index, guide=guide)
+    msg = f"{op_id(op)} {dtype_name(dtype)} sample {index} [{r.sample}]: {r.detail}"
+    if r.status == "mismatch":
+        raise ValueMismatch(msg)
+    if r.status in ("error", "unsupported"):
+        raise BackendFailure(f"{r.status}: {msg}")
+    return r
+
+
+# ---------------------------------------------------------------------------------------
+# One OpInfo
+
+@dataclasses.dataclass
+class PairResult:
+    op: str
+    dtype: str
+    status: str
+    counts: dict
+    samples: list  # of SampleResult dicts
+    cause: str = ""  # cause of the worst sample
+    detail: str = ""
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    atol: float = 0.0
+    rtol: float = 0.0
+    tol_source: str = ""
+    random: bool = False
+    seconds: float = 0.0
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(**d)
+
+
+def aggregate(oid: str, dtype: torch.dtype, results: list, tol=(0.0, 0.0, ""),
+              seconds: float = 0.0) -> PairResult:
+    counts = Counter(r.status for r in results)
+    judged = [r for r in results if r.status != "skipped"]
+    if not judged:
+        status = "skipped"
+        worst = results[0] if results else None
+    else:
+        worst = min(judged, key=lambda r: _SEVERITY[r.status])
+        status = worst.status
+    mism = [r for r in results if r.status == "mismatch"]
+    pr = PairResult(
+        op=oid, dtype=dtype_name(dtype), status=status,
+        counts={k: counts.get(k, 0) for k in STATUSES},
+        samples=[r.to_dict() for r in results],
+        cause=worst.cause if worst is not None and status != "pass" else "",
+        detail=(worst.detail if worst is not None else "no samples") if status != "pass" else "",
+        max_abs=max((r.max_abs for r in mism if r.max_abs is not None), default=None),
+        max_rel=max((r.max_rel for r in mism if r.max_rel is not None), default=None),
+        atol=tol[0], rtol=tol[1], tol_source=tol[2],
+        random=any(r.random for r in results), seconds=round(seconds, 3),
+    )
+    return pr
+
+
+def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, seed: int = 0,
+             on_pair=None) -> list[PairResult]:
+    """All (op, dtype) pairs of one OpInfo for the requested dtypes it supports on CPU."""
+    supported = op.supported_dtypes("cpu")
+    out = []
+    for dt in dtypes:
+        if dt not in supported:
+            continue
+        t0 = time.perf_counter()
+        tol = tolerance(op, dt)
+        try:
+            samples = sample_inputs(op, dt, limit, seed)
+        except Exception as exc:
+            r = SampleResult(0, "skipped", "",
+                             f"sample_inputs raised {type(exc).__name__}: "
+                             f"{_first_line(str(exc))[:200]}")
+            out.append(aggregate(op_id(op), dt, [r], tol, time.perf_counter() - t0))
+            if on_pair:
+                on_pair(out[-1])
+            continue
+        rnd = is_random(op)
+        guides = _meta_guides(op, dt, len(samples), seed)
+        results = []
+        for i, s in enumerate(samples):
+            try:
+                results.append(run_sample(op, s, dt, index=i, random=rnd or None,
+                                          tol=tol[:2], seed=seed, guide=guides[i]))
+            except Exception as exc:  # a harness problem: still one result per sample
+                results.append(SampleResult(
+                    i, "error", f"harness: {type(exc).__name__}: {_normalize(_first_line(str(exc)))}",
+                    f"harness {type(exc).__name__}: {_first_line(str(exc))[:300]}"))
+        out.append(aggregate(op_id(op), dt, results, tol, time.perf_counter() - t0))
+        if on_pair:
+            on_pair(out[-1])
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Worker processes
+
+def _init_process():
+    os.environ.pop("TORCHTPU_CPU_FALLBACK", None)
+    warnings.simplefilter("ignore")
+    import torchtpu  # noqa: F401  (registers the device)
+    from torchtpu._device import tpu_module
+
+    tpu_module.enable_cpu_fallback = False  # measure native coverage only
+
+
+def _worker_main(conn, seed):
+    try:
+        _init_process()
+        ops = {op_id(op): op for op in op_db()}
+        conn.send(("ready", os.getpid()))
+    except BaseException as exc:  # pragma: no cover
+        conn.send(("init_failed", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        oid, dtype_names, limit = msg
+        try:
+            dts = [parse_dtype(n) for n in dtype_names]
+            check_op(ops[oid], dts, limit, seed,
+                     on_pair=lambda pr: conn.send(("pair", oid, pr.to_dict())))
+            conn.send(("done", oid, None))
+        except BaseException as exc:
+            conn.send(("failed", oid, f"{type(exc).__name__}: {_first_line(str(exc))[:300]}"))
+
+
+class _Worker:
+    def __init__(self, ctx, seed):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, seed), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.started = time.monotonic()
+        self.task = None  # (oid, [dtype names], deadline)
+        self.done_pairs: set = set()
+        self.n_tasks = 0
+
+    def kill(self):
+        try:
+            self.proc.kill()
+            self.proc.join(5)
+        except Exception:
+            pass
+        self.conn.close()
+
+    def stop(self):
+        try:
+            self.conn.send(None)
+            self.proc.join(10)
+        except Exception:
+            pass
+        if self.proc.is_alive():
+            self.kill()
+
+
+def _failed_pairs(oid, dtype_names, done, status, cause, detail):
+    return [PairResult(op=oid, dtype=n, status=status,
+                       counts={k: 0 for k in STATUSES}, samples=[], cause=cause,
+                       detail=detail) for n in dtype_names if n not in done]
+
+
+def sweep(ops: list, dtypes: list, limit: Optional[int] = None, jobs: int = 1,
+          timeout: float = 300.0, ops_per_worker: int = 60, seed: int = 0,
+          progress: bool = True, startup_timeout: float = 600.0) -> list[PairResult]:
+    """Run :func:`check_op` for every OpInfo in ``ops`` (in ``jobs`` worker processes,
+    each OpInfo under ``timeout`` seconds; ``jobs=0``: in this process)."""
+    dtype_names = [dtype_name(d) for d in dtypes]
+    # Only dtypes each op supports on CPU, so skipped/timeout rows name real pairs.
+    plan = [(op_id(op), [n for n, d in zip(dtype_names, dtypes)
+                         if d in op.supported_dtypes("cpu")]) for op in ops]
+    plan = [(oid, dts) for oid, dts in plan if dts]
+    bar = _progress_bar(len(plan), progress)
+    results: list[PairResult] = []
+
+    def report(oid, prs, secs):
+        results.extend(prs)
+        if bar is not None:
+            line = " ".join(f"{p.dtype}:{p.status}" for p in prs)
+            worst = min(prs, key=lambda p: _SEVERITY[p.status], default=None)
+            why = f"  ({worst.cause})" if worst is not None and worst.cause else ""
+            bar.write(f"{oid:<44} {line}{why}  {secs:.1f}s")
+            bar.update(1)
+
+    if jobs <= 0:
+        _init_process()
+        by_id = {op_id(op): op for op in ops}
+        for oid, dts in plan:
+            t0 = time.monotonic()
+            prs = check_op(by_id[oid], [parse_dtype(n) for n in dts], limit, seed)
+            report(oid, prs, time.monotonic() - t0)
+        if bar is not None:
+            bar.close()
+        return results
+
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    pending = deque(plan)
+    workers: list[_Worker] = []
+    partial: dict = defaultdict(list)
+    t_start: dict = {}
+    init_failures = 0
+    try:
+        while pending or any(w.task for w in workers):
+            while len(workers) < min(jobs, len(pending) + sum(1 for w in workers if w.task)):
+                workers.append(_Worker(ctx, seed))
+            for w in workers:
+                if w.ready and w.task is None and pending:
+                    oid, dts = pending.popleft()
+                    w.conn.send((oid, dts, limit))
+                    w.task = (oid, dts, time.monotonic() + timeout)
+                    w.done_pairs = set()
+                    w.n_tasks += 1
+                    t_start[oid] = time.monotonic()
+            now = time.monotonic()
+            deadlines = [w.task[2] for w in workers if w.task] + [
+                w.started + startup_timeout for w in workers if not w.ready]
+            wait_s = max(0.05, min(deadlines) - now) if deadlines else 0.05
+            ready = wait([w.conn for w in workers], timeout=min(wait_s, 5.0))
+            retire = []
+            for w in workers:
+                if w.conn in ready:
+                    try:
+                        kind, oid, payload = _recv3(w.conn)
+                    except (EOFError, OSError):
+                        code = w.proc.exitcode
+                        if w.proc.is_alive():
+                            w.proc.join(2)
+                            code = w.proc.exitcode
+                        if w.task:
+                            oid, dts, _ = w.task
+                            prs = partial.pop(oid, []) + _failed_pairs(
+                                oid, dts, w.done_pairs, "error", "worker crashed",
+                                f"worker process died (exit code {code}) while running {oid}")
+                            report(oid, prs, time.monotonic() - t_start[oid])
+                        elif not w.ready:
+                            init_failures += 1
+                        retire.append((w, False))
+                        continue
+                    if kind == "ready":
+                        w.ready = True
+                        init_failures = 0
+                    elif kind == "init_failed":
+                        raise RuntimeError(f"conformance worker failed to start: {oid}")
+                    elif kind == "pair":
+                        pr = PairResult.from_dict(payload)
+                        partial[oid].append(pr)
+                        w.done_pairs.add(pr.dtype)
+                    elif kind in ("done", "failed"):
+                        dts = w.task[1]
+                        prs = partial.pop(oid, [])
+                        if kind == "failed":
+                            prs += _failed_pairs(oid, dts, w.done_pairs, "error",
+                                                 "harness error", payload)
+                        report(oid, prs, time.monotonic() - t_start[oid])
+                        w.task = None
+                        if w.n_tasks >= ops_per_worker:
+                            retire.append((w, True))
+                elif w.task and time.monotonic() > w.task[2]:
+                    oid, dts, _ = w.task
+                    prs = partial.pop(oid, []) + _failed_pairs(
+                        oid, dts, w.done_pairs, "error", "timeout",
+                        f"{oid} did not finish within {timeout:g}s")
+                    report(oid, prs, time.monotonic() - t_start[oid])
+                    retire.append((w, False))
+                elif not w.ready and time.monotonic() > w.started + startup_timeout:
+                    raise RuntimeError("conformance worker did not start in time")
+            for w, graceful in retire:
+                workers.remove(w)
+                w.stop() if graceful else w.kill()
+            if init_failures >= 3:
+                raise RuntimeError("conformance workers keep dying at startup")
+    finally:
+        for w in workers:
+            w.kill()
+        if bar is not None:
+            bar.close()
+    return results
+
+
+def _recv3(conn):
+    msg = conn.recv()
+    if len(msg) == 2:
+        return msg[0], msg[1], None
+    return msg
+
+
+def _progress_bar(total, enabled):
+    if not enabled:
+        return None
+    try:
+        if not sys.stderr.isatty():
+            raise ImportError("plain lines when not on a terminal")
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="op", dynamic_ncols=True, file=sys.stderr)
+    except ImportError:
+        class _Plain:
+            def __init__(self):
+                self.n = 0
+
+            def write(self, s):
+                print(f"[{self.n + 1}/{total}] {s}", file=sys.stderr, flush=True)
+
+            def update(self, k):
+                self.n += k
+
+            def close(self):
+                pass
+
+        return _Plain()
+
+
+# ---------------------------------------------------------------------------------------
+# Summary
+
+def summary_data(results: list[PairResult]) -> dict:
+    pairs = Counter(r.status for r in results)
+    samples = Counter()
+    for r in results:
+        samples.update(r.counts)
+    per_dtype = {}
+    for dt in sorted({r.dtype for r in results}):
+        rs = [r for r in results if r.dtype == dt]
+        judged = [r for r in rs if r.status != "skipped"]
+        sc = Counter()
+        for r in rs:
+            sc.update(r.counts)
+        s_judged = sum(sc[k] for k in STATUSES if k != "skipped")
+        per_dtype[dt] = {
+            "pairs_total": len(rs), "pairs_judged": len(judged),
+            "pairs_pass": sum(r.status == "pass" for r in rs),
+            "samples_judged": s_judged, "samples_pass": sc["pass"],
+            "pair_counts": dict(Counter(r.status for r in rs)),
+        }
+    causes: dict = {}
+    for r in results:
+        seen = set()
+        for s in r.samples or [{"status": r.status, "cause": r.cause}]:
+            if s["status"] in ("pass", "skipped") or not s["cause"]:
+                continue
+            c = causes.setdefault(s["cause"], {"cause": s["cause"], "status": s["status"],
+                                               "pairs": 0, "samples": 0, "ops": []})
+            c["samples"] += 1
+            if s["cause"] not in seen:
+                seen.add(s["cause"])
+                c["pairs"] += 1
+                c["ops"].append(f"{r.op}:{r.dtype}")
+    ranked = sorted(causes.values(), key=lambda c: (-c["pairs"], -c["samples"], c["cause"]))
+    mismatches = sorted((r for r in results if r.status == "mismatch"),
+                        key=lambda r: (r.op, r.dtype))
+    return {
+        "pairs": {k: pairs.get(k, 0) for k in STATUSES},
+        "samples": {k: samples.get(k, 0) for k in STATUSES},
+        "per_dtype": per_dtype,
+        "root_causes": ranked,
+        "mismatches": [{"op": r.op, "dtype": r.dtype, "detail": r.detail,
+                        "max_abs": r.max_abs, "max_rel": r.max_rel,
+                        "samples_mismatched": r.counts.get("mismatch", 0),
+                        "samples": sum(r.counts.values())} for r in mismatches],
+    }
+
+
+def _pct(a, b):
+    return f"{a}/{b} ({100.0 * a / b:.1f}%)" if b else f"{a}/{b}"
+
+
+def summarize(results: list[PairResult], top: int = 30) -> str:
+    """Human-readable summary: totals, pass rate per dtype, mismatches, root causes."""
+    s = summary_data(results)
+    out = []
+    fmt = lambda c: " | ".join(f"{k} {c[k]}" for k in STATUSES)  # noqa: E731
+    out.append(f"pairs   : {fmt(s['pairs'])} | total {sum(s['pairs'].values())}")
+    out.append(f"samples : {fmt(s['samples'])} | total {sum(s['samples'].values())}")
+    out.append("pass rate per dtype (skipped = CPU could not run; excluded):")
+    for dt, d in s["per_dtype"].items():
+        out.append(f"  {dt:<10} pairs {_pct(d['pairs_pass'], d['pairs_judged'])}   "
+                   f"samples {_pct(d['samples_pass'], d['samples_judged'])}   "
+                   f"(pairs skipped {d['pairs_total'] - d['pairs_judged']})")
+    if s["mismatches"]:
+        out.append(f"\nMISMATCHES (wrong results, {len(s['mismatches'])} pairs):")
+        for m in s["mismatches"]:
+            out.append(f"  {m['op']:<40} {m['dtype']:<9} {m['samples_mismatched']}/"
+                       f"{m['samples']} samples  {m['detail'][:160]}")
+    if s["root_causes"]:
+        out.append(f"\nROOT CAUSES of failures (by pairs affected; top {top} of "
+                   f"{len(s['root_causes'])}):")
+        for i, c in enumerate(s["root_causes"][:top], 1):
+            ops = ", ".join(c["ops"][:4]) + (" ..." if len(c["ops"]) > 4 else "")
+            out.append(f"  {i:>3}. [{c['status']}] {c['cause'][:110]}")
+            out.append(f"       pairs {c['pairs']}, samples {c['samples']}: {ops}")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m torchtpu.conformance.opinfo",
+        description="Run PyTorch's OpInfo samples on tpu and compare with CPU.")
+    p.add_argument("--filter", help="regex (re.search) on the OpInfo id / name")
+    p.add_argument("--dtypes", default="float32", help="comma list (default float32)")
+    p.add_argument("--limit-samples", type=int, default=None,
+                   help="first N samples of each (op, dtype) (default: all)")
+    p.add_argument("--json", help="write all results and the summary to this file")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes (default 1; 0 = in this process, no timeout)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds per OpInfo (all its dtypes) before it is killed")
+    p.add_argument("--ops-per-worker", type=int, default=60,
+                   help="recycle a worker after this many OpInfos (bounds memory)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top", type=int, default=30, help="root causes to list")
+    p.add_argument("--list", action="store_true", help="list the selected OpInfo ids and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    a = p.parse_args(argv)
+
+    dtypes = [parse_dtype(n) for n in a.dtypes.split(",") if n.strip()]
+    ops = select_opinfos(a.filter)
+    if a.list:
+        for op in ops:
+            print(op_id(op))
+        return 0
+    if not ops:
+        print("no OpInfo matches", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    results = sweep(ops, dtypes, a.limit_samples, jobs=a.jobs, timeout=a.timeout,
+                    ops_per_worker=a.ops_per_worker, seed=a.seed, progress=not a.quiet)
+    elapsed = time.monotonic() - t0
+    print(f"\nOpInfo sweep: {len(ops)} OpInfos, dtypes {','.join(map(dtype_name, dtypes))}, "
+          f"samples per pair {a.limit_samples or 'all'}, {elapsed:.0f}s")
+    print(summarize(results, a.top))
+    if a.json:
+        data = {
+            "config": {"filter": a.filter, "dtypes": [dtype_name(d) for d in dtypes],
+                       "limit_samples": a.limit_samples, "jobs": a.jobs,
+                       "timeout": a.timeout, "seed": a.seed, "seconds": round(elapsed, 1),
+                       "torch": torch.__version__, "n_opinfos": len(ops)},
+            "summary": summary_data(results),
+            "pairs": [r.to_dict() for r in results],
+        }
+        with open(a.json, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        print(f"\nwrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
