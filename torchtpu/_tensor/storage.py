@@ -33,6 +33,8 @@ from torchtpu._device import runtime
 
 _CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_set_storage_boxed = _set_storage._handle.redispatch_boxed
+_EMPTY = [0]
 _create_empty = torch._C._acc.create_empty_tensor
 _storage_from_ptr = torch._C._construct_storage_from_data_pointer
 
@@ -145,18 +147,22 @@ def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):
 
     ``arr`` (optional) is the JAX array to hold, already on the right device.
     """
-    numel = math.prod(shape)
-    nbytes = numel * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     addr = _next_addr[0]
     _next_addr[0] = addr + (nbytes // _ADDR_ALIGN + 1) * _ADDR_ALIGN
-    st = _storage_from_ptr(addr, torch.device("tpu", index), nbytes)
+    dev = _DEVICES.get(index)
+    if dev is None:
+        dev = _DEVICES[index] = torch.device("tpu", index)
+    st = _storage_from_ptr(addr, dev, nbytes)
     st._tpu = StorageData(arr, tuple(shape), dtype, index, nbytes)
     return st
 
 
+_DEVICES: dict = {}
+
+
 def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
     """A ``tpu`` tensor viewing ``storage`` with the given geometry."""
-    t = _create_empty([0], dtype)
     if storage.device.index:
         # PyTorch 2.13's Python backend API creates every tensor on index 0 and set_
         # refuses a storage of another index, so tpu:N>0 tensors cannot be made yet.
@@ -164,7 +170,8 @@ def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
             f"torchtpu: tensors on {storage.device} are not supported yet (only tpu:0; "
             f"PyTorch's Python backend API cannot create a tensor on another index)"
         )
-    return _set_storage.redispatch(_CPU_KEYSET, t, storage, offset, size, stride)
+    return _set_storage_boxed(_CPU_KEYSET, _create_empty(_EMPTY, dtype), storage, offset, size,
+                              stride)
 
 
 def contiguous_strides(size) -> tuple:

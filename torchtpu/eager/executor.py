@@ -257,22 +257,21 @@ class _Call:
         self.first_dev = None
 
     def tensor(self, op, t, writeonly=False):
-        dev = t.device
-        if dev.type != "tpu":
-            if dev.type == "cpu" and t.dim() == 0:
-                arr = _host_scalar(t)
-                self.dyn.append(arr)
+        st = t.untyped_storage()
+        sd = getattr(st, "_tpu", None)
+        if sd is None:  # not a tpu tensor
+            dev = t.device
+            if dev.type == "cpu" and t.dim() == 0:  # CPU scalars are allowed, as for CUDA
+                self.dyn.append(_host_scalar(t))
                 self.key.append(("cpu0", t.dtype))
                 return
             other = self.first_dev or torch.device("tpu", state.current_device)
             raise device_mismatch(op, other, dev)
         if self.index is None:
-            self.index = dev.index
-            self.first_dev = dev
-        elif dev.index != self.index:
-            raise device_mismatch(op, self.first_dev, dev)
-        st = t.untyped_storage()
-        sd = st._tpu
+            self.index = sd.index
+            self.first_dev = t.device
+        elif sd.index != self.index:
+            raise device_mismatch(op, self.first_dev, t.device)
         cid = st._cdata
         j = self.slots.get(cid)
         if j is None:
