@@ -418,6 +418,15 @@ def test_metrics_count_cache_and_syncs():
     assert m["ops_dispatched"] >= 10
 
 
+def test_torch_accelerator_queries():
+    x = torch.ones(256, device=TPU)
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated() >= 1024
+    assert torch.accelerator.max_memory_allocated() >= torch.accelerator.memory_allocated()
+    assert "allocated_bytes.all.current" in torch.accelerator.memory_stats()
+    del x
+
+
 def test_memory_stats():
     torch.tpu.reset_peak_memory_stats()
     before = torch.tpu.memory_allocated()

@@ -39,6 +39,7 @@ def install() -> None:
         _orig_new = torch.UntypedStorage.__new__
         torch.UntypedStorage.__new__ = _storage_new
     install_pinned()
+    install_accelerator()
 
 
 # --------------------------------------------------------------- pinned memory
@@ -73,3 +74,47 @@ def install_pinned() -> None:
         _orig_is_pinned = torch.Tensor.is_pinned
         torch.Tensor.pin_memory = _pin_memory
         torch.Tensor.is_pinned = _is_pinned
+
+
+# --------------------------------------------------------------- torch.accelerator
+# torch.accelerator's synchronize and memory queries call C++ device-allocator hooks that a
+# Python backend cannot register; route them to torch.tpu when the accelerator is tpu.
+_ACCEL = {
+    "synchronize": "synchronize",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "memory_stats": "memory_stats",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats": "reset_peak_memory_stats",
+    "empty_cache": "empty_cache",
+    "get_memory_info": "mem_get_info",
+}
+
+
+def _accel_wrapper(orig, target):
+    def fn(device_index=None, *args, **kwargs):
+        dev = device_index
+        if isinstance(dev, (str, torch.device)):
+            dev = torch.device(dev)
+            if dev.type != "tpu":
+                return orig(device_index, *args, **kwargs)
+            dev = dev.index
+        return getattr(torch.tpu, target)(dev)
+
+    fn.__name__ = getattr(orig, "__name__", target)
+    fn.__doc__ = (f"torch.accelerator.{fn.__name__} for the tpu device: "
+                  f"torch.tpu.{target} (see its docstring).")
+    return fn
+
+
+def install_accelerator() -> None:
+    import torch.accelerator as acc
+
+    for name, target in _ACCEL.items():
+        orig = getattr(acc, name, None)
+        if orig is not None and not getattr(orig, "_torchtpu", False):
+            w = _accel_wrapper(orig, target)
+            w._torchtpu = True
+            setattr(acc, name, w)
