@@ -132,7 +132,8 @@ def _no_cpu_fallback():
 
 
 @pytest.mark.parametrize("op", list(_cases()))
-def test_opinfo_float32(op):
+def test_opinfo_float32(op, eager_mode):
+    """Each OpInfo's samples, in every eager mode (the ``eager_mode`` fixture)."""
     (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP)
     oid = op_id(op)
 

@@ -1123,7 +1123,25 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=30, help="root causes to list")
     p.add_argument("--list", action="store_true", help="list the selected OpInfo ids and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--mode", default="strict",
+                   help="eager mode(s) to run: strict, debug, defer_and_fuse, comma list or "
+                        "'all' (default strict)")
     a = p.parse_args(argv)
+    modes = (["strict", "debug", "defer_and_fuse"] if a.mode == "all"
+             else [m.strip() for m in a.mode.split(",") if m.strip()])
+    if len(modes) > 1:
+        rc = 0
+        for m in modes:
+            sub = [x for x in (argv if argv is not None else sys.argv[1:])]
+            sub = _replace_opt(sub, "--mode", m)
+            if a.json:
+                sub = _replace_opt(sub, "--json", a.json.replace(".json", f".{m}.json"))
+            print(f"\n===== eager mode {m} =====")
+            rc = max(rc, main(sub))
+        return rc
+    # workers inherit the environment; the in-process path switches directly
+    os.environ["TORCHTPU_EAGER_MODE"] = modes[0]
+    torch.tpu.eager_mode = modes[0]
 
     dtypes = [parse_dtype(n) for n in a.dtypes.split(",") if n.strip()]
     ops = select_opinfos(a.filter)
@@ -1144,6 +1162,7 @@ def main(argv=None) -> int:
     if a.json:
         data = {
             "config": {"filter": a.filter, "dtypes": [dtype_name(d) for d in dtypes],
+                       "mode": modes[0],
                        "limit_samples": a.limit_samples, "jobs": a.jobs,
                        "timeout": a.timeout, "seed": a.seed, "seconds": round(elapsed, 1),
                        "torch": torch.__version__, "n_opinfos": len(ops)},
@@ -1154,6 +1173,21 @@ def main(argv=None) -> int:
             json.dump(data, f, indent=1, default=str)
         print(f"\nwrote {a.json}")
     return 0
+
+
+def _replace_opt(argv, name, value):
+    out, skip = [], False
+    for i, x in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if x == name:
+            skip = True
+            continue
+        if x.startswith(name + "="):
+            continue
+        out.append(x)
+    return out + [name, value]
 
 
 if __name__ == "__main__":
