@@ -135,3 +135,29 @@ def test_defer_lower_peak_memory_than_strict():
         peaks[mode] = torch.tpu.max_memory_allocated() - base
         del x, y
     assert peaks["defer_and_fuse"] < peaks["strict"]
+
+
+def test_rng_streams_same_in_every_mode():
+    draws = {}
+    for mode in ("strict", "debug", "defer_and_fuse"):
+        with torch.tpu.set_eager_mode(mode):
+            torch.manual_seed(42)
+            a = torch.randn(16, device=TPU)
+            b = torch.nn.functional.dropout(torch.ones(32, device=TPU), 0.5)
+            draws[mode] = (a.cpu(), b.cpu())
+    for mode in ("debug", "defer_and_fuse"):
+        assert torch.equal(draws[mode][0], draws["strict"][0])
+        assert torch.equal(draws[mode][1], draws["strict"][1])
+
+
+def test_debug_log_ops(capfd):
+    from torchtpu.eager.executor import CONFIG
+
+    with torch.tpu.set_eager_mode(EM.DEBUG):
+        CONFIG.log_ops = True
+        try:
+            torch.ones(3, device=TPU).exp()
+        finally:
+            CONFIG.log_ops = False
+    err = capfd.readouterr().err
+    assert "aten.exp" in err and "[3]" in err
