@@ -63,6 +63,21 @@ def test_device_api():
     assert torch.device("tpu:0").type == "tpu"
 
 
+def test_streams_and_events_like_cuda():
+    s = torch.tpu.Stream()
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    with torch.tpu.stream(s):
+        assert torch.tpu.current_stream() is s
+        start.record()
+        y = torch.ones(64, 64, device=TPU) @ torch.ones(64, 64, device=TPU)
+        end.record()
+    assert torch.tpu.current_stream() is torch.tpu.default_stream()
+    torch.tpu.current_stream().wait_stream(s)
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0.0 and s.query()
+    assert y[0, 0].item() == 64.0
+
+
 def test_module_to_tpu():
     m = torch.nn.Linear(3, 2)
     m2 = torch.nn.Linear(3, 2)
