@@ -203,3 +203,22 @@ def test_index_reduce(reduce):
           torch.full((3, 2), 2.0), L([0, 2, 0]), L([[1.0, -2.0], [3.0, 4.0], [5.0, 0.5]]))
     check(lambda x, i, s: x.index_reduce_(1, i, s, reduce), torch.full((2, 3), 3),
           L([1, 1]), L([[1, -2], [4, 8]]))
+
+
+def test_index_put_empty_mask_selects_nothing():
+    # regression (transformers HiggsAudioV2): a bool mask with no True element
+    for dev in ("cpu", "tpu"):
+        x = torch.zeros(2, 8, 4, device=dev)
+        m = torch.zeros(2, 8, dtype=torch.bool, device=dev)
+        x[m] = torch.zeros(0, 4, device=dev)
+        assert x.abs().sum().item() == 0.0
+
+
+def test_histc_int32_counts_like_cuda():
+    # regression (transformers MoE routing): histc on int32 (CPU rejects ints; CUDA counts)
+    x = torch.tensor([0, 1, 3, 3, 7], dtype=torch.int32)
+    got = torch.histc(x.to("tpu"), bins=4, min=0, max=3)
+    assert got.dtype == torch.int32
+    assert got.tolist() == torch.histc(x.float(), bins=4, min=0, max=3).int().tolist()
+    a = torch.randn(500)
+    torch.testing.assert_close(torch.histc(a.to("tpu"), bins=7).cpu(), torch.histc(a, bins=7))

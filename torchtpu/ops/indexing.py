@@ -112,6 +112,10 @@ def _index_put_mask(x, indices, v, accumulate):
     vb = j.broadcast_to(vb, (vb.shape[0],) + pre + trail)
     xm = j.moveaxis(x, tuple(range(p, p + q)), tuple(range(q)))  # (*mask, *pre, *trail)
     flat_m = m.reshape(-1)
+    if vb.shape[0] == 0:
+        # no values: valid only when the mask selects nothing (PyTorch checks the count;
+        # that would need a sync here), so nothing is written
+        return x
     if vb.shape[0] == 1:
         rows = j.broadcast_to(vb, (flat_m.shape[0],) + vb.shape[1:])
     else:
@@ -635,3 +639,25 @@ def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
     j = jnp()
     return (j.asarray(u), j.asarray(inv if return_inverse else np.zeros((0,), np.int64)),
             j.asarray(cnt if return_counts else np.zeros((0,), np.int64)))
+
+
+@lower(aten.put.default)
+def put(x, index, source, accumulate=False):
+    """``x.flatten()[index] = source`` (or ``+=``); with repeated indices and
+    ``accumulate=False`` the last write wins, like PyTorch's CPU loop."""
+    j = jnp()
+    flat = x.reshape(-1)
+    n = flat.shape[0]
+    idx = _wrap(index, n).reshape(-1)
+    src = cast(source, tdtype(x)).reshape(-1)
+    if idx.shape[0] == 0:
+        return x
+    if accumulate:
+        if flat.dtype == j.bool_:  # bool accumulation is logical or
+            return flat.at[idx].max(src).reshape(x.shape)
+        return flat.at[idx].add(src).reshape(x.shape)
+    k = idx.shape[0]
+    later = (idx[:, None] == idx[None, :]) & (j.arange(k)[None, :] > j.arange(k)[:, None])
+    keep = ~j.any(later, axis=1)
+    idx = j.where(keep, idx, n)  # out of bounds: dropped
+    return flat.at[idx].set(src, mode="drop").reshape(x.shape)

@@ -630,3 +630,128 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     if not keepdim:
         v, i = j.squeeze(v, axis), j.squeeze(i, axis)
     return v, i
+
+
+@lower(aten.norm.Scalar, aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dtype,
+       aten.norm.ScalarOpt_dim_dtype, static_scalars=True)
+def norm(x, p=2, dim=None, keepdim=False, dtype=None):
+    """Legacy ``torch.norm`` with a Scalar ``p``: a vector norm over ``dim`` (all dims
+    when omitted); ``p=None`` means 2."""
+    if isinstance(dim, torch.dtype):  # norm.ScalarOpt_dtype(self, p, *, dtype)
+        dim, dtype = None, dim
+    return linalg_vector_norm(x, 2 if p is None else p, dim, keepdim, dtype)
+
+
+def _median(x, dim, keepdim, ignore_nan):
+    """(values, int64 indices) of the lower median along ``dim`` from a stable sort.
+    ``median`` returns the first NaN of a slice that has one; ``nanmedian`` skips NaNs
+    (an all-NaN slice gives NaN and the index of its first NaN)."""
+    j = jnp()
+    i64 = npdt(torch.int64)
+    if x.ndim == 0:
+        return x, j.zeros((), i64)
+    axis = _one_dim(x.ndim, dim)
+    n = x.shape[axis]
+    if n == 0:
+        raise IndexError(f"median(): Expected reduction dim {dim} to have non-zero size.")
+    v, i = _sort(x, axis, False)
+    if j.issubdtype(x.dtype, j.floating):
+        cnt = j.sum(~j.isnan(x), axis=axis, keepdims=True)
+        if ignore_nan:
+            pos = j.maximum((cnt - 1) // 2, 0)
+        else:
+            pos = j.where(cnt < n, cnt, (n - 1) // 2)
+    else:
+        pos = j.full(_out_shape(x.shape, (axis,), True), (n - 1) // 2)
+    pos = pos.astype(j.int32)
+    v = j.take_along_axis(v, pos, axis=axis)
+    i = j.take_along_axis(i, pos, axis=axis)
+    if not keepdim:
+        v, i = j.squeeze(v, axis), j.squeeze(i, axis)
+    return v, i
+
+
+@lower(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, False)
+
+
+@lower(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, True)
+
+
+def _median_all(x, ignore_nan):
+    j = jnp()
+    if x.size == 0:
+        return j.full((), j.nan, x.dtype)
+    return _median(x.reshape(-1), 0, False, ignore_nan)[0]
+
+
+@lower(aten.median.default)
+def median(x):
+    return _median_all(x, False)
+
+
+@lower(aten.nanmedian.default)
+def nanmedian(x):
+    return _median_all(x, True)
+
+
+@lower(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """Most frequent value along ``dim`` (ties: the smallest value) and the index of its
+    last occurrence."""
+    j = jnp()
+    i64 = npdt(torch.int64)
+    if x.ndim == 0:
+        return x, j.zeros((), i64)
+    axis = _one_dim(x.ndim, dim)
+    n = x.shape[axis]
+    if n == 0 or x.size == 0:
+        raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
+    if j.issubdtype(x.dtype, j.floating):
+        _raise_nan = None  # NaNs compare unequal: each counts once, like distinct values
+    y = j.moveaxis(x, axis, -1)
+    eq = y[..., :, None] == y[..., None, :]
+    cnt = j.sum(eq, axis=-1)
+    best = j.max(cnt, axis=-1, keepdims=True)
+    cand = cnt == best
+    key = _sort_key(y)
+    if y.dtype == j.bool_:
+        big = j.asarray(2, key.dtype)
+    elif j.issubdtype(key.dtype, j.floating):
+        big = j.asarray(j.inf, key.dtype)
+    else:
+        big = j.asarray(j.iinfo(key.dtype).max, key.dtype)
+    kmin = j.min(j.where(cand, key, big), axis=-1, keepdims=True)
+    hit = cand & (key == kmin)
+    idx = j.max(j.where(hit, j.arange(n), -1), axis=-1)
+    val = j.take_along_axis(y, idx[..., None], axis=-1)[..., 0]
+    if keepdim:
+        val, idx = j.expand_dims(val, axis), j.expand_dims(idx, axis)
+    return val, idx.astype(i64)
+
+
+@lower(aten.histc.default, static_scalars=True)
+def histc(x, bins=100, min=0, max=0):
+    """``torch.histc``: ``bins`` equal-width bins over [min, max] (the data's range when
+    both are 0); values outside are ignored; the last bin includes ``max``.  Counts have
+    the input's dtype (integer inputs count as CUDA does; CPU rejects them)."""
+    import numpy as np
+
+    j = jnp()
+    xf = x.reshape(-1).astype(np.float64 if x.dtype == np.float64 else np.float32)
+    lo, hi = float(min), float(max)
+    if lo == hi:
+        lo_t, hi_t = (j.min(xf), j.max(xf)) if xf.size else (j.asarray(0.0), j.asarray(0.0))
+    else:
+        lo_t, hi_t = j.asarray(lo, xf.dtype), j.asarray(hi, xf.dtype)
+    same = lo_t == hi_t
+    lo_t = j.where(same, lo_t - 1, lo_t)
+    hi_t = j.where(same, hi_t + 1, hi_t)
+    idx = j.floor((xf - lo_t) * bins / (hi_t - lo_t)).astype(np.int64)
+    idx = j.where(xf == hi_t, bins - 1, idx)
+    inside = (xf >= lo_t) & (xf <= hi_t)
+    counts = j.zeros((bins,), np.int64).at[j.where(inside, idx, 0)].add(inside.astype(np.int64))
+    return counts.astype(x.dtype)
