@@ -164,12 +164,10 @@ _DEVICES: dict = {}
 def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
     """A ``tpu`` tensor viewing ``storage`` with the given geometry."""
     if storage.device.index:
-        # PyTorch 2.13's Python backend API creates every tensor on index 0 and set_
-        # refuses a storage of another index, so tpu:N>0 tensors cannot be made yet.
-        raise NotImplementedError(
-            f"torchtpu: tensors on {storage.device} are not supported yet (only tpu:0; "
-            f"PyTorch's Python backend API cannot create a tensor on another index)"
-        )
+        # tpu:N>0: PyTorch's Python backend API only makes index-0 tensors
+        from torchtpu._tensor import native
+
+        return native.make_on_storage(storage, size, stride, offset, dtype)
     return _set_storage_boxed(_CPU_KEYSET, _create_empty(_EMPTY, dtype), storage, offset, size,
                               stride)
 

@@ -1,0 +1,43 @@
+"""Several tpu devices in one process (the CPU platform split with XLA_FLAGS)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(r"""
+    import torch
+    assert torch.tpu.device_count() == 2, torch.tpu.device_count()
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    x1 = a.to("tpu:1")
+    assert x1.device == torch.device("tpu", 1)
+    y = (x1 * 2 + 1).t()
+    assert y.device.index == 1 and y.stride() == (1, 3)
+    assert torch.equal(y.cpu(), (a * 2 + 1).t())
+    x0 = x1.to("tpu:0")
+    assert x0.device.index == 0 and torch.equal(x0.cpu(), a)
+    try:
+        x0 + x1
+        raise SystemExit("mixing tpu:0 and tpu:1 must raise")
+    except RuntimeError as e:
+        assert "tpu:0 and tpu:1" in str(e), e
+    with torch.tpu.device(1):
+        assert torch.zeros(2, device="tpu").device.index == 1
+    assert torch.zeros(2, device="tpu").device.index == 0
+    torch.tpu.set_device(1)
+    assert torch.tpu.current_device() == 1 and torch.randn(2, device="tpu").device.index == 1
+    torch.tpu.set_device(0)
+    x1[0].add_(10)
+    a[0].add_(10)
+    assert torch.equal(x1.cpu(), a)
+    z = torch.empty(2, 3, device="tpu:1").copy_(x0)
+    assert z.device.index == 1 and torch.equal(z.cpu(), x0.cpu())
+    print("OK")
+""")
+
+
+def test_two_devices():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
