@@ -9,6 +9,8 @@ once.  The executor casts every result to the dtype PyTorch's meta kernel report
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from torchtpu.ops import aten, lower
@@ -283,7 +285,7 @@ def _digamma(x):
 _UI = [  # same dtype in, same dtype out
     (aten.neg.default, lambda x: -x),
     (aten.abs.default, lambda x: jnp().abs(x)),
-    (aten.sign.default, lambda x: jnp().sign(x)),
+    (aten.sign.default, lambda x: _sign(x)),
     (aten.floor.default, lambda x: jnp().floor(x) if _isfloat(x) else x),
     (aten.ceil.default, lambda x: jnp().ceil(x) if _isfloat(x) else x),
     (aten.trunc.default, lambda x: jnp().trunc(x) if _isfloat(x) else x),
@@ -299,6 +301,13 @@ _UI = [  # same dtype in, same dtype out
 ]
 for _op, _fn in _UI:
     unary(_op, _fn, float_math=False)
+
+
+def _sign(x):
+    """PyTorch's sign: (x > 0) - (x < 0), so NaN and -0.0 give 0 (jnp.sign keeps NaN)."""
+    if x.dtype == bool:
+        return x
+    return ((x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)).astype(x.dtype)
 
 
 def _isfloat(x):
@@ -323,7 +332,7 @@ def sgn(x):
     if j.iscomplexobj(x):
         a = j.abs(x)
         return j.where(a == 0, 0, x / j.where(a == 0, 1, a))
-    return j.sign(x)
+    return _sign(x)
 
 
 @lower(aten.clamp.default, aten.clamp.Tensor)
@@ -446,3 +455,47 @@ def glu(x, dim=-1):
     a, b = jnp().split(x, 2, axis=dim)
     ct = _float_compute(x)
     return cast(a, ct) * _sigmoid(cast(b, ct))
+
+
+@lower(aten.complex.default)
+def complex_(real, imag):
+    j = jnp()
+    shape = j.broadcast_shapes(real.shape, imag.shape)
+    return lax().complex(j.broadcast_to(real, shape),
+                         j.broadcast_to(cast(imag, tdtype(real)), shape))
+
+
+@lower(aten.polar.default)
+def polar(abs_, angle):
+    j = jnp()
+    shape = j.broadcast_shapes(abs_.shape, angle.shape)
+    a, t = j.broadcast_to(abs_, shape), j.broadcast_to(angle, shape)
+    return lax().complex(a * j.cos(t), a * j.sin(t))
+
+
+@lower(aten.angle.default)
+def angle(x):
+    j = jnp()
+    if j.iscomplexobj(x):
+        return j.angle(x)
+    xf = cast(x, _float_compute(x))
+    r = j.where(xf < 0, j.asarray(math.pi, xf.dtype), j.zeros_like(xf))
+    return j.where(j.isnan(xf), xf, r)
+
+
+@lower(aten.logit.default)
+def logit(x, eps=None):
+    j = jnp()
+    xf = cast(x, _float_compute(x))
+    if eps is not None:
+        lo = j.asarray(eps, xf.dtype)
+        xf = j.where(xf < lo, lo, j.where(xf > 1 - lo, 1 - lo, xf))
+    return j.log(xf / (1 - xf))
+
+
+binary(aten.__lshift__.Tensor, lambda x, y: jnp().left_shift(x, y))
+binary(aten.__lshift__.Scalar, lambda x, y: jnp().left_shift(x, y))
+binary(aten.__rshift__.Tensor, lambda x, y: jnp().right_shift(x, y))
+binary(aten.__rshift__.Scalar, lambda x, y: jnp().right_shift(x, y))
+binary(aten.bitwise_left_shift.Tensor_Scalar, lambda x, y: jnp().left_shift(x, y))
+binary(aten.bitwise_right_shift.Tensor_Scalar, lambda x, y: jnp().right_shift(x, y))

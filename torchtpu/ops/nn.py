@@ -76,15 +76,20 @@ def _masked_op(aten_op, fn, mask_arg="output_mask"):
     pkt = getattr(torch.ops.torchtpu_nn, name)
     priv = pkt.default
 
+    names = [a.name for a in aten_op._schema.arguments]
+    mi = names.index(mask_arg)
+
     def meta(*args, **kwargs):
+        # Some of PyTorch's meta kernels compute every output whatever output_mask says
+        # (native_batch_norm_backward); the mask decides, as the lowering does.
         res = aten_op(*args, **kwargs)
+        mask = args[mi] if mi < len(args) else kwargs[mask_arg]
         return tuple(
-            torch.empty(0, device="meta") if r is None else torch.empty_like(r) for r in res
+            torch.empty(0, device="meta") if r is None or not m else torch.empty_like(r)
+            for r, m in zip(res, mask)
         )
 
     _LIB.impl(name, meta, "Meta")
-    names = [a.name for a in aten_op._schema.arguments]
-    mi = names.index(mask_arg)
 
     def decomposition(*args, **kwargs):
         if priv not in LOWERINGS:
@@ -391,6 +396,73 @@ def adaptive_avg_pool2d_backward(g, x):
 @lower(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(g, x):
     return _vjp_x(lambda a: _adaptive_avg(a, 3, g.shape[-3:]), x, g)
+
+
+def _adaptive_max(x, nd, output_size):
+    """Adaptive max pooling: (values, int64 flat indices into the pooled dims).  Windows
+    ``[floor(i*n/o), ceil((i+1)*n/o))``; the first maximum wins, a NaN always wins (the
+    last NaN of a window, like PyTorch's CPU kernel)."""
+    j = jnp()
+    osz = _tup(output_size, nd)
+    lead = x.ndim - nd
+    sp = x.shape[lead:]
+    if any(o == 0 for o in osz) or x.size == 0:
+        shape = x.shape[:lead] + tuple(osz)
+        return j.zeros(shape, x.dtype), j.zeros(shape, npdt(torch.int64))
+    y = x
+    flat = np.zeros((), np.int64)
+    valid = np.ones((), bool)
+    ks = []
+    for d in range(nd):
+        n, o = sp[d], osz[d]
+        starts = [(i * n) // o for i in range(o)]
+        ends = [-((-(i + 1) * n) // o) for i in range(o)]
+        k = max(e - s for s, e in zip(starts, ends))
+        idx = np.array([[min(s + t, e - 1) for t in range(k)] for s, e in zip(starts, ends)])
+        ok = np.array([[s + t < e for t in range(k)] for s, e in zip(starts, ends)])
+        ax = lead + 2 * d
+        y = j.take(y, j.asarray(idx.reshape(-1)), axis=ax)
+        y = y.reshape(y.shape[:ax] + (o, k) + y.shape[ax + 1:])
+        stride = int(np.prod(sp[d + 1:], dtype=np.int64))
+        flat = np.add.outer(flat, idx * stride)   # (O1, K1, ..., Od, Kd)
+        valid = np.logical_and.outer(valid, ok)
+        ks.append(k)
+    # (..., O1, K1, ..., Ond, Knd) -> (..., O1..Ond, K1*...*Knd)
+    perm = list(range(lead)) + [lead + 2 * d for d in range(nd)] + [lead + 2 * d + 1 for d in range(nd)]
+    y = j.transpose(y, perm).reshape(x.shape[:lead] + tuple(osz) + (-1,))
+    fperm = [2 * d for d in range(nd)] + [2 * d + 1 for d in range(nd)]
+    flat = np.transpose(flat, fperm).reshape(tuple(osz) + (-1,))
+    valid = np.transpose(valid, fperm).reshape(tuple(osz) + (-1,))
+    K = flat.shape[-1]
+    validj = j.asarray(valid)
+    if j.issubdtype(y.dtype, j.floating):
+        low = j.asarray(-j.inf, y.dtype)
+    elif y.dtype == j.bool_:
+        low = j.asarray(False)
+    else:
+        low = j.asarray(j.iinfo(y.dtype).min, y.dtype)
+    ym = j.where(validj, y, low)
+    mx = j.max(ym, axis=-1, keepdims=True)
+    pos = j.arange(K)
+    first = j.min(j.where(validj & (ym == mx), pos, K), axis=-1)
+    if j.issubdtype(y.dtype, j.floating):
+        isn = validj & j.isnan(y)
+        last_nan = j.max(j.where(isn, pos, -1), axis=-1)
+        first = j.where(last_nan >= 0, last_nan, first)
+        mx = j.where(j.any(isn, axis=-1, keepdims=True), j.nan, mx)
+    first = j.minimum(first, K - 1)
+    ind = j.take_along_axis(j.broadcast_to(j.asarray(flat), y.shape), first[..., None], axis=-1)
+    return mx[..., 0], ind[..., 0].astype(npdt(torch.int64))
+
+
+@lower(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(x, output_size):
+    return _adaptive_max(x, 2, output_size)
+
+
+@lower(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    return _adaptive_max(x, 3, output_size)
 
 
 # ============================================================ softmax
@@ -1043,3 +1115,59 @@ def upsample_bilinear2d_backward(g, output_size, input_size, align_corners, scal
         lambda a: _upsample_linear(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
     return vjp(cast(g, ct))[0]
 
+
+
+@lower(aten.softshrink.default)
+def softshrink(x, lambd=0.5):
+    xx = _f(x)
+    lam = cast(lambd, _ct(x))
+    j = jnp()
+    # PyTorch: x > l ? x - l : (x < -l ? x + l : x * 0)   (NaN stays NaN)
+    return j.where(xx > lam, xx - lam, j.where(xx < -lam, xx + lam, xx * 0))
+
+
+@lower(aten.hardshrink.default)
+def hardshrink(x, lambd=0.5):
+    xx = _f(x)
+    lam = cast(lambd, _ct(x))
+    j = jnp()
+    return j.where((xx >= -lam) & (xx <= lam), j.zeros_like(xx), xx)
+
+
+@lower(aten.huber_loss.default)
+def huber_loss(x, target, reduction=1, delta=1.0):
+    ct = _ct(x)
+    j = jnp()
+    z = j.abs(cast(x, ct) - cast(target, ct))
+    d = j.asarray(delta, npdt(ct))
+    loss = j.where(z < d, 0.5 * z * z, d * (z - 0.5 * d))
+    if reduction == 1:
+        return j.mean(loss)
+    if reduction == 2:
+        return j.sum(loss)
+    return loss
+
+
+@lower(aten.channel_shuffle.default, aten.native_channel_shuffle.default)
+def channel_shuffle(x, groups):
+    j = jnp()
+    n, c = x.shape[0], x.shape[1]
+    rest = x.shape[2:]
+    y = x.reshape((n, groups, c // groups) + rest)
+    return j.swapaxes(y, 1, 2).reshape(x.shape)
+
+
+@lower(aten.renorm.default, static_scalars=True)
+def renorm(x, p, dim, maxnorm):
+    """Each slice along ``dim`` whose p-norm exceeds ``maxnorm`` is scaled to it
+    (``maxnorm / (norm + 1e-7)``, PyTorch's factor)."""
+    from torchtpu.ops.reduction import linalg_vector_norm
+
+    j = jnp()
+    ct = _ct(x)
+    d = dim % max(x.ndim, 1)
+    dims = [i for i in range(x.ndim) if i != d]
+    nrm = linalg_vector_norm(cast(x, ct), p, dims, True, None)
+    mx = j.asarray(maxnorm, npdt(ct))
+    factor = j.where(nrm > mx, mx / (nrm + 1e-7), j.ones_like(nrm))
+    return cast(x, ct) * factor
