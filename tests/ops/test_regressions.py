@@ -33,3 +33,38 @@ def test_shift_operators():
     c, t = both(run)
     for a, b in zip(c, t):
         assert torch.equal(a, b)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+@pytest.mark.parametrize("case", ["index", "index_neg", "index_select", "gather", "embedding",
+                                  "scatter_add", "index_put"])
+def test_out_of_range_index_raises_never_a_value(mode, case):
+    """CPU raises for each; tpu raises too (at the op in DEBUG, else at the next sync)."""
+    def run(dev):
+        x = torch.arange(5.0, device=dev)
+        i = torch.tensor([7], device=dev)
+        if case == "index":
+            return x[i]
+        if case == "index_neg":
+            return x[torch.tensor([-7], device=dev)]
+        if case == "index_select":
+            return x.index_select(0, i)
+        if case == "gather":
+            return x.gather(0, i)
+        if case == "embedding":
+            return torch.nn.functional.embedding(i, x.view(5, 1))
+        if case == "scatter_add":
+            return torch.zeros(3, device=dev).scatter_add_(0, i, torch.ones(1, device=dev))
+        x[torch.tensor([-6], device=dev)] = 1.0
+        return x
+
+    with pytest.raises((IndexError, RuntimeError)):
+        run("cpu")
+    with torch.tpu.set_eager_mode(mode):
+        with pytest.raises((IndexError, RuntimeError), match="out of (bounds|range)"):
+            run("tpu").cpu()
+    # the error was consumed: the next program runs normally
+    assert torch.arange(3.0, device="tpu")[torch.tensor([2], device="tpu")].item() == 2.0

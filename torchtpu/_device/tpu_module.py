@@ -125,6 +125,7 @@ def synchronize(device=None) -> None:
     else:
         _metrics.METRICS.sync("synchronize")
     runtime.jax().block_until_ready(executor.LAST_OUTPUTS)
+    executor.check_pending()
 
 
 def get_device_name(device=None) -> str:

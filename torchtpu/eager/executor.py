@@ -33,6 +33,7 @@ import torch
 from torchtpu import _metrics
 from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
+from torchtpu.ops import _checks
 
 M = _metrics.METRICS
 aten = torch.ops.aten
@@ -159,13 +160,14 @@ class Executable:
     """
 
     __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
-                 "out_avals", "name")
+                 "out_avals", "name", "check_info")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
         self.compiled = False
         self.traced = None  # the pure function (DeferAndFuse composes these)
         self.out_avals = None
         self.name = ""
+        self.check_info = ()  # device checks (exception type, message), see ops._checks
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -444,13 +446,22 @@ class LoweredPlan:
         if CONFIG.defer:
             from torchtpu.eager import defer
 
-            return self._finish(ex, c, vals, defer.record(ex, c))
+            outs = defer.record(ex, c)
+            if ex.check_info:
+                PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+                outs = outs[:-1]
+            return self._finish(ex, c, vals, outs)
         if ex.compiled:
             outs = ex.call(c.arrays, c.dyn)
         else:
             outs = self._first_call(ex, c, vals)
         global LAST_OUTPUTS
         LAST_OUTPUTS = outs
+        if ex.check_info:
+            PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+            outs = outs[:-1]
+            if CONFIG.debug_sync or len(PENDING_CHECKS) > 256:
+                check_pending()
         if CONFIG.debug_sync:
             _debug_checks(self.op, vals, outs)
         return self._finish(ex, c, vals, outs)
@@ -596,6 +607,7 @@ class LoweredPlan:
                 layout.append(item)
         nf = len(self.fsig.args)
         perms = [_perm_for(size, stride) for size, stride, _ in out_meta]
+        check_info = []  # filled when traced: (exception type, message) per device check
         # (shape, dtype) of each storage slot; never the StorageData themselves, which
         # the compiled function would otherwise keep alive (and their device buffers).
         slot_meta = [(sd.shape, sd.dtype) for sd in c.sdatas]
@@ -605,7 +617,11 @@ class LoweredPlan:
             dyn_it = iter(dyn)
             largs = [_rebuild(item, arrays, dyn_it) for item in layout]
             kw = {"key": next(dyn_it)} if lowering.random else {}
-            res = lowering.fn(*largs[:nf], **kw)
+            with _checks.Tracing() as tr:
+                res = lowering.fn(*largs[:nf], **kw)
+            check_info[:] = [(exc, msg) for _, exc, msg in tr.checks]
+            flags = (jax.numpy.stack([jax.numpy.any(b) for b, _, _ in tr.checks]),) \
+                if tr.checks else ()
             if not isinstance(res, (tuple, list)):
                 res = (res,)
             fixed = []
@@ -632,13 +648,13 @@ class LoweredPlan:
                     if tuple(r.shape) != tuple(spec[0]):
                         r = jax.numpy.broadcast_to(r, spec[0])
                     cur[slot] = _st.write_view(base, spec, r)
-                return tuple(cur[s] for s in dict.fromkeys(writes))
+                return tuple(cur[s] for s in dict.fromkeys(writes)) + flags
             outs = []
             for r, perm in zip(fixed, perms):
                 if perm is not None and perm != "nondense":
                     r = jax.numpy.transpose(r, perm)
                 outs.append(r)
-            return tuple(outs)
+            return tuple(outs) + flags
 
         from jax.sharding import SingleDeviceSharding
 
@@ -651,6 +667,7 @@ class LoweredPlan:
                     stride, perm = _st.contiguous_strides(size), None
                 final_meta.append((size, stride, dt, perm))
         ex = Executable(jitted, final_meta, list(dict.fromkeys(writes)), c.index)
+        ex.check_info = check_info
         ex.traced = traced
         ex.name = str(self.op)
         return ex
@@ -732,6 +749,29 @@ def to_jax(t: torch.Tensor):
     return f(arr)
 
 
+PENDING_CHECKS: list = []  # (flags array or Lazy, [(exc, msg)], op) not verified yet
+
+
+def check_pending() -> None:
+    """Verify the device-side checks of every op run so far (a sync on their flags);
+    raise the first failure as PyTorch's CPU kernel would have (``ops._checks``)."""
+    global PENDING_CHECKS
+    if not PENDING_CHECKS:
+        return
+    pending, PENDING_CHECKS = PENDING_CHECKS, []
+    for flag, info, op in pending:
+        if flag.__class__ is _st.Lazy:
+            if flag.value is None:
+                from torchtpu.eager import defer
+
+                defer.flush("device_check")
+            flag = flag.value
+        bad = np.asarray(flag)
+        if bad.any():
+            exc, msg = info[int(np.argmax(bad))]
+            raise exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
+
+
 _RETYPERS: dict = {}
 
 
@@ -755,6 +795,7 @@ def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
         defer.flush(cause)  # counts the sync
     else:
         M.sync(cause)
+    check_pending()
     arr = np.asarray(to_jax(t))
     M.transfers_to_host_bytes += arr.nbytes
     return arr

@@ -85,6 +85,7 @@ _FAMILIES = (
     "nn",
     "random",
     "factory",
+    "special",
 )
 _loaded = False
 

@@ -21,3 +21,14 @@ def decomp(*ops):
 
 def table() -> dict:
     return _TABLE
+
+
+@decomp(aten.equal.default)
+def equal(a, b):
+    """``torch.equal``: same shape and every element equal (NaN != NaN), a Python bool
+    (a sync point)."""
+    if a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    return bool(torch.eq(a, b).all().item())

@@ -7,9 +7,9 @@ full slices; index tensors broadcast together; when the advanced indices are sep
 a slice their result dimensions go first, else they replace the indexed dimensions in
 place.  Negative indices wrap.
 
-Out-of-range indices: PyTorch raises ("index X is out of bounds"); checking that here
-would need a device->host sync per op, so an out-of-range index is not detected (XLA
-clamps gathers and drops scatters).  Boolean index tensors in ``index.Tensor`` /
+Out-of-range indices: PyTorch raises ("index X is out of bounds"); here each index
+lowering records a device-side check (``ops._checks``) that raises ``IndexError`` at the
+next sync point (at the op itself in DEBUG mode), as CUDA reports a device-side assert.  Boolean index tensors in ``index.Tensor`` /
 ``index_put`` are turned into integer indices on the host (``nonzero``: a sync point)
 except in ``index_put`` with a broadcastable value, which is a ``where``.
 """
@@ -20,16 +20,24 @@ import numpy as np
 import torch
 
 from torchtpu._device import runtime
-from torchtpu.ops import aten, lower
+from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._scalar import Scalar
 from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, tdtype
 
 
-def _wrap(idx, size):
-    """Negative indices wrap around (``idx + size`` where ``idx < 0``), as int64."""
+def _wrap(idx, size, dim=0):
+    """Negative indices wrap around (``idx + size`` where ``idx < 0``), as int64; an index
+    outside ``[-size, size)`` fails the device-side bounds check."""
     j = jnp()
     idx = idx.astype(npdt(torch.int64))
+    _checks.index_in_range(idx, size, dim)
     return j.where(idx < 0, idx + size, idx)
+
+
+def _check_nonneg(index, size, dim, op):
+    """gather/scatter-style indices must be in ``[0, size)`` (no wrapping)."""
+    _checks.check((index < 0) | (index >= size), RuntimeError,
+                  f"{op}(): index out of bounds for dimension {dim} with size {size}")
 
 
 def _index_tuple(x, indices):
@@ -191,8 +199,10 @@ def _scatter_key(index, dim):
 def gather(x, dim, index, sparse_grad=False):
     j = jnp()
     if x.ndim == 0:
+        _check_nonneg(index, 1, 0, "gather")
         return j.broadcast_to(x, index.shape)
     dim = _dim(dim, x.ndim)
+    _check_nonneg(index, x.shape[dim], dim, "gather")
     if index.ndim == 0:
         index = index.reshape((1,) * x.ndim)
         return x[_scatter_key(index, dim)].reshape(())
@@ -225,6 +235,7 @@ def _scatter(x, dim, index, src, how):
     v = _src_like(src, index, dt)
     if zero_d:
         v = v.reshape(1)
+    _check_nonneg(index, x.shape[dim], dim, "scatter")
     key = _scatter_key(index, dim)
     at = x.at[key]
     if how == "set":
@@ -460,6 +471,8 @@ def nonzero_static(x, size, fill_value=-1):
 
 @lower(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    _checks.check((indices < 0) | (indices >= weight.shape[0]), IndexError,
+                  "index out of range in self")
     return jnp().take(weight, indices.astype(npdt(torch.int64)), axis=0)
 
 

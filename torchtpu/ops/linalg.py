@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from torchtpu.ops import aten, lower
-from torchtpu.ops._util import cast, jnp, lax, opmath, promote
+from torchtpu.ops._util import cast, jnp, lax, opmath, promote, tdtype
 
 
 def highest():
@@ -121,3 +121,432 @@ def addr(self_, v1, v2, beta=1, alpha=1):
         return j.logical_or(s, p)
     return _scaled_add(prod, self_, beta, alpha, dt)
 
+
+
+# ------------------------------------------------------------------ decompositions
+#
+# LAPACK-style factorizations through ``jax.lax.linalg`` with PyTorch's output
+# conventions: pivots are 1-based int32 (LAPACK ``getrf``), ``info`` is int32 with the
+# batch shape, ``svd`` returns ``(U, S, Vh)``, ``eigh`` returns ascending eigenvalues.
+# Matrices with a zero dimension are handled here (XLA's kernels reject some of them).
+# Only float32/float64/complex inputs reach these (PyTorch's CPU kernels reject others).
+
+
+def _mT(x):
+    return jnp().swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp().conj(_mT(x))
+
+
+def _eye_like(batch, n, dtype):
+    j = jnp()
+    return j.broadcast_to(j.eye(n, dtype=dtype), tuple(batch) + (n, n))
+
+
+def _i32():
+    from torchtpu.ops._util import npdt
+
+    return npdt(torch.int32)
+
+
+def _lu_factor(A):
+    """(LU, 1-based int32 pivots, 0-based row permutation) of ``A`` (..., m, n)."""
+    j = jnp()
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    batch = A.shape[:-2]
+    if A.size == 0:
+        piv = j.broadcast_to(j.arange(1, k + 1, dtype=_i32()), batch + (k,))
+        perm = j.broadcast_to(j.arange(m, dtype=_i32()), batch + (m,))
+        return A, piv, perm
+    lu, piv, perm = lax().linalg.lu(A)
+    return lu, piv.astype(_i32()) + 1, perm.astype(_i32())
+
+
+def _lu_info(lu):
+    """LAPACK getrf's info: 1-based index of the first exactly-zero pivot, else 0."""
+    j = jnp()
+    k = min(lu.shape[-2:])
+    if k == 0:
+        return j.zeros(lu.shape[:-2], _i32())
+    z = j.diagonal(lu, axis1=-2, axis2=-1) == 0
+    return j.where(j.any(z, axis=-1), j.argmax(z, axis=-1) + 1, 0).astype(_i32())
+
+
+def _pivots_to_perm(piv, m):
+    """0-based permutation ``perm`` with ``A[perm] = L @ U`` from 1-based LAPACK pivots."""
+    j = jnp()
+    if piv.shape[-1] == 0:
+        return j.broadcast_to(j.arange(m, dtype=_i32()), piv.shape[:-1] + (m,))
+    return lax().linalg.lu_pivots_to_permutation(piv.astype(_i32()) - 1, m)
+
+
+def _bcast_batch(a, b):
+    """Broadcast the batch dims (all but the last two) of ``a`` and ``b``."""
+    j = jnp()
+    batch = tuple(j.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    return j.broadcast_to(a, batch + a.shape[-2:]), j.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _tri(a, b, lower, unit=False, adjoint=False):
+    """Solve ``op(a) x = b`` for triangular ``a`` (left side); op = identity or ^H."""
+    if a.shape[-1] == 0 or b.size == 0:
+        return jnp().zeros(b.shape, b.dtype)
+    return lax().linalg.triangular_solve(
+        a, b, left_side=True, lower=lower, transpose_a=adjoint, conjugate_a=adjoint,
+        unit_diagonal=unit)
+
+
+def _take_rows(x, perm):
+    j = jnp()
+    perm = j.broadcast_to(perm, x.shape[:-2] + perm.shape[-1:])
+    return j.take_along_axis(x, perm[..., :, None].astype(j.int32), axis=-2)
+
+
+def _lu_solve_left(lu, perm, B, adjoint=False):
+    """``A X = B`` (or ``A^H X = B``) with ``A[perm] = L U``; batch dims broadcast."""
+    j = jnp()
+    lu, B = _bcast_batch(lu, B)
+    perm = j.broadcast_to(perm, lu.shape[:-2] + perm.shape[-1:])
+    if not adjoint:
+        y = _tri(lu, _take_rows(B, perm), lower=True, unit=True)
+        return _tri(lu, y, lower=False)
+    # A^H = U^H L^H P^T: X = P L^-H U^-H B
+    y = _tri(lu, B, lower=False, adjoint=True)
+    y = _tri(lu, y, lower=True, unit=True, adjoint=True)
+    inv = j.argsort(perm, axis=-1)
+    return _take_rows(y, inv)
+
+
+def _lu_solve(lu, perm, B, left=True, adjoint=False):
+    if left:
+        return _lu_solve_left(lu, perm, B, adjoint)
+    # X op(A) = B  <=>  op(A)^H X^H = B^H
+    return _mH(_lu_solve_left(lu, perm, _mH(B), not adjoint))
+
+
+@lower(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(A, pivot=True, check_errors=False):
+    if not pivot:
+        raise NotImplementedError("torchtpu: linalg_lu_factor_ex with pivot=False")
+    lu, piv, _ = _lu_factor(A)
+    return lu, piv, _lu_info(lu)
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(A, pivot=True):
+    if not pivot:
+        raise NotImplementedError("torchtpu: linalg_lu with pivot=False")
+    j = jnp()
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    lu, _, perm = _lu_factor(A)
+    L = j.tril(lu[..., :, :k], -1) + j.eye(m, k, dtype=A.dtype)
+    U = j.triu(lu[..., :k, :])
+    # A = P L U with P[perm[i], i] = 1
+    P = (perm[..., None, :] == j.arange(m)[:, None]).astype(A.dtype)
+    return P, L, U
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(LU, pivots, unpack_data=True, unpack_pivots=True):
+    j = jnp()
+    m, n = LU.shape[-2:]
+    k = min(m, n)
+    if unpack_data:
+        L = j.tril(LU[..., :, :k], -1) + j.eye(m, k, dtype=LU.dtype)
+        U = j.triu(LU[..., :k, :])
+    else:
+        L = j.zeros((0,), LU.dtype)
+        U = j.zeros((0,), LU.dtype)
+    if unpack_pivots:
+        perm = _pivots_to_perm(pivots, m)
+        P = (perm[..., None, :] == j.arange(m)[:, None]).astype(LU.dtype)
+    else:
+        P = j.zeros((0,), LU.dtype)
+    return P, L, U
+
+
+@lower(aten.linalg_lu_solve.default)
+def linalg_lu_solve(LU, pivots, B, left=True, adjoint=False):
+    perm = _pivots_to_perm(pivots, LU.shape[-1])
+    return _lu_solve(LU, perm, B, left, adjoint)
+
+
+def _lu_of(A):
+    """PyTorch factors ``A^T`` (F-contiguous when ``A`` is contiguous) for real inputs in
+    solve/det/slogdet; we follow the contiguous case."""
+    return _mT(A) if not jnp().iscomplexobj(A) else A
+
+
+@lower(aten._linalg_solve_ex.default)
+def _linalg_solve_ex(A, B, left=True, check_errors=False):
+    j = jnp()
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
+    Bm = B[..., None] if vector else B
+    At = _lu_of(A)
+    lu, piv, perm = _lu_factor(At)
+    transposed = At is not A
+    if left:
+        # lu of A^T: A = (A^T)^H for real A
+        X = _lu_solve_left(lu, perm, Bm, adjoint=transposed)
+    elif transposed:
+        # X A = B  <=>  A^T X^T = B^T
+        X = _mT(_lu_solve_left(lu, perm, _mT(Bm)))
+    else:
+        X = _mT(_lu_solve_left_T(lu, perm, _mT(Bm)))
+    if vector:
+        X = X[..., 0]
+    return X, lu, piv, _lu_info(lu)
+
+
+def _lu_solve_left_T(lu, perm, B):
+    """``A^T X = B`` (plain transpose) with ``A[perm] = L U``."""
+    j = jnp()
+    return j.conj(_lu_solve_left(lu, perm, j.conj(B), adjoint=True))
+
+
+@lower(aten.linalg_inv_ex.default)
+def linalg_inv_ex(A, check_errors=False):
+    n = A.shape[-1]
+    lu, _, perm = _lu_factor(A)
+    X = _lu_solve_left(lu, perm, _eye_like(A.shape[:-2], n, A.dtype))
+    return X, _lu_info(lu)
+
+
+@lower(aten._linalg_det.default)
+def _linalg_det(A):
+    j = jnp()
+    lu, piv, _ = _lu_factor(_lu_of(A))
+    n = A.shape[-1]
+    d = j.diagonal(lu, axis1=-2, axis2=-1)
+    odd = j.sum(piv != j.arange(1, n + 1, dtype=piv.dtype), axis=-1) % 2
+    sgn = j.where(odd == 1, -1, 1).astype(A.dtype)
+    return sgn * j.prod(d, axis=-1), lu, piv
+
+
+@lower(aten._linalg_slogdet.default)
+def _linalg_slogdet(A):
+    j = jnp()
+    lu, piv, _ = _lu_factor(_lu_of(A))
+    n = A.shape[-1]
+    d = j.diagonal(lu, axis1=-2, axis2=-1)
+    odd = j.sum(piv != j.arange(1, n + 1, dtype=piv.dtype), axis=-1) % 2
+    sgn = j.where(odd == 1, -1, 1).astype(A.dtype)
+    ad = j.abs(d)
+    if j.iscomplexobj(A):
+        phase = j.prod(j.where(ad == 0, 0, d / j.where(ad == 0, 1, ad)), axis=-1)
+    else:
+        phase = j.prod(j.sign(d), axis=-1)
+    return sgn * phase, j.sum(j.log(ad), axis=-1), lu, piv
+
+
+def _chol_info(A):
+    """potrf's info: 1-based order of the first leading minor that is not positive
+    definite (0 if none), from the pivots of unpivoted elimination on the lower triangle."""
+    j = jnp()
+    n = A.shape[-1]
+    if n == 0:
+        return j.zeros(A.shape[:-2], _i32())
+    H = j.tril(A) + _mH(j.tril(A, -1))
+
+    def body(i, carry):
+        M, info = carry
+        p = M[..., i, i]
+        pr = j.real(p)
+        bad = ~(pr > 0)
+        info = j.where((info == 0) & bad, i + 1, info)
+        col = M[..., :, i] / j.where(bad, 1, p)[..., None]
+        mask = (j.arange(n) > i)
+        upd = col[..., :, None] * M[..., i, :][..., None, :]
+        M = M - j.where(mask[:, None] & mask[None, :], upd, 0)
+        return M, info
+
+    _, info = lax().fori_loop(0, n, body, (H, j.zeros(A.shape[:-2], _i32())))
+    return info
+
+
+@lower(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(A, upper=False, check_errors=False):
+    j = jnp()
+    if upper:
+        A = _mH(A)  # potrf('U') reads the upper triangle: its conjugate is A^H's lower
+    if A.size == 0:
+        L = A
+    else:
+        L = j.tril(lax().linalg.cholesky(A, symmetrize_input=False))
+    info = _chol_info(A)
+    return (_mH(L) if upper else L), info
+
+
+@lower(aten._linalg_eigh.default)
+def _linalg_eigh(A, UPLO="L", compute_v=True):
+    j = jnp()
+    n = A.shape[-1]
+    rdt = j.finfo(A.dtype).dtype if j.iscomplexobj(A) else A.dtype
+    if A.size == 0:
+        w = j.zeros(A.shape[:-1], rdt)
+        v = A
+    else:
+        v, w = lax().linalg.eigh(A, lower=(UPLO.upper() == "L"), symmetrize_input=False,
+                                 sort_eigenvalues=True)
+    if not compute_v:
+        return w, j.zeros((0,), A.dtype)
+    return w, v
+
+
+@lower(aten._linalg_svd.default)
+def _linalg_svd(A, full_matrices=False, compute_uv=True, driver=None):
+    j = jnp()
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    batch = A.shape[:-2]
+    rdt = j.finfo(A.dtype).dtype if j.iscomplexobj(A) else A.dtype
+    if A.size == 0:
+        S = j.zeros(batch + (k,), rdt)
+        if full_matrices:
+            U, Vh = _eye_like(batch, m, A.dtype), _eye_like(batch, n, A.dtype)
+        else:
+            U, Vh = j.zeros(batch + (m, k), A.dtype), j.zeros(batch + (k, n), A.dtype)
+    elif compute_uv:
+        U, S, Vh = lax().linalg.svd(A, full_matrices=full_matrices, compute_uv=True)
+    else:
+        S = lax().linalg.svd(A, full_matrices=False, compute_uv=False)
+    if not compute_uv:
+        e = j.zeros((0,), A.dtype)
+        return e, S, e
+    return U, S, Vh
+
+
+@lower(aten.linalg_qr.default)
+def linalg_qr(A, mode="reduced"):
+    j = jnp()
+    m, n = A.shape[-2:]
+    k = min(m, n)
+    batch = A.shape[:-2]
+    if mode not in ("reduced", "complete", "r"):
+        raise RuntimeError(f"qr received unrecognized mode '{mode}' but expected one of "
+                           "'reduced' (default), 'r', or 'complete'")
+    full = mode == "complete"
+    if A.size == 0:
+        Q = _eye_like(batch, m, A.dtype) if full else j.zeros(batch + (m, k), A.dtype)
+        R = j.zeros(batch + ((m if full else k), n), A.dtype)
+    else:
+        Q, R = lax().linalg.qr(A, full_matrices=full)
+    if mode == "r":
+        return j.zeros((0,), A.dtype), R
+    return Q, R
+
+
+@lower(aten.cholesky.default)
+def cholesky(A, upper=False):
+    return linalg_cholesky_ex(A, upper)[0]
+
+
+@lower(aten.cholesky_inverse.default)
+def cholesky_inverse(L, upper=False):
+    """``(L L^H)^-1`` (``(U^H U)^-1`` when ``upper``)."""
+    n = L.shape[-1]
+    eye = _eye_like(L.shape[:-2], n, L.dtype)
+    if upper:
+        # A = U^H U:  A^-1 = U^-1 U^-H
+        y = _tri(L, eye, lower=False, adjoint=True)
+        return _tri(L, y, lower=False)
+    y = _tri(L, eye, lower=True)
+    return _tri(L, y, lower=True, adjoint=True)
+
+
+@lower(aten._cholesky_solve_helper.default)
+def _cholesky_solve_helper(B, L, upper=False):
+    L, B = _bcast_batch(L, B)
+    if upper:
+        return _tri(L, _tri(L, B, lower=False, adjoint=True), lower=False)
+    return _tri(L, _tri(L, B, lower=True), lower=True, adjoint=True)
+
+
+@lower(aten.linalg_cross.default)
+def linalg_cross(a, b, dim=-1):
+    j = jnp()
+    dt = promote(a, b)
+    a, b = cast(a, dt), cast(b, dt)
+    shape = j.broadcast_shapes(a.shape, b.shape)
+    a, b = j.broadcast_to(a, shape), j.broadcast_to(b, shape)
+    d = dim % len(shape)
+    a0, a1, a2 = (j.take(a, i, axis=d) for i in range(3))
+    b0, b1, b2 = (j.take(b, i, axis=d) for i in range(3))
+    return j.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=d)
+
+
+@lower(aten.geqrf.default, dynamic_shape=True)
+def geqrf(A):
+    j = jnp()
+    m, n = A.shape[-2:]
+    if A.size == 0:
+        return A, j.zeros(A.shape[:-2] + (min(m, n),), A.dtype)
+    # geqrf is not re-exported by jax.lax.linalg (PyTorch has no meta kernel for it, so
+    # this runs eagerly as a dynamic-shape op)
+    from jax._src.lax import linalg as _jl
+
+    return _jl.geqrf(A)
+
+
+@lower(aten.linalg_householder_product.default)
+def linalg_householder_product(A, tau):
+    j = jnp()
+    if A.size == 0 or tau.shape[-1] == 0:
+        m, n = A.shape[-2:]
+        return j.broadcast_to(j.eye(m, n, dtype=A.dtype), A.shape)
+    return lax().linalg.householder_product(A, tau)
+
+
+@lower(aten.ormqr.default)
+def ormqr(A, tau, C, left=True, transpose=False):
+    """``op(Q) C`` (or ``C op(Q)``) with Q the full m x m product of the reflectors."""
+    j = jnp()
+    m = A.shape[-2]
+    k = tau.shape[-1]
+    if k == 0 or A.size == 0:
+        return C
+    # full Q: pad the reflectors with zero columns (tau = 0 is the identity reflector)
+    Ap = A[..., :, :k]
+    if k < m:
+        Ap = j.concatenate([Ap, j.zeros(Ap.shape[:-1] + (m - k,), A.dtype)], axis=-1)
+        taup = j.concatenate([tau, j.zeros(tau.shape[:-1] + (m - k,), tau.dtype)], axis=-1)
+    else:
+        taup = tau
+    Q = lax().linalg.householder_product(Ap, taup)
+    if transpose:
+        Q = _mH(Q)
+    return matmul_(Q, C) if left else matmul_(C, Q)
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(A, B, upper, left=True, unitriangular=False):
+    dt = promote(A, B)
+    A, B = _bcast_batch(cast(A, dt), cast(B, dt))
+    if A.shape[-1] == 0 or B.size == 0:
+        return jnp().zeros(B.shape, B.dtype)
+    return lax().linalg.triangular_solve(A, B, left_side=left, lower=not upper,
+                                         unit_diagonal=unitriangular)
+
+
+@lower(aten.triangular_solve.default)
+def triangular_solve(b, A, upper=True, transpose=False, unitriangular=False):
+    A2, b2 = _bcast_batch(A, b)
+    if A2.shape[-1] == 0 or b2.size == 0:
+        X = jnp().zeros(b2.shape, b2.dtype)
+    else:
+        X = lax().linalg.triangular_solve(A2, b2, left_side=True, lower=not upper,
+                                          transpose_a=transpose, unit_diagonal=unitriangular)
+    return X, A2
+
+
+@lower(aten.trace.default)
+def trace(x):
+    j = jnp()
+    dt = tdtype(x)
+    if not (dt.is_floating_point or dt.is_complex):
+        x = x.astype(j.int64)
+    return j.trace(x)
