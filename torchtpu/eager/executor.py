@@ -759,6 +759,7 @@ def check_pending() -> None:
     if not PENDING_CHECKS:
         return
     pending, PENDING_CHECKS = PENDING_CHECKS, []
+    flags = []
     for flag, info, op in pending:
         if flag.__class__ is _st.Lazy:
             if flag.value is None:
@@ -766,7 +767,19 @@ def check_pending() -> None:
 
                 defer.flush("device_check")
             flag = flag.value
-        bad = np.asarray(flag)
+        flags.append(flag)
+    # one device op and one transfer for all of them
+    jnp = runtime.jax().numpy
+    if len({f.device for f in flags}) == 1:
+        allbad = np.asarray(jnp.concatenate(flags))
+    else:
+        allbad = np.concatenate([np.asarray(f) for f in flags])
+    if not allbad.any():
+        return
+    pos = 0
+    for (flag, info, op), f in zip(pending, flags):
+        bad = allbad[pos:pos + f.shape[0]]
+        pos += f.shape[0]
         if bad.any():
             exc, msg = info[int(np.argmax(bad))]
             raise exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
