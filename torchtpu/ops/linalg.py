@@ -53,23 +53,9 @@ def _scaled_add(prod, self_, beta, alpha, dt):
     return sb + prod
 
 
-@lower(aten.mm.default)
+@lower(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
 def mm(a, b):
-    return matmul_(a, b)
-
-
-@lower(aten.bmm.default)
-def bmm(a, b):
-    return matmul_(a, b)
-
-
-@lower(aten.mv.default)
-def mv(a, v):
-    return matmul_(a, v)
-
-
-@lower(aten.dot.default)
-def dot(a, b):
+    """mm / bmm / mv / dot: one matrix product (full float32 precision)."""
     return matmul_(a, b)
 
 

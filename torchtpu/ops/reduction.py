@@ -208,34 +208,25 @@ def _to_bool(x):
     return x if x.dtype == jnp().bool_ else (x != 0)
 
 
-@lower(aten.any.default)
-def any_default(x):
-    return jnp().any(_to_bool(x))
+def _bool_reduction(name, pkt):
+    """Register ``any``/``all`` (.default, .dim, .dims) as one jnp reduction on bools."""
+
+    def default(x):
+        return getattr(jnp(), name)(_to_bool(x))
+
+    def one_dim(x, dim, keepdim=False):
+        return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
+
+    def dims(x, dim=None, keepdim=False):
+        return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
+
+    lower(pkt.default)(default)
+    lower(pkt.dim)(one_dim)
+    lower(pkt.dims)(dims)
 
 
-@lower(aten.any.dim)
-def any_dim(x, dim, keepdim=False):
-    return jnp().any(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
-
-
-@lower(aten.any.dims)
-def any_dims(x, dim=None, keepdim=False):
-    return jnp().any(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
-
-
-@lower(aten.all.default)
-def all_default(x):
-    return jnp().all(_to_bool(x))
-
-
-@lower(aten.all.dim)
-def all_dim(x, dim, keepdim=False):
-    return jnp().all(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
-
-
-@lower(aten.all.dims)
-def all_dims(x, dim=None, keepdim=False):
-    return jnp().all(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
+_bool_reduction("any", aten.any)
+_bool_reduction("all", aten.all)
 
 
 # ------------------------------------------------------------------ arg/max/min with indices
