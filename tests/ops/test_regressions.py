@@ -68,3 +68,28 @@ def test_out_of_range_index_raises_never_a_value(mode, case):
             run("tpu").cpu()
     # the error was consumed: the next program runs normally
     assert torch.arange(3.0, device="tpu")[torch.tensor([2], device="tpu")].item() == 2.0
+
+
+def test_module_to_tpu_keeps_tied_parameters():
+    """Tied weights (embedding / LM head) stay one Parameter after .to("tpu")."""
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 8)
+            self.head = torch.nn.Linear(8, 20, bias=False)
+            self.head.weight = self.emb.weight
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 20, (3, 5))
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        m = Tied().to(dev) if dev == "cpu" else Tied().to(dev)
+        torch.manual_seed(0)
+        m = Tied()
+        m.to(dev)
+        assert m.head.weight is m.emb.weight
+        assert len(list(m.parameters())) == 1
+        torch.nn.functional.cross_entropy(m.head(m.emb(ids.to(dev))).view(-1, 20),
+                                          ids.view(-1).to(dev)).backward()
+        grads[dev] = m.emb.weight.grad.cpu()
+    torch.testing.assert_close(grads["tpu"], grads["cpu"])

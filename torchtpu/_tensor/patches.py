@@ -40,6 +40,7 @@ def install() -> None:
         torch.UntypedStorage.__new__ = _storage_new
     install_pinned()
     install_accelerator()
+    install_module_apply()
 
 
 # --------------------------------------------------------------- pinned memory
@@ -118,3 +119,40 @@ def install_accelerator() -> None:
             w = _accel_wrapper(orig, target)
             w._torchtpu = True
             setattr(acc, name, w)
+
+
+# ------------------------------------------------------------ tied parameters
+# Module.to("tpu") keeps a Parameter object only when torch._has_compatible_shallow_copy_type
+# says the new tensor may replace its .data; PyTorch's C++ rule knows CPU/CUDA/MPS/HIP/XPU/HPU
+# but not PrivateUse1, so every parameter becomes a new Parameter, and a parameter shared by
+# two modules (tied embeddings / LM heads) would become two.  This wrapper re-ties them.
+_orig_apply = None
+_apply_depth = [0]
+
+
+def _module_apply(self, fn, recurse=True):
+    if _apply_depth[0]:
+        return _orig_apply(self, fn, recurse)
+    slots: dict = {}
+    for mod in self.modules():
+        for name, p in mod._parameters.items():
+            if p is not None:
+                slots.setdefault(id(p), []).append((mod, name))
+    _apply_depth[0] += 1
+    try:
+        out = _orig_apply(self, fn, recurse)
+    finally:
+        _apply_depth[0] -= 1
+    for places in slots.values():
+        if len(places) > 1:
+            first = places[0][0]._parameters[places[0][1]]
+            for mod, name in places[1:]:
+                mod._parameters[name] = first
+    return out
+
+
+def install_module_apply() -> None:
+    global _orig_apply
+    if _orig_apply is None:
+        _orig_apply = torch.nn.Module._apply
+        torch.nn.Module._apply = _module_apply
