@@ -93,3 +93,21 @@ def test_module_to_tpu_keeps_tied_parameters():
                                           ids.view(-1).to(dev)).backward()
         grads[dev] = m.emb.weight.grad.cpu()
     torch.testing.assert_close(grads["tpu"], grads["cpu"])
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+def test_recurrent_layers_forward_backward(cls):
+    import copy
+
+    torch.manual_seed(0)
+    m = cls(5, 7, num_layers=2, batch_first=True)
+    x = torch.randn(3, 4, 5)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        mm = copy.deepcopy(m).to(dev)
+        xx = x.clone().to(dev).requires_grad_(True)
+        out, h = mm(xx)
+        (out.pow(2).sum() + (h[0] if isinstance(h, tuple) else h).sum()).backward()
+        res[dev] = [out.detach().cpu(), xx.grad.cpu()] + [p.grad.cpu() for p in mm.parameters()]
+    for a, b in zip(res["cpu"], res["tpu"]):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

@@ -32,3 +32,69 @@ def equal(a, b):
     if a.numel() == 0:
         return True
     return bool(torch.eq(a, b).all().item())
+
+
+# ------------------------------------------------------------ fused RNN cells
+# nn.LSTM / nn.GRU on a non-CPU device call the fused cell kernels (CUDA has them; PyTorch
+# has no decomposition).  Written with ordinary ops, which are lowered; the workspace
+# layout is ours (only our backward reads it): LSTM [i, f, g, o] activated gates,
+# GRU [r, z, n, hx, hn].
+
+
+@decomp(aten._thnn_fused_lstm_cell.default)
+def _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias
+    if hidden_bias is not None:
+        gates = gates + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    return hy, cy, torch.cat([i, f, g, o], 1)
+
+
+@decomp(aten._thnn_fused_lstm_cell_backward_impl.default)
+def _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = workspace.chunk(4, 1)
+    tcy = cy.tanh()
+    gh = grad_hy if grad_hy is not None else torch.zeros_like(cy)
+    d_cy = gh * o * (1 - tcy * tcy)
+    if grad_cy is not None:
+        d_cy = d_cy + grad_cy
+    d_o = gh * tcy
+    grad_gates = torch.cat([d_cy * g * i * (1 - i), d_cy * cx * f * (1 - f),
+                            d_cy * i * (1 - g * g), d_o * o * (1 - o)], 1)
+    grad_bias = grad_gates.sum(0) if has_bias else torch.empty(0, dtype=cy.dtype, device=cy.device)
+    return grad_gates, d_cy * f, grad_bias
+
+
+@decomp(aten._thnn_fused_gru_cell.default)
+def _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    ir, ii, inn = input_gates.chunk(3, 1)
+    hr, hi, hn = hidden_gates.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (ii + hi).sigmoid()
+    n = (inn + r * hn).tanh()
+    hy = n + z * (hx - n)
+    return hy, torch.cat([r, z, n, hx, hn], 1)
+
+
+@decomp(aten._thnn_fused_gru_cell_backward.default)
+def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    d_n = grad_hy * (1 - z) * (1 - n * n)
+    d_z = grad_hy * (hx - n) * z * (1 - z)
+    d_r = d_n * hn * r * (1 - r)
+    grad_input = torch.cat([d_r, d_z, d_n], 1)
+    grad_hidden = torch.cat([d_r, d_z, d_n * r], 1)
+    if has_bias:
+        gib, ghb = grad_input.sum(0), grad_hidden.sum(0)
+    else:
+        gib = ghb = torch.empty(0, dtype=hx.dtype, device=hx.device)
+    return grad_input, grad_hidden, grad_hy * z, gib, ghb
