@@ -111,3 +111,12 @@ def test_recurrent_layers_forward_backward(cls):
         res[dev] = [out.detach().cpu(), xx.grad.cpu()] + [p.grad.cpu() for p in mm.parameters()]
     for a, b in zip(res["cpu"], res["tpu"]):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_repeat_interleave_tensor_repeats():
+    for dev in ("cpu", "tpu"):
+        x = torch.tensor([[1, 2], [3, 4]], device=dev)
+        r = torch.tensor([1, 2], device=dev)
+        assert torch.repeat_interleave(x, r, dim=0).tolist() == [[1, 2], [3, 4], [3, 4]]
+        assert torch.repeat_interleave(torch.tensor([2, 0, 3], device=dev)).tolist() == \
+            [0, 0, 2, 2, 2]

@@ -674,3 +674,16 @@ def put(x, index, source, accumulate=False):
     keep = ~j.any(later, axis=1)
     idx = j.where(keep, idx, n)  # out of bounds: dropped
     return flat.at[idx].set(src, mode="drop").reshape(x.shape)
+
+
+@lower(aten.repeat_interleave.Tensor, dynamic_shape=True)
+def repeat_interleave_tensor(repeats, output_size=None):
+    """``repeat_interleave(repeats)``: index ``i`` repeated ``repeats[i]`` times (int64).
+    The length is ``repeats.sum()``: a data-dependent shape (runs on concrete values)."""
+    r = np.asarray(repeats).reshape(-1)
+    if (r < 0).any():
+        raise RuntimeError("repeats can not be negative")
+    out = np.repeat(np.arange(r.shape[0], dtype=np.int64), r)
+    if output_size is not None and out.shape[0] != output_size:
+        raise RuntimeError("allocated size does not match required size")
+    return jnp().asarray(out)
