@@ -37,7 +37,7 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_semantics.py tes
 echo "== overhead bench"
 timeout 60 python3 -m torchtpu.bench overhead --json "$OUT/overhead.json" 2>&1 | tail -8
 echo "== eager bench"
-timeout 150 python3 -m torchtpu.bench eager --steps 10 --warmup 3 --workloads mlp,llama \
+timeout 200 python3 -m torchtpu.bench eager --steps 10 --warmup 3 --workloads mlp,llama,cnn \
   --json "$OUT/eager.json" 2>&1 | grep -v "it/s\|run/s" | tail -16 | tee "$OUT/eager.txt"
 echo "== matmul throughput bf16 4096^3"
 timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/matmul.txt"
