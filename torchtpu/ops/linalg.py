@@ -65,22 +65,11 @@ def vdot(a, b):
     return matmul_(jnp().conj(cast(a, dt)), b, dt)
 
 
-@lower(aten.addmm.default)
+@lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
 def addmm(self_, m1, m2, beta=1, alpha=1):
+    """addmm / addmv / baddbmm: ``beta * self + alpha * (m1 @ m2)``."""
     dt = promote(m1, m2)
     return _scaled_add(matmul_(m1, m2, dt), self_, beta, alpha, dt)
-
-
-@lower(aten.addmv.default)
-def addmv(self_, mat, vec, beta=1, alpha=1):
-    dt = promote(mat, vec)
-    return _scaled_add(matmul_(mat, vec, dt), self_, beta, alpha, dt)
-
-
-@lower(aten.baddbmm.default)
-def baddbmm(self_, b1, b2, beta=1, alpha=1):
-    dt = promote(b1, b2)
-    return _scaled_add(matmul_(b1, b2, dt), self_, beta, alpha, dt)
 
 
 @lower(aten.addbmm.default)
