@@ -120,3 +120,13 @@ def test_repeat_interleave_tensor_repeats():
         assert torch.repeat_interleave(x, r, dim=0).tolist() == [[1, 2], [3, 4], [3, 4]]
         assert torch.repeat_interleave(torch.tensor([2, 0, 3], device=dev)).tolist() == \
             [0, 0, 2, 2, 2]
+
+
+def test_bincount():
+    for weights in (None, torch.tensor([0.5, 1.0, 2.0, 3.0]),
+                    torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64)):
+        x = torch.tensor([0, 2, 2, 5])
+        c = torch.bincount(x, weights, minlength=7)
+        t = torch.bincount(x.to("tpu"), None if weights is None else weights.to("tpu"),
+                           minlength=7)
+        torch.testing.assert_close(t.cpu(), c)

@@ -687,3 +687,18 @@ def repeat_interleave_tensor(repeats, output_size=None):
     if output_size is not None and out.shape[0] != output_size:
         raise RuntimeError("allocated size does not match required size")
     return jnp().asarray(out)
+
+
+@lower(aten.bincount.default, dynamic_shape=True)
+def bincount(x, weights=None, minlength=0):
+    """``torch.bincount``: the output length is ``max(x) + 1`` (data-dependent: runs on
+    concrete values).  int64 counts, or the weights' float dtype (float32 stays float32,
+    other weights give float64, as on CPU)."""
+    v = np.asarray(x).reshape(-1)
+    if v.size and v.min() < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is None:
+        return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
+    w = np.asarray(weights).reshape(-1)
+    out = np.bincount(v, weights=w.astype(np.float64), minlength=minlength)
+    return jnp().asarray(out.astype(np.float32 if w.dtype == np.float32 else np.float64))
