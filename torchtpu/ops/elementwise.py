@@ -353,7 +353,15 @@ def clamp(x, min=None, max=None):
     return r
 
 
-@lower(aten.where.self)
+def _bool_condition(vals):
+    """CPU still accepts a uint8 condition in ``where`` (deprecated): treat it as bool."""
+    c = vals[0]
+    if isinstance(c, torch.Tensor) and c.dtype == torch.uint8:
+        vals = [c.bool()] + list(vals[1:])
+    return vals
+
+
+@lower(aten.where.self, prepare=_bool_condition)
 def where(cond, a, b):
     dt = promote(a, b)
     return jnp().where(cond, cast(a, dt), cast(b, dt))
