@@ -130,3 +130,24 @@ def test_bincount():
         t = torch.bincount(x.to("tpu"), None if weights is None else weights.to("tpu"),
                            minlength=7)
         torch.testing.assert_close(t.cpu(), c)
+
+
+@pytest.mark.parametrize("cls,kw", [(torch.optim.Adam, {}),
+                                    (torch.optim.AdamW, {"weight_decay": 0.1}),
+                                    (torch.optim.Adam, {"amsgrad": True, "weight_decay": 0.01})])
+def test_fused_adam(cls, kw):
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(6, 3)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        mm = copy.deepcopy(m).to(dev)
+        opt = cls(mm.parameters(), lr=1e-2, fused=True, **kw)
+        x = torch.randn(5, 6, generator=torch.Generator().manual_seed(1)).to(dev)
+        for _ in range(3):
+            opt.zero_grad()
+            mm(x).pow(2).sum().backward()
+            opt.step()
+        res[dev] = mm.weight.detach().cpu()
+    torch.testing.assert_close(res["tpu"], res["cpu"], atol=1e-5, rtol=1e-5)

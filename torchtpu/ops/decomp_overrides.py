@@ -98,3 +98,63 @@ def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
     else:
         gib = ghb = torch.empty(0, dtype=hx.dtype, device=hx.device)
     return grad_input, grad_hidden, grad_hy * z, gib, ghb
+
+
+# ------------------------------------------------------------ fused optimizers
+# Adam/AdamW(fused=True) call these (CUDA/CPU have fused kernels).  The step counts are
+# already incremented by the optimizer; a found_inf step (AMP) leaves everything as is.
+
+
+def _fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
+                     beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
+                     found_inf, decoupled):
+    for i, p in enumerate(params):
+        g = grads[i]
+        if grad_scale is not None:
+            g = g / grad_scale
+        if maximize:
+            g = -g
+        step = state_steps[i].to(p.device, torch.float32)
+        new_p = p
+        if weight_decay != 0:
+            if decoupled:
+                new_p = p * (1 - lr * weight_decay)
+            else:
+                g = g + weight_decay * p
+        m = exp_avgs[i] * beta1 + g * (1 - beta1)
+        v = exp_avg_sqs[i] * beta2 + g * g * (1 - beta2)
+        bc1 = 1 - torch.pow(beta1, step)
+        bc2_sqrt = (1 - torch.pow(beta2, step)).sqrt()
+        if amsgrad:
+            vmax = torch.maximum(max_exp_avg_sqs[i], v)
+            denom = vmax.sqrt() / bc2_sqrt + eps
+        else:
+            denom = v.sqrt() / bc2_sqrt + eps
+        new_p = new_p - (lr / bc1) * m / denom
+        if found_inf is not None:
+            skip = found_inf.to(p.device) != 0
+            new_p, m, v = (torch.where(skip, a, b) for a, b in
+                           ((p, new_p), (exp_avgs[i], m), (exp_avg_sqs[i], v)))
+            if amsgrad:
+                vmax = torch.where(skip, max_exp_avg_sqs[i], vmax)
+        p.copy_(new_p)
+        exp_avgs[i].copy_(m)
+        exp_avg_sqs[i].copy_(v)
+        if amsgrad:
+            max_exp_avg_sqs[i].copy_(vmax)
+
+
+def _fused(decoupled):
+    def fn(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1,
+           beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        if isinstance(lr, torch.Tensor):
+            lr = lr.item()
+        _fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                         lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
+                         found_inf, decoupled)
+
+    return fn
+
+
+decomp(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)(_fused(False))
+decomp(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)(_fused(True))
