@@ -151,3 +151,22 @@ def test_fused_adam(cls, kw):
             opt.step()
         res[dev] = mm.weight.detach().cpu()
     torch.testing.assert_close(res["tpu"], res["cpu"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("pad", [None, 2])
+def test_embedding_bag_forward_backward(mode, pad):
+    import copy
+
+    torch.manual_seed(0)
+    eb = torch.nn.EmbeddingBag(10, 3, mode=mode, padding_idx=pad)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    off = torch.tensor([0, 4, 4, 6])  # includes an empty bag
+    res = {}
+    for dev in ("cpu", "tpu"):
+        m = copy.deepcopy(eb).to(dev)
+        o = m(idx.to(dev), off.to(dev))
+        (o * torch.arange(3.0, device=dev)).sum().backward()
+        res[dev] = (o.detach().cpu(), m.weight.grad.cpu())
+    for a, b in zip(res["cpu"], res["tpu"]):
+        torch.testing.assert_close(b, a)

@@ -158,3 +158,88 @@ def _fused(decoupled):
 
 decomp(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)(_fused(False))
 decomp(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)(_fused(True))
+
+
+# ------------------------------------------------------------------ embedding bag
+# nn.EmbeddingBag / F.embedding_bag (mode 0 sum, 1 mean, 2 max), written with lowered ops.
+
+
+def _bags(offsets, n, include_last_offset):
+    starts = offsets[:-1] if include_last_offset else offsets
+    pos = torch.arange(n, device=offsets.device)
+    return starts.numel(), torch.searchsorted(starts, pos, right=True) - 1
+
+
+@decomp(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    n, d = indices.numel(), weight.shape[1]
+    b, offset2bag = _bags(offsets, n, include_last_offset)
+    keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
+    rows = weight.index_select(0, indices)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(1)
+    bag_size = torch.zeros(b, dtype=torch.long, device=weight.device).index_add(
+        0, offset2bag, keep.long())
+    max_indices = torch.zeros(b, d, dtype=torch.long, device=weight.device) if mode == 2 else \
+        torch.zeros(b, dtype=torch.long, device=weight.device)
+    if mode == 2:
+        neg = torch.full_like(rows, float("-inf"))
+        masked = torch.where(keep.unsqueeze(1), rows, neg)
+        idx2 = offset2bag.unsqueeze(1).expand(n, d)
+        out = torch.full((b, d), float("-inf"), dtype=weight.dtype, device=weight.device)
+        out = out.scatter_reduce(0, idx2, masked, "amax", include_self=True)
+        # the first position reaching the max, then its weight row
+        hit = (masked == out.index_select(0, offset2bag)) & keep.unsqueeze(1)
+        pos = torch.arange(n, device=weight.device).unsqueeze(1).expand(n, d)
+        first = torch.full((b, d), n, dtype=torch.long, device=weight.device).scatter_reduce(
+            0, idx2, torch.where(hit, pos, torch.full_like(pos, n)), "amin", include_self=True)
+        empty = (bag_size == 0).unsqueeze(1)
+        max_indices = torch.where(empty, torch.zeros_like(first),
+                                  indices.index_select(0, first.clamp(max=max(n - 1, 0)).view(-1)
+                                                       ).view(b, d) if n else first)
+        out = torch.where(empty, torch.zeros_like(out), out)
+    else:
+        rows = rows * keep.unsqueeze(1).to(rows.dtype)
+        out = torch.zeros(b, d, dtype=weight.dtype, device=weight.device).index_add(
+            0, offset2bag, rows)
+        if mode == 1:
+            out = out / bag_size.clamp(min=1).unsqueeze(1).to(out.dtype)
+    return out, offset2bag, bag_size, max_indices
+
+
+@decomp(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                  num_weights, scale_grad_by_freq, mode,
+                                  per_sample_weights, padding_idx=-1):
+    d = grad.shape[1]
+    gw = torch.zeros(num_weights, d, dtype=grad.dtype, device=grad.device)
+    if mode == 2:
+        valid = (bag_size > 0).unsqueeze(1).expand_as(maximum_indices)
+        cols = torch.arange(d, device=grad.device).expand_as(maximum_indices)
+        g = torch.where(valid, grad, torch.zeros_like(grad))
+        return gw.index_put((maximum_indices.reshape(-1), cols.reshape(-1)), g.reshape(-1),
+                            accumulate=True)
+    rows = grad.index_select(0, offset2bag)
+    if mode == 1:
+        rows = rows / bag_size.index_select(0, offset2bag).clamp(min=1).unsqueeze(1).to(rows.dtype)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(1)
+    if padding_idx >= 0:
+        rows = rows * (indices != padding_idx).unsqueeze(1).to(rows.dtype)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=grad.dtype, device=grad.device).index_add(
+            0, indices, torch.ones_like(indices, dtype=grad.dtype))
+        rows = rows / counts.index_select(0, indices).unsqueeze(1)
+    return gw.index_add(0, indices, rows)
+
+
+@decomp(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                            num_weights, scale_grad_by_freq, mode, sparse,
+                            per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("torchtpu: EmbeddingBag(sparse=True) gradients")
+    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                         num_weights, scale_grad_by_freq, mode,
+                                         per_sample_weights, padding_idx)
