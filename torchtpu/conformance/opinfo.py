@@ -5,6 +5,7 @@ Usage (CLI)::
     python -m torchtpu.conformance.opinfo                       # all ops, float32
     python -m torchtpu.conformance.opinfo --filter '^(add|mul)$' --dtypes float32,bfloat16
     python -m torchtpu.conformance.opinfo --limit-samples 5 --jobs 2 --json sweep.json
+    python -m torchtpu.conformance.opinfo --backward     # gradients vs CPU too
 
 (Also ``python -m torchtpu.conformance ops ...``.)
 
@@ -791,6 +792,12 @@ def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, see
         out.append(aggregate(op_id(op), dt, results, tol, time.perf_counter() - t0))
         if on_pair:
             on_pair(out[-1])
+        if os.environ.get("TORCHTPU_OPINFO_BACKWARD") == "1":  # set by --backward
+            bw = check_op_backward(op, dt, limit, seed)
+            if bw is not None:
+                out.append(bw)
+                if on_pair:
+                    on_pair(bw)
     return out
 
 
@@ -1123,6 +1130,9 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=30, help="root causes to list")
     p.add_argument("--list", action="store_true", help="list the selected OpInfo ids and exit")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--backward", action="store_true",
+                   help="also compare gradients (ops with supports_autograd): pairs named "
+                        "'<op>.backward'")
     p.add_argument("--mode", default="strict",
                    help="eager mode(s) to run: strict, debug, defer_and_fuse, comma list or "
                         "'all' (default strict)")
@@ -1140,6 +1150,8 @@ def main(argv=None) -> int:
             rc = max(rc, main(sub))
         return rc
     # workers inherit the environment; the in-process path switches directly
+    if a.backward:
+        os.environ["TORCHTPU_OPINFO_BACKWARD"] = "1"
     os.environ["TORCHTPU_EAGER_MODE"] = modes[0]
     torch.tpu.eager_mode = modes[0]
 
@@ -1192,3 +1204,127 @@ def _replace_opt(argv, name, value):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---------------------------------------------------------------------------------------
+# Backward: gradients vs CPU (``--backward``)
+
+def _leaves(obj, out):
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad and obj.is_leaf:
+            out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _leaves(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _leaves(x, out)
+    return out
+
+
+def _grad_outputs(obj, out):
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad and (obj.is_floating_point() or obj.is_complex()):
+            out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _grad_outputs(x, out)
+    return out
+
+
+def _swap_leaves(obj, mapping):
+    if isinstance(obj, torch.Tensor):
+        return mapping.get(id(obj), obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_swap_leaves(x, mapping) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _swap_leaves(v, mapping) for k, v in obj.items()}
+    return obj
+
+
+def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None,
+                        seed: int = 0, device: str = DEVICE) -> SampleResult:
+    """Gradients of ``op`` for one ``requires_grad`` sample, tpu vs CPU: the same random
+    output cotangents on both, ``torch.autograd.grad`` with respect to every leaf input."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    desc = describe({"input": sample.input, "args": tuple(sample.args), **sample.kwargs})
+    atol, rtol = tol if tol is not None else tolerance(op, dtype)[:2]
+    leaves = _leaves([sample.input, list(sample.args), dict(sample.kwargs)], [])
+    if not leaves:
+        return SampleResult(index, "skipped", "", "no input requires grad", sample=desc)
+    try:
+        outs = _grad_outputs(_call(op, sample), [])
+        if not outs:
+            return SampleResult(index, "skipped", "", "no differentiable output", sample=desc)
+        gen = torch.Generator().manual_seed(seed + index)
+        cots = [torch.randn(o.shape, dtype=o.dtype, generator=gen) for o in outs]
+        expected = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
+    except Exception as exc:
+        return SampleResult(index, "skipped", "",
+                            f"CPU backward raised {type(exc).__name__}: "
+                            f"{_first_line(str(exc))[:200]}", sample=desc)
+    try:
+        mapping = {id(t): t.detach().to(device).requires_grad_(True) for t in leaves}
+        dev_sample = SampleInput(_swap_leaves(sample.input, mapping),
+                                 args=_swap_leaves(tuple(sample.args), mapping),
+                                 kwargs=_swap_leaves(dict(sample.kwargs), mapping))
+        dev_leaves = [mapping[id(t)] for t in leaves]
+        # tensors of the sample that need no grad move too
+        dev_sample = SampleInput(
+            _move_rest(dev_sample.input, device), args=_move_rest(tuple(dev_sample.args), device),
+            kwargs=_move_rest(dict(dev_sample.kwargs), device))
+        douts = _grad_outputs(_call(op, dev_sample), [])
+        actual = torch.autograd.grad(douts, dev_leaves, [c.to(device) for c in cots],
+                                     allow_unused=True)
+        actual = [None if a is None else a.cpu() for a in actual]
+    except Exception as exc:
+        status, cause, detail = classify_exception(exc)
+        return SampleResult(index, status, cause, "backward: " + detail, sample=desc)
+    for k, (a, e) in enumerate(zip(actual, expected)):
+        if (a is None) != (e is None):
+            return SampleResult(index, "mismatch", f"wrong gradient: {op_id(op)}",
+                                f"grad[{k}]: None on one side only", sample=desc)
+        if a is None:
+            continue
+        diff = compare(a, e, atol, rtol, device="cpu")
+        if diff is not None:
+            return SampleResult(index, "mismatch", f"wrong gradient: {op_id(op)}",
+                                f"grad[{k}] {diff.path}: {diff.detail}", diff.max_abs,
+                                diff.max_rel, sample=desc)
+    return SampleResult(index, "pass", sample=desc)
+
+
+def _move_rest(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device.type == device or obj.requires_grad else obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move_rest(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _move_rest(v, device) for k, v in obj.items()}
+    return obj
+
+
+def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
+                      seed: int = 0) -> Optional[PairResult]:
+    """The (op, dtype) backward pair, or None when the OpInfo has no autograd support."""
+    if not getattr(op, "supports_autograd", False) or is_random(op) or \
+            dtype not in op.supported_backward_dtypes("cpu"):
+        return None
+    t0 = time.perf_counter()
+    tol = tolerance(op, dtype)
+    torch.manual_seed(seed)
+    try:
+        it = op.sample_inputs("cpu", dtype, requires_grad=True)
+        samples = list(itertools.islice(it, limit) if limit is not None else it)
+    except Exception as exc:
+        r = SampleResult(0, "skipped", "", f"sample_inputs raised {type(exc).__name__}")
+        return aggregate(op_id(op) + ".backward", dtype, [r], tol, 0.0)
+    results = []
+    for i, s in enumerate(samples):
+        try:
+            results.append(run_sample_backward(op, s, dtype, i, tol[:2], seed))
+        except Exception as exc:
+            results.append(SampleResult(i, "error", f"harness: {type(exc).__name__}",
+                                        _first_line(str(exc))[:300]))
+    return aggregate(op_id(op) + ".backward", dtype, results, tol, time.perf_counter() - t0)
