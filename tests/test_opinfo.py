@@ -149,3 +149,18 @@ def test_opinfo_float32(op, eager_mode):
     if pair.status == "skipped":
         pytest.skip(f"no sample CPU could run: {pair.detail}")
     assert pair.status == "pass", pair
+
+
+BACKWARD_OPS = ["add", "mul", "exp", "sum", "matmul", "softmax", "nn.functional.conv2d",
+                "nn.functional.layer_norm", "index_select", "gather", "cumsum",
+                "nn.functional.embedding", "nn.functional.gelu", "var"]
+
+
+@pytest.mark.parametrize("name", BACKWARD_OPS)
+def test_opinfo_backward_float32(name):
+    """Gradients vs CPU for a few common ops (the full set: ``--backward`` in the sweep)."""
+    from torchtpu.conformance.opinfo import check_op_backward
+
+    (op,) = [o for o in select_opinfos() if op_id(o) == name]
+    pair = check_op_backward(op, DTYPE, SAMPLES_PER_OP)
+    assert pair is not None and pair.status == "pass", (pair.status, pair.detail)
