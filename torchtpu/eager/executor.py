@@ -247,7 +247,7 @@ def _perm_for(size, stride):
 class _Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
-    __slots__ = ("arrays", "slots", "sdatas", "tensors_spec", "dyn", "key", "index", "first_dev")
+    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev")
 
     def __init__(self):
         self.arrays = []
@@ -326,7 +326,7 @@ def _host_scalar(t):
     return np.asarray(t.item(), dtype=runtime.to_np_dtype(t.dtype))
 
 
-def gather(plan, vals, skip=()):
+def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
     c = _Call()
     op = plan.op
@@ -336,9 +336,6 @@ def gather(plan, vals, skip=()):
     defaults = plan.sig.defaults
     for i, v in enumerate(vals):
         k = kinds[i]
-        if i in skip:
-            key.append("skip")
-            continue
         if k == T or k == OPT_T:
             if v is None:
                 key.append(None)
