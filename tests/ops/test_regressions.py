@@ -170,3 +170,18 @@ def test_embedding_bag_forward_backward(mode, pad):
         res[dev] = (o.detach().cpu(), m.weight.grad.cpu())
     for a, b in zip(res["cpu"], res["tpu"]):
         torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_linalg_solve_gradients(transposed):
+    torch.manual_seed(0)
+    a0, b0 = torch.randn(4, 4), torch.randn(4, 2)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        a = (a0.t() if transposed else a0).detach().to(dev).requires_grad_()
+        b = b0.detach().to(dev).requires_grad_()
+        x = torch.linalg.solve(a, b)
+        (x * torch.arange(8.0, device=dev).view(4, 2)).sum().backward()
+        grads[dev] = (x.detach().cpu(), a.grad.cpu(), b.grad.cpu())
+    for c, t in zip(grads["cpu"], grads["tpu"]):
+        torch.testing.assert_close(t, c, atol=1e-5, rtol=1e-5)

@@ -966,7 +966,7 @@ class _MutableViaFunctional:
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
         fvals = [v for i, v in enumerate(vals) if i not in self.sig.out_args]
-        res = self.f(*fvals[: len(self.fsig.args)])
+        res = call_op(self.fsig, self.f, fvals[: len(self.fsig.args)])
         if isinstance(res, torch.Tensor):
             res = (res,)
         targets = [vals[i] for i in self.sig.mutated]

@@ -243,3 +243,31 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
     return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
                                          num_weights, scale_grad_by_freq, mode,
                                          per_sample_weights, padding_idx)
+
+
+@decomp(aten._linalg_solve_ex.default)
+def _linalg_solve_ex(A, B, left=True, check_errors=False):
+    """As PyTorch's CPU kernel: factor ``A^T`` when ``A`` is contiguous and real (else
+    ``A``) and solve with ``adjoint`` accordingly.  The choice depends on A's layout, and
+    the LU/pivots outputs are what solve's backward formula reuses, so it must be the same
+    choice as CPU's (a value-only lowering cannot see the layout)."""
+    use_a_t = A.is_contiguous() and not A.is_complex()
+    lu, pivots, info = torch.linalg.lu_factor_ex(A.mT if use_a_t else A)
+    vector = B.dim() == 1 or (A.dim() - 1 == B.dim() and B.shape == A.shape[:-1])
+    bm = B.unsqueeze(-1) if vector else B
+    x = torch.linalg.lu_solve(lu, pivots, bm, left=left, adjoint=use_a_t)
+    if vector:
+        x = x.squeeze(-1)
+    if check_errors and bool((info != 0).any()):
+        raise torch.linalg.LinAlgError("linalg.solve: The solver failed because the input "
+                                       "matrix is singular.")
+    return x, lu, pivots, info
+
+
+# Structured ops (functional form = allocate + call .out) whose decomposition above must be
+# reached as the functional op itself: give them their own PrivateUse1 kernel.
+_DIRECT = torch.library.Library("aten", "IMPL")
+_DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "PrivateUse1")
+# Autograd through the pieces (lu_factor_ex and lu_solve have exact backward formulas):
+# PyTorch's own solve backward, fed our LU/pivots, gave wrong gradients (cause not found).
+_DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "AutogradPrivateUse1")

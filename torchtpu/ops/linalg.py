@@ -256,25 +256,9 @@ def _lu_of(A):
     return _mT(A) if not jnp().iscomplexobj(A) else A
 
 
-@lower(aten._linalg_solve_ex.default)
-def _linalg_solve_ex(A, B, left=True, check_errors=False):
-    j = jnp()
-    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
-    Bm = B[..., None] if vector else B
-    At = _lu_of(A)
-    lu, piv, perm = _lu_factor(At)
-    transposed = At is not A
-    if left:
-        # lu of A^T: A = (A^T)^H for real A
-        X = _lu_solve_left(lu, perm, Bm, adjoint=transposed)
-    elif transposed:
-        # X A = B  <=>  A^T X^T = B^T
-        X = _mT(_lu_solve_left(lu, perm, _mT(Bm)))
-    else:
-        X = _mT(_lu_solve_left_T(lu, perm, _mT(Bm)))
-    if vector:
-        X = X[..., 0]
-    return X, lu, piv, _lu_info(lu)
+# _linalg_solve_ex is a decomposition (ops/decomp_overrides.py): PyTorch's backward formula
+# reuses its LU/pivots outputs and decides from A's *layout* whether they factor A or A^T,
+# which a value-only lowering cannot see.
 
 
 def _lu_solve_left_T(lu, perm, B):
