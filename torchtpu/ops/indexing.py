@@ -297,6 +297,7 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if zero_d:
         x, index, src = x.reshape(1), index.reshape(1), src.reshape(1)
     dim = _dim(dim, x.ndim)
+    _check_nonneg(index, x.shape[dim], dim, "scatter_reduce")
     key = _scatter_key(index, dim)
     hit = j.zeros(x.shape, bool).at[key].set(True)
     base = x if include_self else j.where(hit, _identity(reduce, dt), x)

@@ -275,25 +275,26 @@ def linalg_inv_ex(A, check_errors=False):
     return X, _lu_info(lu)
 
 
-@lower(aten._linalg_det.default)
-def _linalg_det(A):
+def _lu_det_parts(A):
+    """LU (as CPU factors it), pivots, U's diagonal and the permutation's sign."""
     j = jnp()
     lu, piv, _ = _lu_factor(_lu_of(A))
     n = A.shape[-1]
     d = j.diagonal(lu, axis1=-2, axis2=-1)
     odd = j.sum(piv != j.arange(1, n + 1, dtype=piv.dtype), axis=-1) % 2
-    sgn = j.where(odd == 1, -1, 1).astype(A.dtype)
-    return sgn * j.prod(d, axis=-1), lu, piv
+    return lu, piv, d, j.where(odd == 1, -1, 1).astype(A.dtype)
+
+
+@lower(aten._linalg_det.default)
+def _linalg_det(A):
+    lu, piv, d, sgn = _lu_det_parts(A)
+    return sgn * jnp().prod(d, axis=-1), lu, piv
 
 
 @lower(aten._linalg_slogdet.default)
 def _linalg_slogdet(A):
     j = jnp()
-    lu, piv, _ = _lu_factor(_lu_of(A))
-    n = A.shape[-1]
-    d = j.diagonal(lu, axis1=-2, axis2=-1)
-    odd = j.sum(piv != j.arange(1, n + 1, dtype=piv.dtype), axis=-1) % 2
-    sgn = j.where(odd == 1, -1, 1).astype(A.dtype)
+    lu, piv, d, sgn = _lu_det_parts(A)
     ad = j.abs(d)
     if j.iscomplexobj(A):
         phase = j.prod(j.where(ad == 0, 0, d / j.where(ad == 0, 1, ad)), axis=-1)
