@@ -400,9 +400,12 @@ def linalg_qr(A, mode="reduced"):
     return Q, R
 
 
-@lower(aten.cholesky.default)
 def cholesky(A, upper=False):
     return linalg_cholesky_ex(A, upper)[0]
+
+
+if hasattr(aten, "cholesky"):  # torch.cholesky (deprecated) is gone from torch 2.14's ATen
+    lower(aten.cholesky.default)(cholesky)
 
 
 @lower(aten.cholesky_inverse.default)
