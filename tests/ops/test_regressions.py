@@ -185,3 +185,75 @@ def test_linalg_solve_gradients(transposed):
         grads[dev] = (x.detach().cpu(), a.grad.cpu(), b.grad.cpu())
     for c, t in zip(grads["cpu"], grads["tpu"]):
         torch.testing.assert_close(t, c, atol=1e-5, rtol=1e-5)
+
+
+def _on_tpu_like(t):
+    """``t`` on tpu with the same sizes, strides and storage offset (whole storage moved)."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+    return base.to("tpu").as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+@pytest.mark.parametrize("case", ["strided", "offset_outside", "offset_inside", "transposed",
+                                  "overlapping"])
+def test_as_strided_scatter_addresses_the_storage(case):
+    """as_strided_scatter's geometry is relative to self's storage (PyTorch clones self
+    preserving strides and storage offset), not to self's elements."""
+    b = torch.arange(20.0)
+    src = -torch.arange(1.0, 5.0).view(2, 2)
+    self_, geo = {
+        "strided": (b[::2], ((2, 2), (1, 2), 1)),
+        "offset_outside": (b[5:15], ((2, 2), (1, 2), 0)),
+        "offset_inside": (b[5:15], ((2, 2), (1, 2), 6)),
+        "transposed": (b[:6].view(2, 3).t(), ((2, 2), (1, 2), 1)),
+        "overlapping": (b[:3].expand(2, 3), ((2, 2), (1, 1), 0)),
+    }[case]
+    expected = torch.as_strided_scatter(self_, src, *geo)
+    got = torch.as_strided_scatter(_on_tpu_like(self_), src.to("tpu"), *geo)
+    assert got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_as_strided_gradient_of_an_offset_leaf():
+    """as_strided of a leaf that starts at storage offset 5 reads storage elements before
+    the leaf: its gradient is zero (CPU), not the gradient of an offset-0 tensor."""
+    base = torch.randn(15)
+    g = torch.randn(2, 2)
+    grads = []
+    for x in (base[5:].detach().requires_grad_(), _on_tpu_like(base[5:]).detach().requires_grad_()):
+        y = torch.as_strided(x, (2, 2), (1, 2), 0)
+        gx, = torch.autograd.grad(y, x, g.to(x.device))
+        grads.append(gx.cpu())
+    assert torch.equal(grads[1], grads[0])
+
+
+def test_logcumsumexp_matches_cpu_at_large_magnitude():
+    """CPU accumulates float32 logcumsumexp in double: at |x| ~ 1e4 a float32 scan is an
+    ulp off, and the backward (exp of differences of such values) 1e-3 off."""
+    torch.manual_seed(0)
+    x0 = torch.randn(5, 5, 5) + 1e4
+    g = torch.randn(5, 5, 5)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        x = x0.to(dev).requires_grad_()
+        y = torch.logcumsumexp(x, 1)
+        gx, = torch.autograd.grad(y, x, g.to(dev))
+        res[dev] = (y.detach().cpu(), gx.cpu())
+    assert torch.equal(res["tpu"][0], res["cpu"][0])
+    torch.testing.assert_close(res["tpu"][1], res["cpu"][1], atol=1e-5, rtol=1.3e-6)
+
+
+def test_erfinv_near_one_forward_and_gradient():
+    """XLA's float32 erf_inv is tens of ulps off near +-1; CPU's is within one."""
+    x0 = torch.cat([torch.linspace(-0.9999, 0.9999, 4001),
+                    torch.tensor([-0.9987144470214844, 1.0, -1.0, 1.5])])
+    res = {}
+    for dev in ("cpu", "tpu"):
+        x = x0.to(dev).requires_grad_()
+        y = torch.erfinv(x)
+        gx, = torch.autograd.grad(y, x, torch.ones_like(y))
+        res[dev] = (y.detach().cpu(), gx.cpu())
+    torch.testing.assert_close(res["tpu"][0], res["cpu"][0], atol=0, rtol=1.2e-7,
+                               equal_nan=True)
+    torch.testing.assert_close(res["tpu"][1], res["cpu"][1], atol=1e-4, rtol=1.3e-6,
+                               equal_nan=True)

@@ -1268,15 +1268,20 @@ def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None
                             f"CPU backward raised {type(exc).__name__}: "
                             f"{_first_line(str(exc))[:200]}", sample=desc)
     try:
-        mapping = {id(t): t.detach().to(device).requires_grad_(True) for t in leaves}
+        # leaves keep their strides and storage offset (the whole storage moves, see
+        # _move_tensor): ops such as as_strided address the storage, not the elements
+        memo: dict = {}
+        mapping = {id(t): _move_tensor(t, device, memo).detach().requires_grad_(True)
+                   for t in leaves}
         dev_sample = SampleInput(_swap_leaves(sample.input, mapping),
                                  args=_swap_leaves(tuple(sample.args), mapping),
                                  kwargs=_swap_leaves(dict(sample.kwargs), mapping))
         dev_leaves = [mapping[id(t)] for t in leaves]
         # tensors of the sample that need no grad move too
         dev_sample = SampleInput(
-            _move_rest(dev_sample.input, device), args=_move_rest(tuple(dev_sample.args), device),
-            kwargs=_move_rest(dict(dev_sample.kwargs), device))
+            _move_rest(dev_sample.input, device, memo),
+            args=_move_rest(tuple(dev_sample.args), device, memo),
+            kwargs=_move_rest(dict(dev_sample.kwargs), device, memo))
         douts = _grad_outputs(process(_call(op, dev_sample)), [])
         actual = torch.autograd.grad(douts, dev_leaves, [c.to(device) for c in cots],
                                      allow_unused=True)
@@ -1298,13 +1303,16 @@ def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None
     return SampleResult(index, "pass", sample=desc)
 
 
-def _move_rest(obj, device):
+def _move_rest(obj, device, memo=None):
+    memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
-        return obj if obj.device.type == device or obj.requires_grad else obj.to(device)
+        if obj.device.type == device or obj.requires_grad:
+            return obj
+        return _move_tensor(obj, device, memo)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_move_rest(x, device) for x in obj)
+        return type(obj)(_move_rest(x, device, memo) for x in obj)
     if isinstance(obj, dict):
-        return {k: _move_rest(v, device) for k, v in obj.items()}
+        return {k: _move_rest(v, device, memo) for k, v in obj.items()}
     return obj
 
 

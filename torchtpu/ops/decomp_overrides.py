@@ -271,3 +271,29 @@ _DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "PrivateUse1")
 # Autograd through the pieces (lu_factor_ex and lu_solve have exact backward formulas):
 # PyTorch's own solve backward, fed our LU/pivots, gave wrong gradients (cause not found).
 _DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "AutogradPrivateUse1")
+
+
+# ------------------------------------------------------------ as_strided_scatter
+
+
+@decomp(aten.as_strided_scatter.default)
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    """PyTorch's definition, storage-exact: a copy of ``self``'s whole storage viewed with
+    ``self``'s sizes, strides and storage offset (``clone_preserve_strides``), with ``src``
+    written through ``as_strided(size, stride, storage_offset)`` of that copy: the
+    geometry addresses the storage, not ``self``'s elements, so a non-contiguous or offset
+    ``self`` sees the write only where its view covers it.  A ``self`` with internal
+    overlap is cloned plainly (as PyTorch does)."""
+    size, stride = list(size), list(stride)
+    if list(src.shape) != size:
+        raise RuntimeError(
+            f"expected src to have a size equal to the slice of self. src size = "
+            f"{list(src.shape)}, slice size = {size}")
+    if torch._debug_has_internal_overlap(self) == 1:
+        out = self.clone()
+    else:
+        n = self.untyped_storage().nbytes() // self.element_size()
+        full = self.as_strided((n,), (1,), 0).clone()
+        out = full.as_strided(self.shape, self.stride(), self.storage_offset())
+    out.as_strided(size, stride, storage_offset).copy_(src)
+    return out

@@ -463,14 +463,19 @@ def cummin(x, dim):
 
 @lower(aten.logcumsumexp.default)
 def logcumsumexp(x, dim):
-    j = jnp()
+    """CPU accumulates in ``acc_type`` (double for float32) and rounds each prefix once;
+    a float32 scan is off by an ulp at large magnitudes, which the backward (exp of
+    differences of such values) turns into 1e-3 relative errors: float32 accumulates in
+    float64 here too, half types in float32 (their CPU acc_type)."""
     dt = tdtype(x)
-    xc = cast(x, opmath(dt))
+    if dt.is_complex:
+        _raise("logcumsumexp", "complex input")
+    acc = torch.float64 if dt in (torch.float32, torch.float64) else opmath(dt)
+    xc = cast(x, acc)
     if xc.ndim == 0 or xc.size == 0:
-        return xc
+        return cast(xc, opmath(dt))
     axis = _one_dim(x.ndim, dim)
-    return lax().cumlogsumexp(xc, axis=axis) if not dt.is_complex else _raise(
-        "logcumsumexp", "complex input")
+    return cast(lax().cumlogsumexp(xc, axis=axis), opmath(dt))
 
 
 def _raise(op, case):

@@ -169,30 +169,8 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return j.moveaxis(xt, (-2, -1), (d1, d2))
 
 
-@lower(aten.as_strided_scatter.default)
-def as_strided_scatter(x, src, size, stride, storage_offset=None):
-    """``x`` laid out contiguously, with ``src`` written through ``as_strided(size, stride,
-    storage_offset)``.  PyTorch clones ``x`` preserving its strides first; the lowering
-    sees only values, so a non-contiguous ``x`` could differ: only the contiguous layout
-    is supported (the executor gives results PyTorch's strides, which for a dense
-    non-contiguous input would place the elements differently)."""
-    j = jnp()
-    off = storage_offset or 0
-    n = x.size
-    if math.prod(size) == 0:
-        return x
-    idx = np.full(tuple(size), off, dtype=np.int64)
-    for d, (sz, st) in enumerate(zip(size, stride)):
-        shp = [1] * len(size)
-        shp[d] = sz
-        idx = idx + (np.arange(sz, dtype=np.int64) * st).reshape(shp)
-    if idx.min() < 0 or idx.max() >= n:
-        raise RuntimeError(
-            f"as_strided_scatter: size {list(size)} stride {list(stride)} storage_offset "
-            f"{off} is out of bounds for a tensor of {n} elements"
-        )
-    flat = x.reshape(-1).at[idx.reshape(-1)].set(cast(src, tdtype(x)).reshape(-1))
-    return flat.reshape(x.shape)
+# as_strided_scatter is a decomposition (ops/decomp_overrides.py): its ``size``/``stride``/
+# ``storage_offset`` address the whole storage of ``self``, which a lowering never sees.
 
 
 # ------------------------------------------------------------------ tril / triu
