@@ -97,7 +97,12 @@ def test_training_loop_compiles_nothing_after_second_step_and_reports_item():
             compiles.append(torchtpu.metrics()["compiles"])
     m = torchtpu.metrics()
     assert compiles[-1] == compiles[1], compiles  # no new segment after step 2
-    assert m["segments_run"] == 20 and m["segment_cache_hits"] >= 18
+    # the same cut points every step (forward | backward | optimizer, see eager.autograd),
+    # and from the third step on every segment is a cache hit
+    per_step = m["segments_run"] // 20
+    assert m["segments_run"] == 20 * per_step and per_step >= 1
+    assert m["segment_cache_hits"] >= 18 * per_step
+    assert m["segment_cuts"].get("backward", 0) == 20
     rows = torchtpu.explain_syncs()
     assert rows[0]["cause"] == "item" and rows[0]["count"] == 20
     assert rows[0]["line"].endswith(f"{__file__}:{_line_of('loss.item()  # the sync')}")

@@ -32,6 +32,19 @@ SCRIPT = textwrap.dedent(r"""
     assert torch.equal(x1.cpu(), a)
     z = torch.empty(2, 3, device="tpu:1").copy_(x0)
     assert z.device.index == 1 and torch.equal(z.cpu(), x0.cpu())
+    # autograd and an optimizer step on tpu:1 (backward runs on the caller's thread)
+    w = torch.randn(3, 3, requires_grad=True)
+    w1 = w.detach().to("tpu:1").requires_grad_()
+    xin = torch.randn(4, 3)
+    (xin @ w).tanh().sum().backward()
+    (xin.to("tpu:1") @ w1).tanh().sum().backward()
+    assert w1.grad.device.index == 1
+    assert torch.allclose(w1.grad.cpu(), w.grad, atol=1e-6)
+    lin = torch.nn.Linear(3, 2).to("tpu:1")
+    opt = torch.optim.AdamW(lin.parameters())
+    lin(xin.to("tpu:1")).sum().backward()
+    opt.step()
+    assert lin.weight.device.index == 1
     print("OK")
 """)
 

@@ -26,6 +26,9 @@ class Metrics:
         transfers_to_device_bytes / transfers_to_host_bytes: host<->device copies (bytes).
         segments_run / segment_ops: DeferAndFuse segments executed and ops they held.
         segment_cache_hits / segment_cache_misses: compiled-segment cache lookups.
+        segment_cuts: Counter of segments started early without a host sync, by cause
+            ("backward" / "backward_end": a backward pass starts / ends;
+            "thread_switch": another thread records; "segment_limit").
         donated_buffers: segment inputs handed to XLA for reuse (in-place updates).
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
     """
@@ -50,6 +53,7 @@ class Metrics:
         self.segment_ops = 0
         self.segment_cache_hits = 0
         self.segment_cache_misses = 0
+        self.segment_cuts = collections.Counter()
         self.donated_buffers = 0
         self.sync_sites = collections.Counter()
 
@@ -63,6 +67,7 @@ class Metrics:
         d["host_syncs"] = dict(d["host_syncs"])
         d["host_syncs_total"] = sum(d["host_syncs"].values())
         d["fallbacks"] = dict(d["fallbacks"])
+        d["segment_cuts"] = dict(d["segment_cuts"])
         d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
         if d["segments_run"]:
             d["ops_per_segment"] = d["segment_ops"] / d["segments_run"]

@@ -74,6 +74,9 @@ def register() -> None:
 
     patches.install()
     generator.install()
+    from torchtpu.eager import autograd as _autograd
+
+    _autograd.install()
     autocast.register()
 
 

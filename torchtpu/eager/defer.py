@@ -21,6 +21,7 @@ loop compiles in its first steps and then only hits the cache.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -31,9 +32,13 @@ from torchtpu._tensor import storage as _st
 
 M = _metrics.METRICS
 SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit")
+# End the pending segment (asynchronously, not a host sync) when a backward pass starts
+# and ends: see torchtpu.eager.autograd.
+CUT_AT_BACKWARD = True
 
 _current = None
 _CACHE: dict = {}
+_get_ident = threading.get_ident
 # sys.getrefcount of a segment input held by nobody else: the inputs list + the call's
 # own argument reference.
 _REFS_IF_UNUSED = 2
@@ -44,10 +49,11 @@ warnings.filterwarnings("ignore", message="Some donated buffers were not usable"
 class Segment:
     """Ops recorded since the last flush (on one device)."""
 
-    __slots__ = ("index", "inputs", "input_ids", "dyn", "nodes", "key", "lazies")
+    __slots__ = ("index", "thread", "inputs", "input_ids", "dyn", "nodes", "key", "lazies")
 
-    def __init__(self, index):
+    def __init__(self, index, thread):
         self.index = index
+        self.thread = thread  # the recording thread (autograd's device thread or the user's)
         self.inputs = []  # concrete JAX arrays read by the segment
         self.input_ids = {}  # id(array) -> position in inputs
         self.dyn = []  # host scalars / RNG key data, in op order
@@ -89,10 +95,16 @@ def record(ex, c):
     the Lazy values standing for its results."""
     global _current
     seg = _current
-    if seg is None or seg.index != c.index:
+    thread = _get_ident()
+    if seg is None or seg.index != c.index or seg.thread != thread:
         if seg is not None:
-            flush("device_change")
-        seg = _current = Segment(c.index)
+            if seg.index != c.index:
+                flush("device_change")
+            else:
+                # another thread records (user threads, or a backward on autograd's
+                # worker thread): segments are per thread of control
+                flush("thread_switch", sync=False)
+        seg = _current = Segment(c.index, thread)
     if ex.out_avals is None:
         ex.out_avals = _out_avals(ex, c.arrays, c.dyn)
     refs = tuple(seg.ref(a) for a in c.arrays)
@@ -106,7 +118,7 @@ def record(ex, c):
         outs.append(lz)
         seg.lazies.append((weakref.ref(lz), node, i))
     if len(seg.nodes) >= SEGMENT_LIMIT:
-        flush("segment_limit")
+        flush("segment_limit", sync=False)
     return outs
 
 
@@ -115,8 +127,13 @@ def pending_ops() -> int:
     return 0 if _current is None else len(_current.nodes)
 
 
-def flush(cause: str = "flush") -> None:
-    """Run the pending segment, if any (a sync point counted under ``cause``)."""
+def flush(cause: str = "flush", sync: bool = True) -> None:
+    """Run the pending segment, if any.
+
+    ``sync=True``: a sync point, counted under ``cause`` in ``metrics()["host_syncs"]``
+    (the caller then waits for a value).  ``sync=False``: a segment boundary the executor
+    chose; the segment is dispatched asynchronously and counted in
+    ``metrics()["segment_cuts"]``."""
     global _current
     seg = _current
     if seg is None:
@@ -143,7 +160,10 @@ def flush(cause: str = "flush") -> None:
     M.segments_run += 1
     M.segment_ops += len(seg.nodes)
     M.donated_buffers += len(donate)
-    M.sync(cause)
+    if sync:
+        M.sync(cause)
+    else:
+        M.segment_cuts[cause] += 1
     dset = set(donate)
     donated = [inputs[i] for i in donate]
     kept = [a for i, a in enumerate(inputs) if i not in dset]

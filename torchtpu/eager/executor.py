@@ -798,10 +798,13 @@ def retype(arr, dtype: torch.dtype, shape: tuple):
 
 def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
     """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
-    a = _st.data(t).arr
-    if a.__class__ is _st.Lazy and a.value is None:
-        from torchtpu.eager import defer
+    from torchtpu.eager import defer
 
+    if defer.pending_ops():
+        # A host read ends the segment even when ``t`` is already computed: the pending
+        # ops (e.g. an optimizer step after the forward that produced a logged loss) are
+        # dispatched now, asynchronously, so every training step cuts at the same point
+        # and the host does not wait for them.
         defer.flush(cause)  # counts the sync
     else:
         M.sync(cause)
