@@ -11,6 +11,13 @@ import sys, torch, jax
 print("python", sys.version.split()[0], "torch", torch.__version__, "jax", jax.__version__)
 print("jax devices", jax.devices())
 PY
+echo "== CPU eager bench, pinned to 2 cores (the CI machine's size), segment cuts on / off"
+for cut in 1 0; do
+  TORCHTPU_PLATFORM=cpu TORCHTPU_DEFER_CUT_AT_BACKWARD=$cut timeout 120 taskset -c 0,1 \
+    python3 -m torchtpu.bench eager --steps 10 --warmup 3 --workloads llama,mlp \
+    --modes strict,defer_and_fuse --json "$OUT/eager_cpu_cut$cut.json" 2>&1 \
+    | grep -v "it/s\|run/s" | tail -9 | tee "$OUT/eager_cpu_cut$cut.txt"
+done
 echo "== smoke"
 timeout 90 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.txt"
 import time, torch, torchtpu
@@ -31,13 +38,13 @@ print("loss diff", abs(l1.item() - l2.item()), "grad diff",
 print(torchtpu.metrics()["compiles"], "compiles")
 PY
 echo "== tests (semantics, eager modes)"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_semantics.py tests/test_eager_modes.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_semantics.py tests/test_eager_modes.py \
   -k "(strict or not semantics) and not autoload and not safetensors and not environment" 2>&1 \
   | tail -15 | tee "$OUT/tests.txt"
 echo "== overhead bench"
 timeout 60 python3 -m torchtpu.bench overhead --json "$OUT/overhead.json" 2>&1 | tail -8
 echo "== eager bench"
-timeout 200 python3 -m torchtpu.bench eager --steps 10 --warmup 3 --workloads mlp,llama,cnn \
+timeout 150 python3 -m torchtpu.bench eager --steps 10 --warmup 3 --workloads mlp,llama,cnn \
   --json "$OUT/eager.json" 2>&1 | grep -v "it/s\|run/s" | tail -16 | tee "$OUT/eager.txt"
 echo "== matmul throughput bf16 4096^3"
 timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/matmul.txt"

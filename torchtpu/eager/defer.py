@@ -20,6 +20,7 @@ loop compiles in its first steps and then only hits the cache.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -33,8 +34,8 @@ from torchtpu._tensor import storage as _st
 M = _metrics.METRICS
 SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit")
 # End the pending segment (asynchronously, not a host sync) when a backward pass starts
-# and ends: see torchtpu.eager.autograd.
-CUT_AT_BACKWARD = True
+# and ends: see torchtpu.eager.autograd.  TORCHTPU_DEFER_CUT_AT_BACKWARD=0 turns it off.
+CUT_AT_BACKWARD = os.environ.get("TORCHTPU_DEFER_CUT_AT_BACKWARD", "1") != "0"
 
 _current = None
 _CACHE: dict = {}

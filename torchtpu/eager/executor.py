@@ -33,6 +33,7 @@ import torch
 from torchtpu import _metrics
 from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import defer as _defer
 from torchtpu.ops import _checks
 
 M = _metrics.METRICS
@@ -441,9 +442,7 @@ class LoweredPlan:
             self._resize_outs(vals, ex.resize)
             return self(args, kwargs)
         if CONFIG.defer:
-            from torchtpu.eager import defer
-
-            outs = defer.record(ex, c)
+            outs = _defer.record(ex, c)
             if ex.check_info:
                 PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
                 outs = outs[:-1]
@@ -798,14 +797,12 @@ def retype(arr, dtype: torch.dtype, shape: tuple):
 
 def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
     """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
-    from torchtpu.eager import defer
-
-    if defer.pending_ops():
+    if _defer.pending_ops():
         # A host read ends the segment even when ``t`` is already computed: the pending
         # ops (e.g. an optimizer step after the forward that produced a logged loss) are
         # dispatched now, asynchronously, so every training step cuts at the same point
         # and the host does not wait for them.
-        defer.flush(cause)  # counts the sync
+        _defer.flush(cause)  # counts the sync
     else:
         M.sync(cause)
     check_pending()
