@@ -1,11 +1,13 @@
 # One command each, on a fresh clone:
 #   make demo   - set up .venv and run the main job (python -m torchtpu.demo)
 #   make test   - set up .venv and run the test suite (what CI runs)
+#   make conformance-vision - set up .venv-vision (torch 2.14.1 + torchvision) and run
+#                 the torchvision classification sweep (ARGS='--filter ^resnet' etc.)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-full bench clean
+.PHONY: setup demo test test-full bench clean conformance-vision
 
 setup: $(VENV)/.installed
 
@@ -27,5 +29,21 @@ test: setup
 test-full: setup
 	TORCHTPU_FULL_OPINFO=1 $(PY) -m pytest tests $(ARGS)
 
+# torchvision from PyPI does not import beside torch 2.13.0+cpu, so the vision sweep has
+# its own venv: torch 2.14.1 with its matching torchvision 0.29.1 (a CUDA build of torch,
+# ~6 GB; it runs on the CPU).
+VISION_VENV ?= .venv-vision
+VPY := $(VISION_VENV)/bin/python
+
+$(VISION_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VISION_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(VPY) -m pip install -q -e . tqdm
+	touch $@
+
+conformance-vision: $(VISION_VENV)/.installed
+	$(VPY) -m torchtpu.conformance vision $(ARGS)
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(VISION_VENV) *.egg-info

@@ -1,12 +1,13 @@
-"""``python -m torchtpu.conformance {ops,models} [args]``.
+"""``python -m torchtpu.conformance {ops,models,vision} [args]``.
 
 * ``ops``    -- the OpInfo sweep (:mod:`torchtpu.conformance.opinfo`);
-* ``models`` -- the Hugging Face architecture sweep (:mod:`torchtpu.conformance.models`).
+* ``models`` -- the Hugging Face architecture sweep (:mod:`torchtpu.conformance.models`);
+* ``vision`` -- the torchvision classification sweep (:mod:`torchtpu.conformance.vision`).
 """
 
 import sys
 
-_USAGE = "usage: python -m torchtpu.conformance {ops,models} [--help | args...]"
+_USAGE = "usage: python -m torchtpu.conformance {ops,models,vision} [--help | args...]"
 
 
 def main(argv=None) -> int:
@@ -23,6 +24,10 @@ def main(argv=None) -> int:
         from torchtpu.conformance import models
 
         return models.main(rest) or 0
+    if cmd == "vision":
+        from torchtpu.conformance import vision
+
+        return vision.main(rest) or 0
     print(f"unknown subcommand {cmd!r}\n{_USAGE}", file=sys.stderr)
     return 2
 
