@@ -118,3 +118,15 @@ def _register_direct_kernels() -> None:
         if op._overloadname != "default":
             name += "." + op._overloadname
         lib.impl(name, _kernel_for(op), "PrivateUse1", with_keyset=True)
+        # Its in-place twin (mul_.Tensor for mul.Tensor): a structured in-place op would
+        # otherwise arrive as its ``.out`` variant with self as out (resize checks and a
+        # write-only output, for an op that reads and writes the same tensor).
+        base, ov = op._schema.name.split("::")[1], op._overloadname
+        packet = getattr(torch.ops.aten, base + "_", None)
+        if packet is not None and ov in packet.overloads():
+            inplace = getattr(packet, ov)
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(
+                inplace.name(), "CompositeImplicitAutograd"
+            ):
+                lib.impl(base + "_" + ("" if ov == "default" else "." + ov),
+                         _kernel_for(inplace), "PrivateUse1", with_keyset=True)

@@ -76,10 +76,26 @@ def host_array(src: torch.Tensor) -> np.ndarray:
     return np.array(arr, copy=True, order="C")
 
 
+# Small host values copied again and again (a model's ``torch.tensor([])`` or
+# ``torch.tensor(1.0)`` made on the CPU every step): their device arrays, by value.  JAX
+# arrays are immutable and a storage write replaces its array, so sharing one is safe;
+# the extra reference also keeps them from being donated.
+_SMALL_BYTES = 64
+_SMALL: dict = {}
+
+
 def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
     """A new contiguous ``tpu:index`` tensor with the values of CPU tensor ``src``."""
     arr = host_array(src)
     M.transfers_to_device_bytes += arr.nbytes
+    if arr.nbytes <= _SMALL_BYTES:
+        key = (arr.tobytes(), arr.dtype.str, arr.shape, src.dtype, index)
+        dev_arr = _SMALL.get(key)
+        if dev_arr is None:
+            if len(_SMALL) > 4096:
+                _SMALL.clear()
+            dev_arr = _SMALL[key] = runtime.jax().device_put(arr, runtime.jax_device(index))
+        return _st.wrap(dev_arr, index, src.dtype)
     dev_arr = runtime.jax().device_put(arr, runtime.jax_device(index))
     return _st.wrap(dev_arr, index, src.dtype)
 

@@ -120,10 +120,28 @@ class StorageData:
             self.resolve(a.value)
             return self.arr
         if a is None:
-            jnp = runtime.jax().numpy
-            with runtime.jax().default_device(runtime.jax_device(self.index)):
-                self.arr = jnp.zeros(self.shape, runtime.to_np_dtype(self.dtype))
+            self.arr = zeros(self.shape, self.dtype, self.index)
         return self.arr
+
+
+_ZEROS: dict = {}
+
+
+def zeros(shape: tuple, dtype: torch.dtype, index: int):
+    """A JAX array of zeros on ``tpu:index`` (one cached executable per shape and dtype:
+    cheaper than two eagerly dispatched JAX primitives)."""
+    key = (shape, dtype, index)
+    f = _ZEROS.get(key)
+    if f is None:
+        jax = runtime.jax()
+        from jax.sharding import SingleDeviceSharding
+
+        np_dtype = runtime.to_np_dtype(dtype)
+        f = _ZEROS[key] = jax.jit(
+            lambda: jax.numpy.zeros(shape, np_dtype),
+            out_shardings=SingleDeviceSharding(runtime.jax_device(index)),
+        )
+    return f()
 
 
 class Lazy:

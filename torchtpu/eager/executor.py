@@ -215,11 +215,21 @@ def _cpu_stand_in(v):
 def _raise_cpu_error(sig, op, meta_vals):
     """When a meta kernel rejects a call, raise the error CPU gives for it instead (same
     type and message as on CPU), by running the op on memory-free CPU stand-ins."""
-    try:
-        call_op(sig, op, [_cpu_stand_in(v) for v in meta_vals])
-    except Exception as cpu_err:
-        if "single memory location" not in str(cpu_err):  # an artifact of the stand-ins
-            raise cpu_err.with_traceback(None) from None
+    stand_ins = [_cpu_stand_in(v) for v in meta_vals]
+    for attempt in range(2):
+        try:
+            call_op(sig, op, stand_ins)
+        except Exception as cpu_err:
+            if "single memory location" not in str(cpu_err):
+                raise cpu_err.with_traceback(None) from None
+            # an artifact of the stand-ins (an in-place op writing an expanded tensor):
+            # once more with real (small) tensors for the written arguments
+            for i in sig.mutated:
+                v = meta_vals[i]
+                if isinstance(v, torch.Tensor) and v.numel() <= (1 << 20):
+                    stand_ins[i] = torch.zeros(v.shape, dtype=v.dtype)
+        else:
+            return
 
 
 _WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, complex: torch.complex64}
@@ -229,6 +239,11 @@ def _meta_wrapped(v):
     """A meta 0-d tensor promoting like the Python number ``v`` (a "wrapped number")."""
     dt = _WRAPPED_DTYPE.get(type(v)) or torch.get_default_dtype()
     return torch.empty((), dtype=dt, device="meta")
+
+
+def _scalar_type_name(dtype: torch.dtype) -> str:
+    """PyTorch's C++ ScalarType name ("Float", "Long", "ComplexFloat"), as in its errors."""
+    return torch.empty(0, dtype=dtype).type().split(".")[-1][: -len("Tensor")]
 
 
 def _perm_for(size, stride):
@@ -536,6 +551,16 @@ class LoweredPlan:
             raise meta_err
         if isinstance(out, torch.Tensor):
             out = [out]
+        if self.sig.mutated and not self.sig.out_args:
+            # In-place: PyTorch's meta kernels skip the cast check CPU makes.
+            for i, o in zip(self.sig.mutated, out):
+                dst = vals[i].dtype
+                if not torch.can_cast(o.dtype, dst):
+                    _raise_cpu_error(self.sig, self.op, meta_vals)
+                    raise RuntimeError(
+                        f"result type {_scalar_type_name(o.dtype)} can't be cast to the "
+                        f"desired output type {_scalar_type_name(dst)}"
+                    )
         return [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in out]
 
     def _build(self, vals, c, key):
