@@ -314,3 +314,58 @@ def test_topk_with_ties_returns_tied_elements():
         assert torch.equal(t.values.cpu(), c.values)
         assert torch.equal(s.gather(1, t.indices.cpu()), c.values)
         assert all(len(set(row)) == k for row in t.indices.cpu().tolist())
+
+
+@pytest.mark.parametrize("qkv", ["self", "kv_shared", "separate"])
+@pytest.mark.parametrize("mask", [None, "key_padding", "src", "full", "float_src"])
+@pytest.mark.parametrize("weights", ["none", "per_head", "averaged"])
+def test_native_multi_head_attention(qkv, mask, weights):
+    """nn.MultiheadAttention's inference fast path (torchvision's ViT) vs CPU's kernel."""
+    torch.manual_seed(0)
+    B, T, D, H = 2, 5, 8, 2
+    x, y, z = torch.randn(B, T, D), torch.randn(B, T, D), torch.randn(B, T, D)
+    q, k, v = {"self": (x, x, x), "kv_shared": (x, y, y), "separate": (x, y, z)}[qkv]
+    params = [torch.randn(3 * D, D), torch.randn(3 * D), torch.randn(D, D), torch.randn(D)]
+    m, mt = None, None
+    if mask == "key_padding":
+        m, mt = torch.zeros(B, T, dtype=torch.bool), 1
+        m[1, -2:] = True
+    elif mask in ("src", "float_src"):
+        m, mt = torch.rand(T, T) > 0.7, 0
+        m.fill_diagonal_(False)
+        if mask == "float_src":
+            m = m.float()  # non-zero: masked, as CPU converts it
+    elif mask == "full":
+        m, mt = torch.rand(B, H, T, T) > 0.6, 2
+        m[..., 0] = False
+    need, avg = {"none": (False, True), "per_head": (True, False), "averaged": (True, True)}[weights]
+
+    def run(dev):
+        d = {id(t): t.to(dev) for t in (x, y, z)}  # keep query/key/value identity
+        ps = [p.to(dev) for p in params]
+        out, w = torch._native_multi_head_attention(
+            d[id(q)], d[id(k)], d[id(v)], D, H, *ps, None if m is None else m.to(dev), need, avg, mt)
+        return out.cpu(), None if w is None else w.cpu()
+
+    c, t = both(run)
+    torch.testing.assert_close(t[0], c[0], atol=1e-5, rtol=1e-5)
+    assert (t[1] is None) == (c[1] is None)
+    if c[1] is not None:
+        torch.testing.assert_close(t[1], c[1], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_layer_inference_fast_path(norm_first, activation):
+    import copy
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=activation,
+                                             batch_first=True, norm_first=norm_first).eval()
+    x = torch.randn(2, 5, 8)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, -2:] = True
+    with torch.no_grad():
+        c = layer(x, src_key_padding_mask=pad)
+        t = copy.deepcopy(layer).to("tpu")(x.to("tpu"), src_key_padding_mask=pad.to("tpu"))
+    torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)

@@ -86,6 +86,7 @@ _FAMILIES = (
     "random",
     "factory",
     "special",
+    "attention",
 )
 _loaded = False
 
