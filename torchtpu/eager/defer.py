@@ -174,12 +174,12 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         fn = _CACHE[key] = _build(seg, [(n, o) for _, n, o in live], donate,
                                   len(donated) + len(kept))
         t0 = time.perf_counter()
-        results = fn(donated, kept, seg.dyn)
+        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
         M.compiles += 1
         M.compile_seconds += time.perf_counter() - t0
     else:
         M.segment_cache_hits += 1
-        results = fn(donated, kept, seg.dyn)
+        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
     executor.LAST_OUTPUTS = results
     for (lz, _, _), r in zip(live, results):
         lz.value = r
@@ -189,6 +189,41 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
             owner.resolve(r)
 
 
+def _dyn_layout(dyn):
+    """How a segment's host scalars (and RNG key data) travel: one flat array per dtype
+    (``groups``: dtype -> entry positions) instead of one transfer each, and where each
+    entry sits in its array (``layout``: (group, offset, size, shape))."""
+    groups: dict = {}
+    offsets: dict = {}
+    layout = []
+    for i, a in enumerate(dyn):
+        k = a.dtype.str
+        groups.setdefault(k, []).append(i)
+        off = offsets.get(k, 0)
+        layout.append((k, off, a.size, a.shape))
+        offsets[k] = off + a.size
+    return groups, layout
+
+
+def _pack(dyn, groups):
+    import numpy as np
+
+    return {k: np.concatenate([dyn[i].reshape(-1) for i in idx]) for k, idx in groups.items()}
+
+
+class _Compiled:
+    """A compiled segment: ``fn(donated, kept, packed_dyn)``, and its dyn packing."""
+
+    __slots__ = ("jitted", "groups")
+
+    def __init__(self, jitted, groups):
+        self.jitted = jitted
+        self.groups = groups
+
+    def __call__(self, donated, kept, packed):
+        return self.jitted(donated, kept, packed)
+
+
 def _build(seg, live, donate, n_inputs):
     jax = runtime.jax()
     from jax.sharding import SingleDeviceSharding
@@ -196,8 +231,10 @@ def _build(seg, live, donate, n_inputs):
     nodes = list(seg.nodes)
     dset = set(donate)
     kept_idx = [i for i in range(n_inputs) if i not in dset]
+    groups, layout = _dyn_layout(seg.dyn)
 
-    def run(donated, kept, dyn):
+    def run(donated, kept, packed):
+        dyn = [packed[k][off:off + size].reshape(shape) for k, off, size, shape in layout]
         inputs = [None] * n_inputs
         for i, a in zip(donate, donated):
             inputs[i] = a
@@ -216,8 +253,10 @@ def _build(seg, live, donate, n_inputs):
                 vals[(n, i)] = o
         return tuple(vals[k] for k in live)
 
-    return jax.jit(run, out_shardings=SingleDeviceSharding(runtime.jax_device(seg.index)),
-                   donate_argnums=(0,) if donate else ())
+    return _Compiled(
+        jax.jit(run, out_shardings=SingleDeviceSharding(runtime.jax_device(seg.index)),
+                donate_argnums=(0,) if donate else ()),
+        groups)
 
 
 def cache_info() -> dict:

@@ -789,11 +789,12 @@ def check_pending() -> None:
                 defer.flush("device_check")
             flag = flag.value
         flags.append(flag)
-    # one device op and one transfer for all of them
-    jnp = runtime.jax().numpy
-    if len({f.device for f in flags}) == 1:
-        allbad = np.asarray(jnp.concatenate(flags))
+    if len(flags) > 16 and len({f.device for f in flags}) == 1:
+        # one device op and one transfer for all of them
+        allbad = np.asarray(runtime.jax().numpy.concatenate(flags))
     else:
+        # a few transfers, and no new device op: one would queue behind work dispatched
+        # since (e.g. a DeferAndFuse optimizer segment) and make this sync wait for it
         allbad = np.concatenate([np.asarray(f) for f in flags])
     if not allbad.any():
         return
