@@ -33,9 +33,13 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+_PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
+
+
 class _Guard(torch._C._acc.DeviceGuard):
+    # called from C++ for every autograd node and device guard: keep it a bare return
     def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+        return _PRIVATEUSE1
 
 
 def _dispatch(keyset, op, *args, **kwargs):
