@@ -164,3 +164,59 @@ def test_opinfo_backward_float32(name):
     (op,) = [o for o in select_opinfos() if op_id(o) == name]
     pair = check_op_backward(op, DTYPE, SAMPLES_PER_OP)
     assert pair is not None and pair.status == "pass", (pair.status, pair.detail)
+
+
+# ---------------------------------------------------------------------------------------
+# Comparison rules of the sweep itself (no device needed)
+
+
+def test_float_output_of_integer_sample_uses_float_tolerance():
+    """As PyTorch's assertEqual: the tolerance follows the compared tensors' dtype, so a
+    float output of an int64 sample is not compared exactly; int outputs still are."""
+    from torchtpu.conformance.opinfo import compare
+
+    e = torch.tensor([1.0, 2.0, 3.0])
+    a = e + 1e-7
+    assert compare(a, e, 0.0, 0.0, device="cpu") is None
+    assert compare(e + 1e-3, e, 0.0, 0.0, device="cpu") is not None
+    assert compare(torch.tensor([1, 2]), torch.tensor([1, 3]), 0.5, 0.5, device="cpu") is not None
+
+
+def test_tie_indices_checked_for_validity_not_equality():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from torchtpu.conformance.opinfo import get_opinfo, tie_index_check
+
+    x = torch.tensor([[3, 1, 3, 2, 1], [5, 5, 5, 0, 0]])
+
+    def check(oid, actual_fn, *args, **kwargs):
+        op = get_opinfo(oid)
+        expected = op(x, *args, **kwargs)
+        return tie_index_check(op, SampleInput(x, args=args, kwargs=kwargs),
+                               actual_fn(expected), expected)[1]
+
+    def swap_tied(e):  # row 0 sorted ascending starts with the two 1s (indices 1 and 4)
+        v, i = e
+        i = i.clone()
+        i[0, 0], i[0, 1] = int(i[0, 1]), int(i[0, 0])
+        return v, i
+
+    def twice(e):
+        v, i = e
+        i = i.clone()
+        i[0, 1] = i[0, 0]
+        return v, i
+
+    assert check("sort", swap_tied) is None
+    assert check("sort", twice) is not None
+    assert check("argsort", lambda e: swap_tied((None, e))[1]) is None
+    # kthvalue(k=2) along dim 1: row 0 -> 1 (index 1 or 4), row 1 -> 0 (index 3 or 4)
+    assert check("kthvalue", lambda e: (e[0], torch.tensor([4, 4])), 2, 1) is None
+    assert check("kthvalue", lambda e: (e[0], torch.tensor([4, 0])), 2, 1) is not None
+    assert check("topk", lambda e: (e[0], torch.tensor([[0, 0], [0, 1]])), 2, 1) is not None
+    # stable=True defines the tie order: left to the exact comparison
+    op = get_opinfo("sort")
+    s = SampleInput(x, kwargs={"stable": True})
+    e = op(x, stable=True)
+    actual, diff = tie_index_check(op, s, swap_tied(e), e)
+    assert diff is None and not torch.equal(actual[1], e[1])

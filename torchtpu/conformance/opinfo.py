@@ -7,7 +7,10 @@ Usage (CLI)::
     python -m torchtpu.conformance.opinfo --limit-samples 5 --jobs 2 --json sweep.json
     python -m torchtpu.conformance.opinfo --backward     # gradients vs CPU too
 
-(Also ``python -m torchtpu.conformance ops ...``.)
+(Also ``python -m torchtpu.conformance ops ...``.)  Every run writes all results and the
+summary to ``conformance/ops.json`` (``--json`` to change; ``--mode all`` writes
+``ops.<mode>.json`` per mode) and the printed summary, as Markdown, next to it
+(``conformance/ops.md``).
 
 For each OpInfo (optionally filtered by a regex on its id, ``name`` or
 ``name.variant_test_name``) and each requested dtype the OpInfo supports on CPU, the first
@@ -36,6 +39,13 @@ atol 1e-3 / rtol 1e-3 (PyTorch's device tests compute half types in float32 and 
 once; XLA may round differently in between), loosened per op by the largest
 ``toleranceOverride`` / ``precisionOverride`` that the OpInfo declares for that dtype in
 its ``decorators`` for a numerical-comparison test class (:data:`TOLERANCE_CLASSES`).
+As in PyTorch's ``assertEqual``, each output tensor is compared with the larger of that
+and its own dtype's default (:func:`tensor_tolerance`): a float output of an int64 or
+bool sample gets the float tolerance; integer and bool outputs compare exactly.
+
+Index outputs that the op's documentation leaves unspecified on ties (sort without
+``stable=True``, topk, kthvalue, mode, median/nanmedian with a dim) are checked for
+validity instead of equality (:func:`tie_index_check`); the values still compare as usual.
 
 Random ops (:func:`is_random`: OpInfo ``has_nondeterministic_output``, a known name, or
 two CPU runs of the same sample that disagree) are compared for dtype/shape only.
@@ -108,6 +118,18 @@ TOLERANCE_CLASSES = frozenset(
         "TestMasked",
     }
 )
+
+
+def tensor_tolerance(out_dtype: torch.dtype, atol: float, rtol: float) -> tuple[float, float]:
+    """(atol, rtol) for comparing one output of dtype ``out_dtype`` when the sample's dtype
+    gives (``atol``, ``rtol``) (:func:`tolerance`): as PyTorch's ``assertEqual``, the
+    larger of the output dtype's default and the sample dtype's tolerance, so a floating
+    output of an int64/bool sample is compared with its own dtype's tolerance (not
+    exactly); integer and bool outputs compare exactly."""
+    base = BASE_TOLERANCE.get(out_dtype)
+    if base is None:
+        return 0.0, 0.0
+    return max(atol, base[0]), max(rtol, base[1])
 
 
 def _tolerance_decorators():
@@ -408,10 +430,7 @@ def compare(actual, expected, atol: float, rtol: float, shape_only: bool = False
             a = a.to_dense()
         if e.layout != torch.strided:
             e = e.to_dense()
-        if e.dtype in BASE_TOLERANCE:
-            at, rt = atol, rtol
-        else:
-            at, rt = 0.0, 0.0
+        at, rt = tensor_tolerance(e.dtype, atol, rtol)
         try:
             torch.testing.assert_close(a, e, atol=at, rtol=rt, equal_nan=True,
                                        check_device=False, check_stride=False,
@@ -457,8 +476,10 @@ def compare(actual, expected, atol: float, rtol: float, shape_only: bool = False
         if isinstance(expected, int):
             ok = actual == expected
         else:
+            at, rt = tensor_tolerance(
+                torch.complex128 if isinstance(expected, complex) else torch.float64, atol, rtol)
             ok = (cmath_isnan(actual) and cmath_isnan(expected)) or abs(actual - expected) <= (
-                atol + rtol * abs(expected))
+                at + rt * abs(expected))
         if not ok:
             err = abs(actual - expected)
             return Diff(path, "values", f"{actual!r} != expected {expected!r}", float(err),
@@ -613,6 +634,120 @@ def _call(op, sample):
     return op(sample.input, *sample.args, **sample.kwargs)
 
 
+# ---------------------------------------------------------------------------------------
+# Index outputs that are unspecified on ties
+#
+# Which of several equal elements an index output names is left to the implementation
+# by these ops' documentation (sort without ``stable=True``; topk; kthvalue; mode;
+# median/nanmedian with a dim: "indices [are] not necessarily the first occurrence ...
+# device-specific").  Their values are compared as usual; an index output is accepted
+# when it is valid: in range, the input gathered at it gives the values (exactly), and
+# for sort/argsort/topk no position is named twice along the dim.  max/min/argmax with a
+# dim are documented to return the first maximal index, cummax/cummin are deterministic:
+# compared exactly.  (PyTorch's own device-vs-CPU test, TestCommon.test_compare_cpu,
+# needs no such rule: CPU and CUDA sorts are both stable and the samples are mostly
+# tie-free; our backend's need not pick the same tie.)
+
+# op name -> (parameter names after ``input`` with defaults, value output index or None,
+# distinct indices along dim)
+_TIE_INDEX_OPS = {
+    "sort": ((("dim", -1), ("descending", False), ("stable", False)), 0, True),
+    "argsort": ((("dim", -1), ("descending", False), ("stable", False)), None, True),
+    "topk": ((("k", None), ("dim", -1), ("largest", True), ("sorted", True)), 0, True),
+    "kthvalue": ((("k", None), ("dim", -1), ("keepdim", False)), 0, False),
+    "mode": ((("dim", -1), ("keepdim", False)), 0, False),
+    "median": ((("dim", None), ("keepdim", False)), 0, False),
+    "nanmedian": ((("dim", None), ("keepdim", False)), 0, False),
+}
+
+
+def _bind(params, args, kwargs) -> dict:
+    out = {n: d for n, d in params}
+    for (n, _), a in zip(params, args):
+        out[n] = a
+    out.update({k: v for k, v in kwargs.items() if k in out})
+    return out
+
+
+def _same_exact(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool((a == b).all())
+
+
+def tie_index_check(op, sample, actual, expected, atol: float = 0.0, rtol: float = 0.0):
+    """For ops whose index output is unspecified on ties (:data:`_TIE_INDEX_OPS`):
+    ``(actual', diff)``.  When ``actual``'s indices are valid, ``actual'`` is ``actual``
+    with CPU's indices in their place (the rest is then compared as usual); otherwise
+    ``diff`` says what is wrong.  Other ops, and calls with defined indices (sort with
+    ``stable=True``, median without a dim): ``(actual, None)`` unchanged.  topk with
+    ``sorted=False`` leaves the order of the k values unspecified too: they are compared
+    as a set (sorted along the dim; within (``atol``, ``rtol``) of the output dtype)."""
+    spec = _TIE_INDEX_OPS.get(op.name)
+    if spec is None or not isinstance(sample.input, torch.Tensor):
+        return actual, None
+    params, vpos, distinct = spec
+    a = _bind(params, sample.args, sample.kwargs)
+    if a.get("stable") or ("dim" in a and a["dim"] is None):
+        return actual, None
+    if vpos is None:  # argsort: the indices alone
+        if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+            return actual, None
+        idx, eidx, values = actual, expected, None
+    else:
+        if not (isinstance(actual, (tuple, list)) and isinstance(expected, (tuple, list))
+                and len(actual) == 2 and len(expected) == 2):
+            return actual, None
+        values, idx = actual
+        eidx = expected[1]
+    if not (isinstance(idx, torch.Tensor) and isinstance(eidx, torch.Tensor)) or \
+            idx.shape != eidx.shape or idx.dtype != eidx.dtype or idx.dtype != torch.int64:
+        return actual, None  # the usual comparison reports it
+    x = sample.input.detach()
+    dim = a["dim"]
+    x1 = x.reshape(1) if x.dim() == 0 else x
+    d = dim % x1.dim()
+    n = x1.shape[d]
+    i1 = idx.reshape(1) if idx.dim() == 0 else idx
+    if not a.get("keepdim", True) and vpos is not None and op.name not in ("sort", "topk") \
+            and x.dim() > 0:
+        i1 = i1.unsqueeze(d)
+    path = "out" if vpos is None else "out[1]"
+    if i1.numel() and (bool((i1 < 0).any()) or bool((i1 >= n).any())):
+        return actual, Diff(path, "values", f"indices out of range [0, {n})")
+    if distinct and i1.numel():
+        srt = i1.sort(dim=d).values
+        if bool((srt.narrow(d, 1, srt.shape[d] - 1) == srt.narrow(d, 0, srt.shape[d] - 1)).any()):
+            return actual, Diff(path, "values", "indices name one element twice")
+    got = x1.gather(d, i1)
+    if vpos is None:
+        e1 = eidx.reshape(1) if eidx.dim() == 0 else eidx
+        want = x1.gather(d, e1)
+    else:
+        want = values.reshape(got.shape)
+    if not _same_exact(got, want):
+        return actual, Diff(path, "values", "the input at the returned indices is not the "
+                            "returned values" if vpos is not None else
+                            "the input at the returned indices is not sorted as on CPU")
+    if vpos is None:
+        return eidx, None
+    out = list(actual)
+    out[1] = eidx
+    if op.name == "topk" and not a.get("sorted", True):
+        ev = expected[0]
+        if isinstance(ev, torch.Tensor) and ev.shape == values.shape and ev.dtype == values.dtype:
+            v1 = values.reshape(1) if values.dim() == 0 else values
+            e1 = ev.reshape(1) if ev.dim() == 0 else ev
+            diff = compare(v1.sort(dim=d).values, e1.sort(dim=d).values, atol, rtol,
+                           path="out[0] (as a set)", device="cpu")
+            if diff is not None:
+                return actual, diff
+            out[0] = ev
+    return (type(actual)(*out) if hasattr(actual, "_fields") else type(actual)(out)), None
+
+
 def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[bool] = None,
                tol: Optional[tuple[float, float]] = None, seed: int = 0,
                device: str = DEVICE, guide=None) -> SampleResult:
@@ -671,6 +806,8 @@ def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[
         return SampleResult(index, status, cause, detail, sample=desc, random=rnd)
 
     diff = _device_diff(actual, expected, device)
+    if diff is None and not rnd:
+        actual_cpu, diff = tie_index_check(op, sample, actual_cpu, expected, atol, rtol)
     if diff is None:
         diff = compare(actual_cpu, expected, atol, rtol, shape_only=rnd, device="cpu")
     if diff is None:
@@ -1119,7 +1256,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="float32", help="comma list (default float32)")
     p.add_argument("--limit-samples", type=int, default=None,
                    help="first N samples of each (op, dtype) (default: all)")
-    p.add_argument("--json", help="write all results and the summary to this file")
+    p.add_argument("--json", default=DEFAULT_JSON,
+                   help=f"write all results and the summary to this file (default "
+                        f"{DEFAULT_JSON}; a Markdown summary goes next to it, same name .md)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (default 1; 0 = in this process, no timeout)")
     p.add_argument("--timeout", type=float, default=300.0,
@@ -1144,8 +1283,7 @@ def main(argv=None) -> int:
         for m in modes:
             sub = [x for x in (argv if argv is not None else sys.argv[1:])]
             sub = _replace_opt(sub, "--mode", m)
-            if a.json:
-                sub = _replace_opt(sub, "--json", a.json.replace(".json", f".{m}.json"))
+            sub = _replace_opt(sub, "--json", _with_suffix(a.json, f".{m}"))
             print(f"\n===== eager mode {m} =====")
             rc = max(rc, main(sub))
         return rc
@@ -1168,23 +1306,64 @@ def main(argv=None) -> int:
     results = sweep(ops, dtypes, a.limit_samples, jobs=a.jobs, timeout=a.timeout,
                     ops_per_worker=a.ops_per_worker, seed=a.seed, progress=not a.quiet)
     elapsed = time.monotonic() - t0
-    print(f"\nOpInfo sweep: {len(ops)} OpInfos, dtypes {','.join(map(dtype_name, dtypes))}, "
-          f"samples per pair {a.limit_samples or 'all'}, {elapsed:.0f}s")
-    print(summarize(results, a.top))
+    head = (f"OpInfo sweep: {len(ops)} OpInfos, dtypes {','.join(map(dtype_name, dtypes))}, "
+            f"samples per pair {a.limit_samples or 'all'}, {elapsed:.0f}s")
+    text = summarize(results, a.top)
+    print(f"\n{head}")
+    print(text)
     if a.json:
-        data = {
-            "config": {"filter": a.filter, "dtypes": [dtype_name(d) for d in dtypes],
-                       "mode": modes[0],
-                       "limit_samples": a.limit_samples, "jobs": a.jobs,
-                       "timeout": a.timeout, "seed": a.seed, "seconds": round(elapsed, 1),
-                       "torch": torch.__version__, "n_opinfos": len(ops)},
-            "summary": summary_data(results),
-            "pairs": [r.to_dict() for r in results],
-        }
+        config = {"filter": a.filter, "dtypes": [dtype_name(d) for d in dtypes],
+                  "mode": modes[0], "backward": a.backward,
+                  "limit_samples": a.limit_samples, "jobs": a.jobs,
+                  "timeout": a.timeout, "seed": a.seed, "seconds": round(elapsed, 1),
+                  "n_opinfos": len(ops), "command": _command(argv),
+                  "date": time.strftime("%Y-%m-%d"), **versions()}
+        data = {"config": config, "summary": summary_data(results),
+                "pairs": [r.to_dict() for r in results]}
+        d = os.path.dirname(a.json)
+        if d:
+            os.makedirs(d, exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(data, f, indent=1, default=str)
-        print(f"\nwrote {a.json}")
+        md = _with_suffix(a.json, "", ext=".md")
+        with open(md, "w") as f:
+            f.write(markdown_summary(config, head, text))
+        print(f"\nwrote {a.json} and {md}")
     return 0
+
+
+DEFAULT_JSON = os.path.join("conformance", "ops.json")
+
+
+def _with_suffix(path: str, suffix: str, ext: Optional[str] = None) -> str:
+    """``conformance/ops.json`` -> ``conformance/ops<suffix><ext or .json>``."""
+    root, e = os.path.splitext(path)
+    return f"{root}{suffix}{ext if ext is not None else (e or '.json')}"
+
+
+def _command(argv) -> str:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return "python -m torchtpu.conformance ops " + " ".join(
+        a if re.fullmatch(r"[\w.,=/:+-]+", a) else repr(a) for a in args)
+
+
+def versions() -> dict:
+    out = {"torch": torch.__version__}
+    try:
+        import jax
+
+        out["jax"] = jax.__version__
+    except Exception:  # pragma: no cover
+        out["jax"] = None
+    return out
+
+
+def markdown_summary(config: dict, head: str, text: str) -> str:
+    """The Markdown summary written next to the JSON results."""
+    return (f"# OpInfo conformance sweep\n\n"
+            f"Measured {config['date']}: torch {config['torch']}, jax {config['jax']}, eager mode "
+            f"{config['mode']}{', with gradients' if config.get('backward') else ''}.  "
+            f"Command: `{config['command']}`.\n\n```\n{head}\n{text}\n```\n")
 
 
 def _replace_opt(argv, name, value):
@@ -1201,9 +1380,6 @@ def _replace_opt(argv, name, value):
         out.append(x)
     return out + [name, value]
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # ---------------------------------------------------------------------------------------
@@ -1339,3 +1515,7 @@ def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
             results.append(SampleResult(i, "error", f"harness: {type(exc).__name__}",
                                         _first_line(str(exc))[:300]))
     return aggregate(op_id(op) + ".backward", dtype, results, tol, time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
