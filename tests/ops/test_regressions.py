@@ -316,6 +316,97 @@ def test_topk_with_ties_returns_tied_elements():
         assert all(len(set(row)) == k for row in t.indices.cpu().tolist())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("variant", ["plain", "weights", "padding_idx", "transposed"])
+def test_embedding_bag_half_types_round_as_cpu(dtype, mode, variant):
+    """CPU sums half-type bags in float32 and rounds once (bfloat16 on its fast path:
+    halfway cases away from zero), then divides a mean in the half type."""
+    if variant == "weights" and mode == "mean":
+        pytest.skip("per_sample_weights need mode='sum'")
+    torch.manual_seed(0)
+    for _ in range(5):
+        w = (torch.randn(7, 20) * 5).to(dtype).t() if variant == "transposed" else \
+            (torch.randn(20, 7) * 5).to(dtype)
+        idx = torch.randint(0, 20, (15,))
+        off = torch.tensor([0, 3, 3, 9])
+        psw = (torch.randn(15) * 3).to(dtype) if variant == "weights" else None
+        pad = 4 if variant == "padding_idx" else None
+        kw = dict(mode=mode, padding_idx=pad)
+        expected = torch.nn.functional.embedding_bag(idx, w, off, per_sample_weights=psw, **kw)
+        wt = _on_tpu_like(w)
+        got = torch.nn.functional.embedding_bag(
+            idx.to("tpu"), wt, off.to("tpu"),
+            per_sample_weights=None if psw is None else psw.to("tpu"), **kw)
+        assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("pad", [None, 12])
+def test_embedding_bag_indices_past_the_last_offset(mode, pad):
+    """include_last_offset with indices past offsets[-1] (outside the documented
+    contract): CPU's fast path ignores them in sums, its other paths add them to the last
+    bag; forward and gradients as CPU's."""
+    torch.manual_seed(1)
+    w0 = torch.randn(20, 3)
+    idx = torch.tensor([5, 19, 9, 10, 11, 12, 12, 5])
+    off = torch.tensor([0, 2, 2, 5])
+    res = {}
+    for dev in ("cpu", "tpu"):
+        w = w0.detach().clone().to(dev).requires_grad_()
+        o = torch.nn.functional.embedding_bag(idx.to(dev), w, off.to(dev), mode=mode,
+                                              include_last_offset=True, padding_idx=pad)
+        (o * torch.arange(9.0).view(3, 3).to(dev)).sum().backward()
+        res[dev] = (o.detach().cpu(), w.grad.cpu())
+    torch.testing.assert_close(res["tpu"][0], res["cpu"][0])
+    if mode == "sum" and pad is None:
+        # CPU's backward reads past its bag buffer for those indices (undefined values):
+        # they get no gradient, as they added to no bag; rows 5 and 12 are theirs
+        g = res["tpu"][1]
+        assert torch.equal(g[12], torch.zeros(3))
+        assert torch.equal(g[5], torch.tensor([0.0, 1.0, 2.0]))  # from position 0 only
+        rest = [i for i in range(20) if i not in (5, 12)]
+        torch.testing.assert_close(g[rest], res["cpu"][1][rest])
+    else:
+        torch.testing.assert_close(res["tpu"][1], res["cpu"][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_adaptive_avg_pool3d_half_types_as_cpu(dtype):
+    """CPU sums each window in the half type (rounding every addition) and divides by
+    kT, kH, kW in turn."""
+    torch.manual_seed(0)
+    for shape, out in [((3, 7, 9, 11), (2, 4, 3)), ((2, 2, 5, 6, 7), (3, 3, 3)),
+                       ((8, 8, 8, 8), (5, 7, 4))]:
+        x = (torch.randn(shape) * 3).to(dtype)
+        expected = torch.nn.functional.adaptive_avg_pool3d(x, out)
+        got = torch.nn.functional.adaptive_avg_pool3d(x.to("tpu"), out)
+        assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sampler_2d_half_types_as_cpu(dtype, mode, padding, align):
+    """CPU's vectorized grid sampler rounds every step in the half type; float32 math
+    rounded once differs by up to 0.16."""
+    torch.manual_seed(0)
+    inp = torch.randn(2, 3, 5, 20).to(dtype)
+    grid = ((torch.rand(2, 13, 10, 2) * 2 - 1) * 1.2).to(dtype)
+    expected = torch.ops.aten.grid_sampler_2d(inp, grid, mode, padding, align)
+    got = torch.ops.aten.grid_sampler_2d(inp.to("tpu"), grid.to("tpu"), mode, padding, align)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_integer_convolution_is_reported_unsupported():
+    x = torch.ones(1, 1, 3, 3, dtype=torch.int64, device="tpu")
+    with pytest.raises(NotImplementedError, match="^torchtpu: convolution"):
+        torch.nn.functional.conv2d(x, x)
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found Double"):
+        torch.nn.functional.conv2d(x.float(), x.double())
+
+
 @pytest.mark.parametrize("qkv", ["self", "kv_shared", "separate"])
 @pytest.mark.parametrize("mask", [None, "key_padding", "src", "full", "float_src"])
 @pytest.mark.parametrize("weights", ["none", "per_head", "averaged"])

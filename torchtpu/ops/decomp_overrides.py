@@ -170,6 +170,27 @@ def _bags(offsets, n, include_last_offset):
     return starts.numel(), torch.searchsorted(starts, pos, right=True) - 1
 
 
+def _cpu_fast_path(weight, per_sample_weights, padding_idx) -> bool:
+    """Whether CPU's sum/mean EmbeddingBag takes its FBGEMM fast path (float32/half types,
+    no padding_idx, unit inner strides), whose results differ from the generic path's in
+    two ways that are visible: see :func:`_round_bag_sums` and the trailing indices in
+    :func:`_embedding_bag`."""
+    return (weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and (padding_idx is None or padding_idx < 0) and weight.stride(1) == 1
+            and (per_sample_weights is None or per_sample_weights.stride(0) == 1))
+
+
+def _round_bag_sums(out, weight, per_sample_weights, padding_idx):
+    """float32 bag sums of a half-type ``weight`` rounded to its dtype as CPU does: its
+    FBGEMM fast path converts float32 to bfloat16 rounding halfway cases away from zero
+    (add 0x8000, truncate); the other paths, and float16, round to nearest even."""
+    if weight.dtype != torch.bfloat16 or not _cpu_fast_path(weight, per_sample_weights,
+                                                            padding_idx):
+        return out.to(weight.dtype)
+    bits = (out.contiguous().view(torch.int32) + 0x8000) & ~0xFFFF
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
 @decomp(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
@@ -177,8 +198,13 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     b, offset2bag = _bags(offsets, n, include_last_offset)
     keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
     rows = weight.index_select(0, indices)
+    # sum/mean of half types: CPU accumulates (and weighs) in float32 and rounds once
+    # (see _round_bag_sums), then divides by the bag size in the half type
+    acc = torch.float32 if mode != 2 and weight.dtype in (torch.bfloat16, torch.float16) \
+        else weight.dtype
+    rows = rows.to(acc)
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights.unsqueeze(1)
+        rows = rows * per_sample_weights.to(acc).unsqueeze(1)
     bag_size = torch.zeros(b, dtype=torch.long, device=weight.device).index_add(
         0, offset2bag, keep.long())
     max_indices = torch.zeros(b, d, dtype=torch.long, device=weight.device) if mode == 2 else \
@@ -200,9 +226,22 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
                                                        ).view(b, d) if n else first)
         out = torch.where(empty, torch.zeros_like(out), out)
     else:
-        rows = rows * keep.unsqueeze(1).to(rows.dtype)
-        out = torch.zeros(b, d, dtype=weight.dtype, device=weight.device).index_add(
+        fast = _cpu_fast_path(weight, per_sample_weights, padding_idx)
+        add = keep
+        if include_last_offset and fast and n:
+            # indices past offsets[-1] (outside the documented contract): CPU's fast path
+            # stops there, its generic path adds them to the last bag; bag_size counts
+            # them either way (so a mean divides by it)
+            add = keep & (torch.arange(n, device=offsets.device) < offsets[-1:])
+        rows = rows * add.unsqueeze(1).to(rows.dtype)
+        out = torch.zeros(b, d, dtype=acc, device=weight.device).index_add(
             0, offset2bag, rows)
+        if mode == 0 and fast:
+            # as CPU: the fast sum path computes no offset2bag; the backward rebuilds it
+            # from the offsets (_embedding_bag_backward)
+            offset2bag = offset2bag.new_empty(0)
+        if acc != weight.dtype:
+            out = _round_bag_sums(out, weight, per_sample_weights, padding_idx)
         if mode == 1:
             out = out / bag_size.clamp(min=1).unsqueeze(1).to(out.dtype)
     return out, offset2bag, bag_size, max_indices
@@ -240,6 +279,22 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
                             per_sample_weights, padding_idx=-1):
     if sparse:
         raise NotImplementedError("torchtpu: EmbeddingBag(sparse=True) gradients")
+    if offset2bag.numel() == 0 and indices.numel() != 0:
+        # the forward's fast sum path returned none (as CPU's): rebuild it; indices past
+        # the last offset (include_last_offset) get no gradient, as that path added them
+        # to no bag
+        b, n = grad.shape[0], indices.numel()
+        last = offsets.numel() == b + 1
+        _, offset2bag = _bags(offsets, n, last)
+        if last:
+            past = torch.arange(n, device=offsets.device) >= offsets[-1:]
+            offset2bag = torch.where(past, torch.full_like(offset2bag, b), offset2bag)
+            grad = torch.cat([grad, grad.new_zeros(1, grad.shape[1])])
+            g = _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size,
+                                              maximum_indices, num_weights,
+                                              scale_grad_by_freq, mode, per_sample_weights,
+                                              padding_idx)
+            return g
     return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
                                          num_weights, scale_grad_by_freq, mode,
                                          per_sample_weights, padding_idx)
@@ -296,4 +351,136 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
         full = self.as_strided((n,), (1,), 0).clone()
         out = full.as_strided(self.shape, self.stride(), self.storage_offset())
     out.as_strided(size, stride, storage_offset).copy_(src)
+    return out
+
+
+# ------------------------------------------------------------ grid_sampler_2d, half types
+
+
+@decomp(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_corners=False):
+    """float32/float64: PyTorch's decomposition.  bfloat16/float16: CPU's vectorized
+    kernel step by step in the tensor's dtype (each operation rounds, as its
+    ``Vectorized<Half/BFloat16>`` arithmetic does); computing in float32 and rounding once
+    differs from CPU by up to 0.16 on unit-scale inputs."""
+    from torch._decomp import decomposition_table
+
+    if input.dtype not in (torch.bfloat16, torch.float16) or input.dim() != 4 \
+            or grid.dtype != input.dtype:
+        return decomposition_table[aten.grid_sampler_2d.default](
+            input, grid, interpolation_mode, padding_mode, align_corners)
+    if interpolation_mode not in (0, 1, 2) or padding_mode not in (0, 1, 2):
+        return NotImplemented
+    N, C, H, W = input.shape
+    dt, dev = input.dtype, input.device
+    if N == 0 or C == 0 or grid.shape[1] * grid.shape[2] == 0:
+        return input.new_zeros(N, C, grid.shape[1], grid.shape[2])
+
+    def cst(v):
+        return torch.tensor(v, dtype=dt, device=dev)
+
+    class Loc:
+        """CPU's ComputeLocation<scalar_t, padding, align_corners> for one dim."""
+
+        def __init__(self, size):
+            self.max_val = cst(float(size - 1))
+            if align_corners:
+                self.scale = cst(float(size - 1)) / 2
+                self.low = cst(0.0)
+                self.twice_span = cst(float(size - 1)) * 2
+                self.empty = size <= 1
+            else:
+                self.scale = cst(float(size)) / 2
+                self.low = cst(-0.5)
+                self.twice_span = cst(float(size)) * 2
+                self.empty = size <= 0
+
+        def unnormalize(self, g):
+            if align_corners:
+                return (g + 1) * self.scale
+            return (g + 1) * self.scale - 0.5
+
+        def clip(self, x):
+            x = torch.where(torch.isnan(x), torch.zeros_like(x), x)  # NaN clamps to 0
+            return torch.minimum(torch.maximum(x, cst(0.0)), self.max_val)
+
+        def reflect(self, x):
+            if self.empty:
+                return torch.zeros_like(x)
+            a = (x - self.low).abs() if not align_corners else x.abs()
+            flips = (a / self.twice_span).trunc()
+            extra = a - flips * self.twice_span
+            r = torch.minimum(extra, self.twice_span - extra)
+            return r if align_corners else r + self.low
+
+        def coords(self, x):  # compute_coordinates: padding of a location
+            if padding_mode == 1:
+                return self.clip(x)
+            if padding_mode == 2:
+                return self.clip(self.reflect(x))
+            return x
+
+        def apply(self, g):
+            return self.coords(self.unnormalize(g))
+
+    lw, lh = Loc(W), Loc(H)
+    gx, gy = grid[..., 0], grid[..., 1]  # (N, oH, oW)
+    flat = input.reshape(N, C, H * W)
+
+    def gather(ix, iy):
+        """input at integer-valued locations (float tensors) with zeros outside; CPU
+        converts them by truncation."""
+        ixl = ix.trunc()
+        iyl = iy.trunc()
+        ok = (ixl > -1) & (ixl < W) & (iyl > -1) & (iyl < H)
+        lin = (iyl.clamp(0, H - 1).long() * W + ixl.clamp(0, W - 1).long())
+        lin = torch.where(ok, lin, torch.zeros_like(lin)).reshape(N, 1, -1).expand(N, C, -1)
+        v = flat.gather(2, lin).reshape(N, C, *ix.shape[1:])
+        return torch.where(ok.unsqueeze(1), v, torch.zeros_like(v))
+
+    if interpolation_mode == 0:  # bilinear
+        x, y = lw.apply(gx), lh.apply(gy)
+        x_w, y_n = x.floor(), y.floor()
+        w = x - x_w
+        e = 1 - w
+        n = y - y_n
+        s = 1 - n
+        nw, ne, sw, se = s * e, s * w, n * e, n * w
+        x_e, y_s = x_w + 1, y_n + 1
+        out = gather(x_w, y_n) * nw.unsqueeze(1)
+        out = out + gather(x_e, y_n) * ne.unsqueeze(1)
+        out = out + gather(x_w, y_s) * sw.unsqueeze(1)
+        out = out + gather(x_e, y_s) * se.unsqueeze(1)
+        return out
+    if interpolation_mode == 1:  # nearest (round half to even)
+        return gather(lw.apply(gx).round(), lh.apply(gy).round())
+    # bicubic: unnormalized locations, padding applied to each tap's integer location
+    a_ = cst(-0.75)
+    x, y = lw.unnormalize(gx), lh.unnormalize(gy)
+    ix, iy = x.floor(), y.floor()
+
+    def coeffs(t):
+        def outer(z):
+            return ((a_ * z - 5 * a_) * z + 8 * a_) * z - 4 * a_
+
+        def inner(z):
+            return ((a_ + 2) * z - (a_ + 3)) * z * z + 1
+
+        return [outer(t + 1), inner(t), inner(1 - t), outer(2 - t)]
+
+    cx, cy = coeffs(x - ix), coeffs(y - iy)
+
+    def tap(dx, dy):
+        return gather(lw.coords(ix + dx), lh.coords(iy + dy))
+
+    rows = []
+    for i in range(4):
+        r = cx[0].unsqueeze(1) * tap(-1, -1 + i)
+        r = r + cx[1].unsqueeze(1) * tap(0, -1 + i)
+        r = r + cx[2].unsqueeze(1) * tap(1, -1 + i)
+        r = r + cx[3].unsqueeze(1) * tap(2, -1 + i)
+        rows.append(r)
+    out = cy[0].unsqueeze(1) * rows[0]
+    for i in range(1, 4):
+        out = out + cy[i].unsqueeze(1) * rows[i]
     return out

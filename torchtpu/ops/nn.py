@@ -149,9 +149,13 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
 def _conv_dtype(x, w):
     dt = tdtype(x)
     if dt != tdtype(w):
-        raise NotImplementedError(f"convolution: input {dt} and weight {tdtype(w)} differ")
+        names = {torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
+                 torch.float16: "Half", torch.int64: "Long", torch.int32: "Int"}
+        # CPU's error (its wording varies with the dtypes; the type does not)
+        raise RuntimeError(f"expected scalar type {names.get(dt, dt)} but found "
+                           f"{names.get(tdtype(w), tdtype(w))}")
     if not dt.is_floating_point:
-        raise NotImplementedError(f"convolution: {dt} inputs")
+        raise NotImplementedError(f"torchtpu: convolution does not support {dt} inputs")
     return opmath(dt)
 
 
@@ -385,7 +389,54 @@ def adaptive_avg_pool2d(x, output_size):
 
 @lower(aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(x, output_size):
+    if tdtype(x) in (torch.bfloat16, torch.float16):
+        return _adaptive_avg3d_half(x, _tup(output_size, 3))
     return _adaptive_avg(x, 3, output_size)
+
+
+def _adaptive_avg3d_half(x, osz):
+    """bfloat16/float16 adaptive_avg_pool3d as CPU's kernel computes it: each window
+    summed in order (depth, height, width) in the tensor's dtype, rounding after every
+    addition, then divided by kT, kH and kW in turn (rounding each time).  Accumulating in
+    float32 instead differs from CPU by up to a few ulps of the sum."""
+    j = jnp()
+    lead = x.shape[:-3]
+    sp = x.shape[-3:]
+    if x.size == 0 or any(o == 0 for o in osz):
+        return j.zeros(lead + tuple(osz), x.dtype)
+    idx, valid, count = [], [], []
+    for d in range(3):
+        n, o = sp[d], osz[d]
+        st = np.array([(i * n) // o for i in range(o)])
+        en = np.array([-((-(i + 1) * n) // o) for i in range(o)])
+        k = int((en - st).max())
+        pos = st[:, None] + np.arange(k)[None, :]
+        valid.append(pos < en[:, None])
+        idx.append(np.minimum(pos, n - 1))
+        count.append(en - st)
+    (it, vt), (ih, vh), (iw, vw) = zip(idx, valid)
+    # (..., oT, oH, oW, kT, kH, kW)
+    g = x[..., it[:, None, None, :, None, None], ih[None, :, None, None, :, None],
+          iw[None, None, :, None, None, :]]
+    ok = (vt[:, None, None, :, None, None] & vh[None, :, None, None, :, None]
+          & vw[None, None, :, None, None, :])
+    kk = ok.shape[-3] * ok.shape[-2] * ok.shape[-1]
+    g = g.reshape(lead + tuple(osz) + (kk,))
+    ok = ok.reshape(tuple(osz) + (kk,))
+    f32 = npdt(torch.float32)
+
+    def step(acc, kv):
+        v, m = kv
+        s = (acc.astype(f32) + v.astype(f32)).astype(x.dtype)
+        return j.where(m, s, acc), None
+
+    acc0 = j.zeros(lead + tuple(osz), x.dtype)
+    acc, _ = lax().scan(step, acc0, (j.moveaxis(g, -1, 0),
+                                     j.asarray(np.moveaxis(ok, -1, 0))))
+    ct, ch, cw = count
+    for c in (ct[:, None, None], ch[None, :, None], cw[None, None, :]):
+        acc = (acc.astype(f32) / j.asarray(c.astype(np.float32))).astype(x.dtype)
+    return acc
 
 
 @lower(aten._adaptive_avg_pool2d_backward.default)
