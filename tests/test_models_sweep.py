@@ -39,7 +39,7 @@ def ci_results(tmp_path_factory):
         data = json.load(f)
     md = (out / "models.md").read_text()
     for m in models.MODES:
-        assert f"**{m}**: passed" in md
+        assert f"**{m}**: run in this mode: 8 of the 8 that ran on CPU; passed **8**" in md
     return data["results"]
 
 
@@ -202,4 +202,5 @@ def test_records_per_mode_resume_and_merge():
     assert rec["modes"] == {"strict": {"status": "pass"}, "debug": {"status": "crash", "reason": "worker died"}}
     assert models.modes_to_run(rec, models.MODES, rerun=False) == ["defer_and_fuse"]
     md = models.summarize({"X": merged, "Y": rec}, 5)
-    assert "**strict**: passed **2** of 2" in md and "**debug**: passed **1** of 2" in md
+    assert "**strict**: run in this mode: 2 of the 2 that ran on CPU; passed **2**" in md
+    assert "**debug**: run in this mode: 2 of the 2 that ran on CPU; passed **1**" in md

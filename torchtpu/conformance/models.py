@@ -1399,6 +1399,27 @@ def _modes_of(rs) -> list[str]:
     return [m for m in MODES if m in seen] + sorted(seen - set(MODES))
 
 
+def _ordered(ms: dict) -> list:
+    """A record's ``modes`` items in :data:`MODES` order."""
+    return sorted(ms.items(), key=lambda kv: (MODES.index(kv[0]) if kv[0] in MODES else len(MODES), kv[0]))
+
+
+def _why_not_pass(r: dict) -> Optional[str]:
+    """Why an architecture does not plainly pass (worst mode), or None."""
+    st = r["status"]
+    if st == "pass":
+        return None
+    if st == "skipped-cpu":
+        return f"skipped-cpu: {root_cause(r)}"
+    if st == "pass-shape-only":
+        return "pass-shape-only: forward draws random numbers (tpu's random stream is not CPU's)"
+    if st == "pass-f64":
+        return "pass-f64: float32 rounding beyond rtol=atol=1e-4 (ill-conditioned tiny model)"
+    if st == "mismatch":
+        return f"mismatch ({r.get('stage', 'forward')})"
+    return f"{st}: {root_cause(r)}"
+
+
 def _cell(s) -> str:
     return str(s).replace("|", "/").replace("\n", " ")
 
@@ -1415,10 +1436,11 @@ def summarize(results: dict, n_enumerated: int) -> str:
         rec = [r for r in ran_cpu if m in r.get("modes", {})]
         c = Counter(r["modes"][m]["status"] for r in rec)
         ok = sum(c.get(s, 0) for s in PASSING)
-        lines.append(f"* **{m}**: passed **{c.get('pass', 0)}** of {len(rec)} that ran on CPU "
-                     f"(**{100.0 * c.get('pass', 0) / max(1, len(rec)):.1f}%**); with pass-f64 "
-                     f"({c.get('pass-f64', 0)}) and pass-shape-only ({c.get('pass-shape-only', 0)}): "
-                     f"**{ok}** (**{100.0 * ok / max(1, len(rec)):.1f}%**).")
+        bad = ", ".join(f"{s} {c.get(s, 0)}" for s in STATUSES if s not in PASSING and s != "skipped-cpu")
+        lines.append(f"* **{m}**: run in this mode: {len(rec)} of the {len(ran_cpu)} that ran on CPU; "
+                     f"passed **{c.get('pass', 0)}** (**{100.0 * c.get('pass', 0) / max(1, len(rec)):.1f}%**); "
+                     f"pass-f64 {c.get('pass-f64', 0)}, pass-shape-only {c.get('pass-shape-only', 0)}; "
+                     f"all three **{ok}** (**{100.0 * ok / max(1, len(rec)):.1f}%**); {bad}.")
     lines.append("")
     lines.append("Forward: every output tensor rtol=atol=1e-4 (**pass**); greedy generate (8 tokens) ids "
                  "equal for causal LMs; training step (loss and all grads, rtol=atol=1e-3) for the fixed "
@@ -1447,7 +1469,7 @@ def summarize(results: dict, n_enumerated: int) -> str:
         out = []
         for r in sorted(ran_cpu, key=lambda r: r["name"]):
             groups: dict = {}
-            for m, x in (r.get("modes") or {}).items():
+            for m, x in _ordered(r.get("modes") or {}):
                 if x.get("status") == status:
                     groups.setdefault(x.get("reason") or "", []).append((m, x))
             for reason, mx in groups.items():
@@ -1509,7 +1531,7 @@ def summarize(results: dict, n_enumerated: int) -> str:
     if ties:
         stab = []
         for n in ties:
-            used = {m: x["topk"] for m, x in (results[n].get("modes") or {}).items() if x.get("topk")}
+            used = {m: x["topk"] for m, x in _ordered(results[n].get("modes") or {}) if x.get("topk")}
             if used:
                 stab.append(f"{n} ({'; '.join(f'{m}: ' + ', '.join(st) for m, st in used.items())})")
         lines.append(f"## topk ties ({len(ties)} architectures)")
@@ -1539,11 +1561,24 @@ def summarize(results: dict, n_enumerated: int) -> str:
             lines.append(f"| {r['name']} | " + " | ".join(_cell(c) for c in cells) +
                          f" | {'' if err is None else f'{err:.3g}'} |")
         lines.append("")
+    why = Counter(w for w in (_why_not_pass(r) for r in ran_cpu) if w)
     skipped = Counter(root_cause(r) for r in rs if r["status"] == "skipped-cpu")
-    lines.append("## skipped-cpu reasons (top 15)")
+    lines.append("## Top-10 root causes")
     lines.append("")
-    for cause, n in skipped.most_common(15):
-        lines.append(f"* {n} x {cause}")
+    lines.append(f"Ran on CPU, not plainly passing in every mode run ({sum(why.values())} architectures):")
+    lines.append("")
+    lines.append("| root cause (worst mode) | architectures |")
+    lines.append("|---|---|")
+    for cause, n in why.most_common(10):
+        lines.append(f"| {_cell(cause)} | {n} |")
+    lines.append("")
+    lines.append(f"Not run: building the tiny model or its CPU forward failed (skipped-cpu, "
+                 f"{sum(skipped.values())} architectures):")
+    lines.append("")
+    lines.append("| root cause | architectures |")
+    lines.append("|---|---|")
+    for cause, n in skipped.most_common(10):
+        lines.append(f"| {_cell(cause)} | {n} |")
     lines.append("")
     return "\n".join(lines)
 
