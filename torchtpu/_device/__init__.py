@@ -128,9 +128,12 @@ def _register_direct_kernels() -> None:
         base, ov = op._schema.name.split("::")[1], op._overloadname
         packet = getattr(torch.ops.aten, base + "_", None)
         if packet is not None and ov in packet.overloads():
+            from torchtpu.eager.executor import functional_variant
+
             inplace = getattr(packet, ov)
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(
-                inplace.name(), "CompositeImplicitAutograd"
+            if functional_variant(inplace) is op and not (
+                torch._C._dispatch_has_kernel_for_dispatch_key(
+                    inplace.name(), "CompositeImplicitAutograd")
             ):
                 lib.impl(base + "_" + ("" if ov == "default" else "." + ov),
                          _kernel_for(inplace), "PrivateUse1", with_keyset=True)

@@ -940,9 +940,17 @@ def functional_variant(op):
                 return cand
         return None
     if name.endswith("_"):
+        # foo_.X -> the overload of foo with the same arguments (usually foo.X, but not
+        # always: pow_.Scalar(Tensor self, Scalar exponent) is pow.Tensor_Scalar)
         pkt = getattr(aten, name[:-1], None)
-        if pkt is not None and overload in pkt.overloads():
-            return getattr(pkt, overload)
+        if pkt is None:
+            return None
+        want = [(a.name, str(a.type)) for a in sig.args]
+        ovs = pkt.overloads()
+        for ov in ([overload] if overload in ovs else []) + list(ovs):
+            cand = getattr(pkt, ov)
+            if [(a.name, str(a.type)) for a in cand._schema.arguments] == want:
+                return cand
     return None
 
 
