@@ -11,12 +11,12 @@ import sys, torch, jax
 print("python", sys.version.split()[0], "torch", torch.__version__, "jax", jax.__version__)
 print("jax devices", jax.devices())
 PY
-echo "== CPU eager bench, pinned to 2 cores (the CI machine's size), segment cuts on / off"
-for cut in 1 0; do
-  TORCHTPU_PLATFORM=cpu TORCHTPU_DEFER_CUT_AT_BACKWARD=$cut timeout 120 taskset -c 0,1 \
-    python3 -m torchtpu.bench eager --steps 10 --warmup 3 --workloads llama,mlp \
-    --modes strict,defer_and_fuse --json "$OUT/eager_cpu_cut$cut.json" 2>&1 \
-    | grep -v "it/s\|run/s" | tail -9 | tee "$OUT/eager_cpu_cut$cut.txt"
+echo "== CPU eager bench, pinned to 2 cores (the CI machine's size); CUTS=\"1 0\" also runs without segment cuts"
+for cut in ${CUTS:-1}; do
+  TORCHTPU_PLATFORM=cpu TORCHTPU_DEFER_CUT_AT_BACKWARD=$cut timeout 150 taskset -c 0,1 \
+    python3 -m torchtpu.bench eager --steps 15 --warmup 3 --workloads llama,mlp,cnn \
+    --modes strict,defer_and_fuse,debug --json "$OUT/eager_cpu_cut$cut.json" 2>&1 \
+    | grep -v "it/s\|run/s" | tail -16 | tee "$OUT/eager_cpu_cut$cut.txt"
 done
 echo "== smoke"
 timeout 90 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.txt"
