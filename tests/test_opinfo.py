@@ -214,6 +214,13 @@ def test_tie_indices_checked_for_validity_not_equality():
     assert check("kthvalue", lambda e: (e[0], torch.tensor([4, 4])), 2, 1) is None
     assert check("kthvalue", lambda e: (e[0], torch.tensor([4, 0])), 2, 1) is not None
     assert check("topk", lambda e: (e[0], torch.tensor([[0, 0], [0, 1]])), 2, 1) is not None
+    # a reduction of a 1-D input without keepdim: 0-d indices
+    op = get_opinfo("kthvalue")
+    x1 = torch.tensor([3, 1, 3, 2, 1])
+    e = op(x1, 2, 0)
+    assert tie_index_check(op, SampleInput(x1, args=(2, 0)), (e[0], torch.tensor(4)), e)[1] is None
+    assert tie_index_check(op, SampleInput(x1, args=(2, 0)), (e[0], torch.tensor(0)), e)[1] \
+        is not None
     # stable=True defines the tie order: left to the exact comparison
     op = get_opinfo("sort")
     s = SampleInput(x, kwargs={"stable": True})

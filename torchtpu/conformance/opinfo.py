@@ -710,10 +710,12 @@ def tie_index_check(op, sample, actual, expected, atol: float = 0.0, rtol: float
     x1 = x.reshape(1) if x.dim() == 0 else x
     d = dim % x1.dim()
     n = x1.shape[d]
-    i1 = idx.reshape(1) if idx.dim() == 0 else idx
-    if not a.get("keepdim", True) and vpos is not None and op.name not in ("sort", "topk") \
-            and x.dim() > 0:
-        i1 = i1.unsqueeze(d)
+    if x.dim() == 0:
+        i1 = idx.reshape(1)
+    elif not a.get("keepdim", True) and op.name not in ("sort", "argsort", "topk"):
+        i1 = idx.unsqueeze(d)  # a reduction's indices without the reduced dim
+    else:
+        i1 = idx
     path = "out" if vpos is None else "out[1]"
     if i1.numel() and (bool((i1 < 0).any()) or bool((i1 >= n).any())):
         return actual, Diff(path, "values", f"indices out of range [0, {n})")
