@@ -13,7 +13,9 @@ Per model (``torchvision.models.list_models(module=torchvision.models)``):
 2. ``torch.manual_seed(0)``, ``weights=None`` (random init), ``eval()``; input batch 2,
    3 channels, the first of :data:`SIZES` whose CPU forward works (64x64 for most; ViT and
    MaxViT fix 224; Inception v3 needs 75+).  Building or the CPU forward failing at every
-   size: ``skipped-cpu``.
+   size: ``skipped-cpu``.  A parameter of 2+ dimensions that random init leaves all
+   zero (ViT's class token and classification head) is drawn from N(0, 0.02) instead,
+   else every output and every gradient upstream of the head would be 0.
 3. ``copy.deepcopy(model).to("tpu")``, forward, and the outputs compared with
    rtol=1e-4 and atol=1e-4 x max |CPU output| (:data:`FWD_TOL`): random-init networks
    without batch statistics reach logits from 1e-2 (GoogLeNet) to 1e9 (Inception v3),
@@ -57,7 +59,7 @@ SIZES = (64, 96, 128, 224)
 FWD_TOL = dict(rtol=1e-4, atol=1e-4)  # atol is scaled by max |cpu output|
 TRAIN_TOL = dict(rtol=1e-3, atol=1e-3)  # per tensor; atol scaled by max(1, max |cpu|)
 F64_TOL = dict(rtol=1e-7, atol=1e-7)  # the float64 re-check of a float32 training mismatch
-MAX_PARAMS = 250_000_000
+MAX_PARAMS = 700_000_000  # all torchvision classifiers (the largest, 645M: ~9 GB peak RSS)
 DEFAULT_TIMEOUT = 900.0
 OUT_DIR = "conformance"
 
@@ -109,13 +111,29 @@ def _inputs(size: int):
     return torch.randn(BATCH, 3, size, size, generator=g)
 
 
-def _build_cpu(name: str):
-    """Model (eval, seeded random init), input and CPU output at the first size that works."""
+class _TooBig(Exception):
+    pass
+
+
+def _build_cpu(name: str, max_params: Optional[int] = None):
+    """Model (eval, seeded random init), input and CPU output at the first size that works.
+    Raises :class:`_TooBig` for a model over ``max_params`` (for models whose parameters
+    could not be counted on the meta device)."""
     import torch
     from torchvision import models
 
     torch.manual_seed(0)
     model = models.get_model(name, weights=None).eval()
+    n = sum(p.numel() for p in model.parameters())
+    if max_params is not None and n > max_params:
+        raise _TooBig(n)
+    reinit = []
+    for pname, p in model.named_parameters():
+        if p.dim() >= 2 and not p.any():  # ViT's class token and head: outputs would all be 0
+            with torch.no_grad():
+                p.normal_(0.0, 0.02)
+            reinit.append(pname)
+    model.reinit = reinit
     first = None
     for size in SIZES:
         x = _inputs(size)
@@ -238,17 +256,27 @@ def run_model(item: dict, do_train: bool = False, max_params: int = MAX_PARAMS) 
 
     t0 = time.time()
     res: dict = {"name": item["name"], "family": item["family"]}
-    n = _count_params(item["name"])
+    n = _count_params(item["name"])  # None where the builder cannot run on meta (RegNet)
     res["params"] = n
-    if n is not None and n > max_params:
-        res.update(status="skipped-size", reason=f"{n / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M budget")
+
+    def too_big(n):
+        res.update(params=n, status="skipped-size",
+                   reason=f"{n / 1e6:.0f}M parameters > {max_params / 1e6:.0f}M budget")
         return res
+
+    if n is not None and n > max_params:
+        return too_big(n)
     try:
-        model, x, cpu_out, size = _build_cpu(item["name"])
+        model, x, cpu_out, size = _build_cpu(item["name"], max_params)
+    except _TooBig as e:
+        return too_big(e.args[0])
     except Exception as e:  # noqa: BLE001
         res.update(status="skipped-cpu", reason=f"cpu: {first_line(e)}", seconds=round(time.time() - t0, 2))
         return res
+    res["params"] = sum(p.numel() for p in model.parameters())
     res["input"] = [BATCH, 3, size, size]
+    if model.reinit:
+        res["reinit"] = model.reinit
     pristine = copy.deepcopy(model)
     try:
         dmodel = copy.deepcopy(pristine).to(DEVICE)
@@ -288,6 +316,9 @@ def _worker(item: dict, do_train: bool, max_params: int, threads: int, conn) -> 
 
         _setup_worker(threads)
         res = run_model(item, do_train=do_train, max_params=max_params)
+        import resource
+
+        res["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     except BaseException as e:  # noqa: BLE001
         res = {"name": item["name"], "family": item["family"], "status": "crash",
                "reason": f"worker: {first_line(e)}"}
