@@ -13,20 +13,33 @@ TPU = "tpu"
 EM = torch.tpu.EagerMode
 
 
+def test_default_mode_is_strict():
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.tpu.eager_mode.value)"],
+        capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "TORCHTPU_EAGER_MODE"},
+    ).stdout.strip()
+    assert out == "strict"
+
+
 def test_mode_api_and_restore_on_exception():
-    assert torch.tpu.eager_mode is EM.STRICT
-    with torch.tpu.set_eager_mode(EM.DEBUG):
+    start = torch.tpu.eager_mode  # STRICT unless TORCHTPU_EAGER_MODE says otherwise
+    try:
+        torch.tpu.eager_mode = EM.STRICT
+        with torch.tpu.set_eager_mode(EM.DEBUG):
+            assert torch.tpu.eager_mode is EM.DEBUG
+        assert torch.tpu.eager_mode is EM.STRICT
+        with pytest.raises(ValueError):
+            with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+                assert torch.tpu.eager_mode is EM.DEFER_AND_FUSE
+                raise ValueError("boom")
+        assert torch.tpu.eager_mode is EM.STRICT
+        torch.tpu.eager_mode = EM.DEBUG
         assert torch.tpu.eager_mode is EM.DEBUG
-    assert torch.tpu.eager_mode is EM.STRICT
-    with pytest.raises(ValueError):
-        with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
-            assert torch.tpu.eager_mode is EM.DEFER_AND_FUSE
-            raise ValueError("boom")
-    assert torch.tpu.eager_mode is EM.STRICT
-    torch.tpu.eager_mode = EM.DEBUG
-    assert torch.tpu.eager_mode is EM.DEBUG
-    torch.tpu.eager_mode = "strict"
-    assert torch.tpu.eager_mode is EM.STRICT
+        torch.tpu.eager_mode = "strict"
+        assert torch.tpu.eager_mode is EM.STRICT
+    finally:
+        torch.tpu.eager_mode = start
 
 
 def test_mode_from_environment():
@@ -40,13 +53,14 @@ def test_mode_from_environment():
 
 def test_mode_change_runs_pending_segment():
     x = torch.ones(4, device=TPU)
-    with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
-        y = x * 3
-        from torchtpu.eager import defer
+    with torch.tpu.set_eager_mode(EM.STRICT):
+        with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+            y = x * 3
+            from torchtpu.eager import defer
 
-        assert defer.pending_ops() >= 1
-    assert defer.pending_ops() == 0
-    assert y.sum().item() == 12.0
+            assert defer.pending_ops() >= 1
+        assert defer.pending_ops() == 0
+        assert y.sum().item() == 12.0
 
 
 def test_debug_nans_raises_at_first_bad_op():
