@@ -54,6 +54,16 @@ def save_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def progress_bar(total: int, unit: str):
+    """A ``tqdm`` progress bar over ``total`` items (None where tqdm is missing: the
+    sweeps then print a line per item)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit=unit, dynamic_ncols=True)
+
+
 def run_workers(items: Sequence[dict], target: Callable, *, args_of: Callable[[dict], tuple] = lambda item: (),
                 base_of: Callable[[dict], dict] = lambda item: {"name": item["name"]},
                 jobs: int = 1, timeout: float = 300.0, preload: Sequence[str] = ("torch",),
@@ -69,14 +79,7 @@ def run_workers(items: Sequence[dict], target: Callable, *, args_of: Callable[[d
     pending = list(items)
     running: list = []  # (item, proc, conn, start)
     results: list[dict] = []
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(items), unit=unit, dynamic_ncols=True)
-        except ImportError:
-            bar = None
+    bar = progress_bar(len(items), unit) if progress else None
 
     def finish(item, res):
         results.append(res)

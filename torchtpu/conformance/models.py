@@ -1303,14 +1303,9 @@ def sweep(archs: list, train: set[str], jobs: int = 1, timeout: float = DEFAULT_
     n_total = len(pending)
     running: list = []  # [arch, modes, proc, conn, start, last message time, partial]
     results = []
-    bar = None
-    if progress:
-        try:
-            from tqdm import tqdm
+    from torchtpu.conformance._common import progress_bar
 
-            bar = tqdm(total=len(pending), unit="arch", dynamic_ncols=True)
-        except ImportError:
-            bar = None
+    bar = progress_bar(len(pending), "arch") if progress else None
 
     def finish(arch, res):
         results.append(res)
