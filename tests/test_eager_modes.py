@@ -42,6 +42,15 @@ def test_mode_api_and_restore_on_exception():
         torch.tpu.eager_mode = start
 
 
+def test_set_eager_mode_without_with_switches_now():
+    start = torch.tpu.eager_mode
+    try:
+        torch.tpu.set_eager_mode(EM.DEBUG)  # like torch.set_grad_enabled(False)
+        assert torch.tpu.eager_mode is EM.DEBUG
+    finally:
+        torch.tpu.eager_mode = start
+
+
 def test_mode_from_environment():
     out = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.tpu.eager_mode.value)"],

@@ -21,6 +21,21 @@ CASES = {
     "complex.mul_": lambda d: torch.ones(3, dtype=torch.complex64, device=d).mul_(1j),
     "mul_ through a view": lambda d: torch.arange(6.0, device=d).view(2, 3).t().mul_(
         torch.tensor([1.0, 2.0], device=d)).t().contiguous(),
+    # memory overlap between the written tensor and an input: CPU refuses
+    "add_ partial overlap": lambda d: (lambda x: x[1:].add_(x[:-1]))(
+        torch.arange(5.0, device=d)),
+    "mul_ into expanded": lambda d: torch.ones(1, device=d).expand(3).mul_(2),
+    "add_ transposed self": lambda d: (lambda x: x.add_(x.t()))(
+        torch.arange(9.0, device=d).view(3, 3)),
+    "eq_ broadcast grows self": lambda d: torch.ones(5, 1, device=d).eq_(
+        torch.ones(5, device=d)),
+    "out= aliasing an input cannot grow": lambda d: (lambda x: torch.mul(
+        x, torch.arange(3.0, device=d), out=x))(torch.ones(3, 1, device=d)),
+    "long lerp": lambda d: torch.ones(3, dtype=torch.long, device=d).lerp_(
+        torch.zeros(3, dtype=torch.long, device=d), 0.5),
+    "long fmod broadcast": lambda d: torch.fmod(
+        torch.arange(250, device=d).view(5, 10, 5) + 7,
+        torch.arange(1, 51, device=d).view(10, 5)),
 }
 
 

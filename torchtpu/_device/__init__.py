@@ -122,18 +122,7 @@ def _register_direct_kernels() -> None:
         if op._overloadname != "default":
             name += "." + op._overloadname
         lib.impl(name, _kernel_for(op), "PrivateUse1", with_keyset=True)
-        # Its in-place twin (mul_.Tensor for mul.Tensor): a structured in-place op would
-        # otherwise arrive as its ``.out`` variant with self as out (resize checks and a
-        # write-only output, for an op that reads and writes the same tensor).
-        base, ov = op._schema.name.split("::")[1], op._overloadname
-        packet = getattr(torch.ops.aten, base + "_", None)
-        if packet is not None and ov in packet.overloads():
-            from torchtpu.eager.executor import functional_variant
-
-            inplace = getattr(packet, ov)
-            if functional_variant(inplace) is op and not (
-                torch._C._dispatch_has_kernel_for_dispatch_key(
-                    inplace.name(), "CompositeImplicitAutograd")
-            ):
-                lib.impl(base + "_" + ("" if ov == "default" else "." + ov),
-                         _kernel_for(inplace), "PrivateUse1", with_keyset=True)
+        # No direct kernel for its in-place twin (mul_ for mul): PyTorch's structured
+        # in-place path (CompositeExplicitAutogradNonFunctional -> mul.out with self as
+        # out) checks memory overlap between self and the inputs, as on CPU; a direct
+        # kernel would skip that check (x[1:].add_(x[:-1]) must raise).

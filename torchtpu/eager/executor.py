@@ -493,8 +493,15 @@ class LoweredPlan:
         return outs
 
     def _resize_outs(self, vals, shapes):
+        inputs = {x.untyped_storage()._cdata for j in self.sig.tensor_idx
+                  if j not in self.writeonly for x in _iter_tensors([vals[j]])}
         for i, shape in zip(self.sig.out_args, shapes):
             o = vals[i]
+            if tuple(o.shape) != tuple(shape) and o.untyped_storage()._cdata in inputs:
+                # an out= that is also an input (x.mul_(y) arrives as mul.out(x, y, out=x))
+                # cannot grow: CPU refuses instead of resizing
+                raise RuntimeError(f"output with shape {list(o.shape)} doesn't match the "
+                                   f"broadcast shape {list(shape)}")
             if tuple(o.shape) != tuple(shape):
                 if o.numel() != 0:
                     warnings.warn(

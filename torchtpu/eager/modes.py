@@ -72,13 +72,22 @@ def set_eager_mode_now(mode) -> None:
     _apply(mode)
 
 
-@contextlib.contextmanager
-def set_eager_mode(mode):
-    """Context manager: run the block in ``mode``, then restore the previous mode (also
-    when the block raises).  ``torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEBUG)``."""
-    prev = get_eager_mode()
-    set_eager_mode_now(mode)
-    try:
-        yield
-    finally:
-        set_eager_mode_now(prev)
+class set_eager_mode:
+    """Switch the eager mode now; as a context manager, restore the previous mode on exit
+    (also when the block raises).  Like ``torch.set_grad_enabled``, both forms work::
+
+        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEBUG)          # from here on
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEBUG):    # for the block
+
+    Raises ``ValueError`` for an unknown mode name, ``TypeError`` for a non-mode."""
+
+    def __init__(self, mode):
+        self.prev = get_eager_mode()
+        set_eager_mode_now(mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        set_eager_mode_now(self.prev)
+        return False

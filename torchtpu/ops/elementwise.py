@@ -175,6 +175,7 @@ def fmod(a, b):
     x, y = cast(a, ct), cast(b, ct)
     if dt.is_floating_point:
         return jnp().fmod(x, y)
+    x, y = jnp().broadcast_arrays(x, y)
     return lax().rem(x, y)
 
 
@@ -397,6 +398,11 @@ def clone(x, memory_format=None):
 @lower(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(start, end, weight):
     dt = promote(start, end)
+    if not (dt.is_floating_point or dt.is_complex):
+        kernel = "lerp_kernel_tensor" if hasattr(weight, "shape") and weight.shape else (
+            "lerp_kernel_scalar")
+        raise NotImplementedError(f'"{kernel}" not implemented for '
+                                  f"'{torch.empty(0, dtype=dt).type().split('.')[-1][:-6]}'")
     ct = opmath(dt)
     s, e, w = cast(start, ct), cast(end, ct), cast(weight, ct)
     j = jnp()
