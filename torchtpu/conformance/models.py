@@ -1256,19 +1256,17 @@ def modes_to_run(rec: Optional[dict], modes, rerun: bool) -> list[str]:
 
 
 def _load(path: str) -> dict:
-    if os.path.exists(path):
-        with open(path) as f:
-            data = json.load(f)
-        data["results"] = {k: migrate(v) for k, v in data.get("results", {}).items()}
-        return data
-    return {"meta": {}, "results": {}}
+    from torchtpu.conformance._common import load_json
+
+    data = load_json(path)
+    data["results"] = {k: migrate(v) for k, v in data.get("results", {}).items()}
+    return data
 
 
 def _save(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    from torchtpu.conformance._common import save_json
+
+    save_json(path, data)
 
 
 def _incomplete(arch: dict, partial: Optional[dict], modes, status: str, reason: str) -> dict:
