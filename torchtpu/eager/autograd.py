@@ -45,11 +45,12 @@ def _engine_run_backward(t_outputs, *args, **kwargs):
     cut = defer.CUT_AT_BACKWARD and defer.pending_ops()
     if cut:
         defer.flush("backward", sync=False)
-    with torch.autograd.set_multithreading_enabled(False):
-        out = _orig(t_outputs, *args, **kwargs)
-    if defer.CUT_AT_BACKWARD and defer.pending_ops():
-        defer.flush("backward_end", sync=False)
-    return out
+    try:
+        with torch.autograd.set_multithreading_enabled(False):
+            return _orig(t_outputs, *args, **kwargs)
+    finally:  # also when backward raises: every "backward" cut has its "backward_end"
+        if defer.CUT_AT_BACKWARD and defer.pending_ops():
+            defer.flush("backward_end", sync=False)
 
 
 def install() -> None:
