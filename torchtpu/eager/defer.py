@@ -27,6 +27,8 @@ import time
 import warnings
 import weakref
 
+import numpy as np
+
 from torchtpu import _metrics
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
@@ -206,8 +208,6 @@ def _dyn_layout(dyn):
 
 
 def _pack(dyn, groups):
-    import numpy as np
-
     return {k: np.concatenate([dyn[i].reshape(-1) for i in idx]) for k, idx in groups.items()}
 
 

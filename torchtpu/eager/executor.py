@@ -35,6 +35,7 @@ from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import defer as _defer
 from torchtpu.ops import _checks
+from torchtpu.ops._util import scalar_type_name
 
 M = _metrics.METRICS
 aten = torch.ops.aten
@@ -239,11 +240,6 @@ def _meta_wrapped(v):
     """A meta 0-d tensor promoting like the Python number ``v`` (a "wrapped number")."""
     dt = _WRAPPED_DTYPE.get(type(v)) or torch.get_default_dtype()
     return torch.empty((), dtype=dt, device="meta")
-
-
-def _scalar_type_name(dtype: torch.dtype) -> str:
-    """PyTorch's C++ ScalarType name ("Float", "Long", "ComplexFloat"), as in its errors."""
-    return torch.empty(0, dtype=dtype).type().split(".")[-1][: -len("Tensor")]
 
 
 def _perm_for(size, stride):
@@ -565,8 +561,8 @@ class LoweredPlan:
                 if not torch.can_cast(o.dtype, dst):
                     _raise_cpu_error(self.sig, self.op, meta_vals)
                     raise RuntimeError(
-                        f"result type {_scalar_type_name(o.dtype)} can't be cast to the "
-                        f"desired output type {_scalar_type_name(dst)}"
+                        f"result type {scalar_type_name(o.dtype)} can't be cast to the "
+                        f"desired output type {scalar_type_name(dst)}"
                     )
         return [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in out]
 
@@ -791,9 +787,7 @@ def check_pending() -> None:
     for flag, info, op in pending:
         if flag.__class__ is _st.Lazy:
             if flag.value is None:
-                from torchtpu.eager import defer
-
-                defer.flush("device_check")
+                _defer.flush("device_check")
             flag = flag.value
         flags.append(flag)
     if len(flags) > 16 and len({f.device for f in flags}) == 1:

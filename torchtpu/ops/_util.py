@@ -71,3 +71,23 @@ def is_int(dtype: torch.dtype) -> bool:
 def opmath(dtype: torch.dtype) -> torch.dtype:
     """The dtype PyTorch computes in for reduced-precision floats (``opmath_type``)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """PyTorch's C++ ScalarType name of ``dtype`` ("Float", "Long", "ComplexFloat"), as its
+    error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().split(".")[-1][: -len("Tensor")]
+
+
+def float_compute(x) -> torch.dtype:
+    """Compute dtype of float math on ``x`` (exp, sin, ...): opmath of its float type;
+    integer and bool inputs compute in the default float dtype, as PyTorch promotes them."""
+    dt = tdtype(x)
+    if not (dt.is_floating_point or dt.is_complex):
+        dt = torch.get_default_dtype()
+    return opmath(dt)
+
+
+def to_float_compute(x):
+    """``x`` cast to :func:`float_compute` of it."""
+    return cast(x, float_compute(x))

@@ -15,15 +15,11 @@ import torch
 
 from torchtpu.ops import aten, lower
 from torchtpu.ops._scalar import Scalar
-from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, promote, tdtype
+from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
+                                scalar_type_name, tdtype)
 
 
-def _float_compute(x) -> torch.dtype:
-    """Compute dtype of float math on x: opmath of x's float type (int -> default)."""
-    dt = tdtype(x)
-    if not (dt.is_floating_point or dt.is_complex):
-        dt = torch.get_default_dtype()
-    return opmath(dt)
+_float_compute = float_compute
 
 
 def unary(op, fn, float_math=True):
@@ -401,8 +397,7 @@ def lerp(start, end, weight):
     if not (dt.is_floating_point or dt.is_complex):
         kernel = "lerp_kernel_tensor" if hasattr(weight, "shape") and weight.shape else (
             "lerp_kernel_scalar")
-        raise NotImplementedError(f'"{kernel}" not implemented for '
-                                  f"'{torch.empty(0, dtype=dt).type().split('.')[-1][:-6]}'")
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
     ct = opmath(dt)
     s, e, w = cast(start, ct), cast(end, ct), cast(weight, ct)
     j = jnp()

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from torchtpu.ops import Lowering, LOWERINGS, aten, lower
-from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, tdtype
+from torchtpu.ops._util import cast, float_compute, jnp, lax, npdt, opmath, tdtype, to_float_compute
 from torchtpu.ops.decomp_overrides import decomp
 from torchtpu.ops.linalg import highest
 
@@ -40,16 +40,8 @@ def _jax():
     return runtime.jax()
 
 
-def _ct(x) -> torch.dtype:
-    """Compute dtype for float math on ``x``."""
-    dt = tdtype(x)
-    if not (dt.is_floating_point or dt.is_complex):
-        dt = torch.get_default_dtype()
-    return opmath(dt)
-
-
-def _f(x):
-    return cast(x, _ct(x))
+_ct = float_compute
+_f = to_float_compute
 
 
 def _tup(v, n):

@@ -14,7 +14,8 @@ import math
 import torch
 
 from torchtpu.ops import aten, lower
-from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, promote, tdtype
+from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote, tdtype,
+                                to_float_compute)
 from torchtpu._device import runtime
 
 
@@ -22,16 +23,8 @@ def _sp():
     return runtime.jax().scipy.special
 
 
-def _fc(x) -> torch.dtype:
-    """Compute dtype of float math on ``x``: opmath of its float type (int -> default)."""
-    dt = tdtype(x)
-    if not (dt.is_floating_point or dt.is_complex):
-        dt = torch.get_default_dtype()
-    return opmath(dt)
-
-
-def _f(x):
-    return cast(x, _fc(x))
+_fc = float_compute
+_f = to_float_compute
 
 
 def _bin(a, b):
