@@ -121,33 +121,93 @@ def install_accelerator() -> None:
             setattr(acc, name, w)
 
 
-# ------------------------------------------------------------ tied parameters
-# Module.to("tpu") keeps a Parameter object only when torch._has_compatible_shallow_copy_type
-# says the new tensor may replace its .data; PyTorch's C++ rule knows CPU/CUDA/MPS/HIP/XPU/HPU
-# but not PrivateUse1, so every parameter becomes a new Parameter, and a parameter shared by
-# two modules (tied embeddings / LM heads) would become two.  This wrapper re-ties them.
+# ------------------------------------------------------- parameter identity in Module.to
+# ``Module._apply`` (behind ``.to``, ``.tpu()``, ``.cpu()``, ``.half()``...) keeps each
+# Parameter object, swapping its ``.data``, only when ``torch._has_compatible_shallow_copy_type``
+# allows it.  PyTorch's C++ rule knows CPU/CUDA/MPS/HIP/XPU/HPU/MTIA but not PrivateUse1, and
+# ``param.data = t`` checks the same rule, so ``model.to("tpu")`` would make *new* Parameter
+# objects: an optimizer built before the move (accelerate's ``prepare(model, optimizer)``,
+# Lightning Fabric...) would keep updating the old CPU tensors and train nothing, and tied
+# parameters would come apart.  For a cpu<->tpu move of a parameter we give the Parameter
+# object the moved tensor's TensorImpl instead (``torch._C._swap_tensor_impl``; the Python
+# object keeps its class, ``__dict__`` and hooks), which is what ``param.data = moved`` does
+# on CUDA; its gradient is moved the same way after ``_apply``.  PyTorch's own opt-in flags
+# (``torch.__future__.set_overwrite/swap_module_params_on_conversion``) are honoured as is.
 _orig_apply = None
 _apply_depth = [0]
+_MOVABLE = ("cpu", "tpu")
+
+
+def _crosses_tpu(t, out) -> bool:
+    """``out = fn(t)`` moved ``t`` between cpu and tpu (where ``.data =`` is refused)."""
+    a, b = t.device.type, out.device.type
+    return (a != b and "tpu" in (a, b) and a in _MOVABLE and b in _MOVABLE
+            and t.layout == torch.strided and out.layout == torch.strided)
+
+
+def _poison(grad_outputs):
+    raise RuntimeError(
+        "torchtpu: this graph was built before its parameter moved between cpu and tpu "
+        "(module.to(...)); run backward before moving the module, or rebuild the graph")
+
+
+def _take_impl(t, new) -> None:
+    """Make tensor ``t`` hold ``new``'s data (device, dtype, storage) keeping the Python
+    object, its attributes, ``requires_grad``, version number and tensor hooks: what
+    ``t.data = new`` does between CPU and CUDA."""
+    new = new.detach()  # a fresh TensorImpl sharing new's storage, referenced only here
+    new.requires_grad_(t.requires_grad)
+    version = t._version
+    pre = t._backward_hooks
+    post = t._post_accumulate_grad_hooks
+    if t.requires_grad and t._use_count() > 1:
+        # a live graph holds the old tensor (its AccumulateGrad node): a later backward
+        # through it would accumulate into the old tensor, so make that graph raise
+        torch.autograd.graph.get_gradient_edge(t).node.register_prehook(_poison)
+    torch._C._swap_tensor_impl(t, new)
+    torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+    if pre is not None:
+        t._backward_hooks = pre  # re-registers the hook dict on the new TensorImpl
+    if post is not None:
+        t._post_accumulate_grad_hooks = post
 
 
 def _module_apply(self, fn, recurse=True):
-    if _apply_depth[0]:
+    if (_apply_depth[0] or torch.__future__.get_swap_module_params_on_conversion()
+            or torch.__future__.get_overwrite_module_params_on_conversion()):
         return _orig_apply(self, fn, recurse)
-    slots: dict = {}
-    for mod in self.modules():
-        for name, p in mod._parameters.items():
-            if p is not None:
-                slots.setdefault(id(p), []).append((mod, name))
+    params = {id(p) for m in (self.modules() if recurse else (self,))
+              for p in m._parameters.values() if p is not None}
+    moved = []  # (parameter, its gradient before the move)
+
+    def keep_identity(t):
+        out = fn(t)
+        if (id(t) in params and out is not t and type(out) is torch.Tensor
+                and _crosses_tpu(t, out)):
+            grad = t.grad
+            if grad is not None:
+                t.grad = None
+            _take_impl(t, out)
+            moved.append((t, grad))
+            return t  # Module._apply then sees a compatible tensor: t.data = t
+        return out
+
     _apply_depth[0] += 1
     try:
-        out = _orig_apply(self, fn, recurse)
+        out = _orig_apply(self, keep_identity, recurse)
     finally:
         _apply_depth[0] -= 1
-    for places in slots.values():
-        if len(places) > 1:
-            first = places[0][0]._parameters[places[0][1]]
-            for mod, name in places[1:]:
-                mod._parameters[name] = first
+    for p, grad in moved:  # as Module._apply does for CUDA: param.grad.data = fn(grad)
+        if grad is None:
+            continue
+        with torch.no_grad():
+            g = fn(grad)
+        if g is not grad:
+            if torch._has_compatible_shallow_copy_type(grad, g):
+                grad.data = g
+            else:
+                _take_impl(grad, g)
+        p.grad = grad
     return out
 
 

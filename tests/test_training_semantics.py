@@ -1,0 +1,211 @@
+"""Training recipes that must give the same results on tpu as on CPU PyTorch.
+
+* An optimizer built *before* ``model.to("tpu")`` (accelerate's ``prepare(model, optimizer)``,
+  Lightning Fabric, many scripts) must train the moved model: ``Module.to`` keeps every
+  Parameter object, as ``model.to("cuda")`` does.
+* ``torch.amp.GradScaler("tpu")`` with float16/bfloat16 autocast: same losses, scales and
+  parameters as the same loop on CPU, skipped steps and scale growth included.
+"""
+
+import copy
+
+import pytest
+import torch
+
+TPU = "tpu"
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _opt(name, params):
+    if name == "SGD":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.AdamW(params, lr=0.05)
+
+
+# ------------------------------------------------- parameter identity across Module.to
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "AdamW"])
+def test_optimizer_built_before_module_to_trains(eager_mode, opt_name):
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+
+    def run(dev):
+        model = _mlp()
+        opt = _opt(opt_name, model.parameters())  # before the move
+        model.to(dev)
+        xs, ys = x.to(dev), y.to(dev)
+        losses = []
+        for _ in range(5):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xs), ys)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    cpu_losses, cpu_params = run("cpu")
+    tpu_losses, tpu_params = run(TPU)
+    assert cpu_losses[-1] < cpu_losses[0]
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(tpu_params, cpu_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_module_to_and_back_keeps_parameters_and_grads():
+    model = _mlp()
+    model[0].bias.requires_grad_(False)
+    before = list(model.parameters())
+    model(torch.randn(2, 6)).sum().backward()
+    grads = [p.grad for p in before]
+    w = model[0].weight
+    w.my_attr = "kept"  # Python attributes stay with the object, as with .data =
+    with torch.no_grad():
+        w.mul_(1.0)  # version 1
+    version = w._version
+
+    model.tpu()
+    assert all(p is q for p, q in zip(model.parameters(), before))
+    assert all(p.device.type == TPU for p in before)
+    for p, g in zip(before, grads):
+        assert p.grad is g  # the gradient object too, moved
+        if g is not None:
+            assert g.device.type == TPU
+    assert model[0].bias.requires_grad is False and w.requires_grad is True
+    assert isinstance(w, torch.nn.Parameter) and w.my_attr == "kept"
+    assert w._version == version
+    assert w.is_leaf and w.grad_fn is None
+
+    model.to("cpu")
+    assert all(p is q for p, q in zip(model.parameters(), before))
+    assert all(p.device.type == "cpu" for p in before)
+    assert all(p.grad is g for p, g in zip(before, grads))
+    assert w.grad.device.type == "cpu"
+    # the values survived the round trip
+    ref = _mlp()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach(), q.detach())
+
+
+def test_module_to_dtype_on_tpu_keeps_parameters():
+    model = _mlp()
+    before = list(model.parameters())
+    model.to(TPU)
+    model(torch.randn(2, 6, device=TPU)).sum().backward()
+    g = before[0].grad
+    model.to(torch.float64)
+    ref = _mlp().to(torch.float64)  # CPU: .to(dtype) keeps the objects too
+    assert all(p is q for p, q in zip(model.parameters(), before))
+    assert all(p.dtype == torch.float64 and p.device.type == TPU for p in before)
+    assert before[0].grad is g and g.dtype == torch.float64
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach())
+
+
+def test_tensor_hooks_survive_module_to():
+    def run(dev):
+        model = _mlp()
+        seen = []
+        model[0].weight.register_hook(lambda g: seen.append(("pre", g.sum().item())))
+        model[0].weight.register_post_accumulate_grad_hook(
+            lambda p: seen.append(("post", p.grad.sum().item())))
+        model.to(dev)
+        model(torch.ones(2, 6, device=dev)).sum().backward()
+        return seen
+
+    cpu, tpu = run("cpu"), run(TPU)
+    assert [k for k, _ in tpu] == [k for k, _ in cpu] == ["pre", "post"]
+    torch.testing.assert_close([v for _, v in tpu], [v for _, v in cpu])
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "AdamW"])
+def test_load_state_dict_after_module_to(opt_name):
+    torch.manual_seed(3)
+    x, y = torch.randn(8, 6), torch.randn(8, 3)
+    src = _mlp(seed=7)
+    src_opt = _opt(opt_name, src.parameters())
+    torch.nn.functional.mse_loss(src(x), y).backward()
+    src_opt.step()
+
+    def run(dev):
+        model = _mlp()
+        opt = _opt(opt_name, model.parameters())
+        model.to(dev)
+        model.load_state_dict(src.state_dict())
+        opt.load_state_dict(copy.deepcopy(src_opt.state_dict()))
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    (cl, cp), (tl, tp) = run("cpu"), run(TPU)
+    torch.testing.assert_close(tl, cl, rtol=1e-5, atol=1e-6)
+    for a, b in zip(tp, cp):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_tied_weights_stay_tied_with_optimizer_built_before():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(20, 8)
+            self.head = torch.nn.Linear(8, 20, bias=False)
+            self.head.weight = self.emb.weight
+
+    ids = torch.randint(0, 20, (3, 5), generator=torch.Generator().manual_seed(0))
+
+    def run(dev):
+        m = Tied()
+        w = m.emb.weight
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        m.to(dev)
+        assert m.emb.weight is w and m.head.weight is w
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(
+                m.head(m.emb(ids.to(dev))).view(-1, 20), ids.view(-1).to(dev))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, w.detach().cpu()
+
+    (cl, cw), (tl, tw) = run("cpu"), run(TPU)
+    torch.testing.assert_close(tl, cl, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tw, cw, rtol=1e-5, atol=1e-6)
+
+
+def test_buffers_move_as_on_cpu():
+    def run(dev):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m.to(dev)
+        for _ in range(2):
+            opt.zero_grad()
+            m(torch.arange(32.0).view(8, 4).to(dev) / 10).sum().backward()
+            opt.step()
+        return {k: v.cpu() for k, v in m.state_dict().items()}
+
+    cpu, tpu = run("cpu"), run(TPU)
+    assert cpu.keys() == tpu.keys()
+    for k in cpu:
+        torch.testing.assert_close(tpu[k], cpu[k], rtol=1e-4, atol=1e-5)
+
+
+def test_backward_through_graph_built_before_the_move_raises():
+    # CPU->CUDA would misbehave too; here the old graph must not silently lose gradients
+    model = torch.nn.Linear(3, 1)
+    loss = model(torch.randn(2, 3)).sum()
+    model.to(TPU)
+    with pytest.raises(RuntimeError, match="moved between cpu and tpu"):
+        loss.backward()
