@@ -209,3 +209,146 @@ def test_backward_through_graph_built_before_the_move_raises():
     model.to(TPU)
     with pytest.raises(RuntimeError, match="moved between cpu and tpu"):
         loss.backward()
+
+
+# ------------------------------------------------------------------ GradScaler ("tpu")
+
+
+def _scaler_loop(dev, dtype, steps=7, inf_at=(2,), growth_interval=2):
+    """A small autocast + GradScaler training loop; an inf is injected into one gradient
+    at the steps in ``inf_at`` (those steps must be skipped and the scale backed off)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler(dev, init_scale=2.0**10, growth_interval=growth_interval)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(6, 8, generator=g).to(dev) for _ in range(steps)]
+    ys = [torch.randn(6, 4, generator=g).to(dev) for _ in range(steps)]
+    losses, scales, params = [], [], []
+    for step in range(steps):
+        opt.zero_grad()
+        with torch.autocast(dev, dtype=dtype):
+            out = model(xs[step])
+        loss = torch.nn.functional.mse_loss(out.float(), ys[step])
+        scaler.scale(loss).backward()
+        if step in inf_at:
+            with torch.no_grad():
+                model[2].bias.grad[1] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+        scales.append(scaler.get_scale())
+        params.append([p.detach().float().cpu().clone() for p in model.parameters()])
+    return losses, scales, params, scaler.state_dict()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_grad_scaler_matches_cpu(eager_mode, dtype):
+    cl, cs, cp, cstate = _scaler_loop("cpu", dtype)
+    tl, ts, tp, tstate = _scaler_loop(TPU, dtype)
+    # the loop exercised what it should: a skipped step (scale halved) and growth
+    assert cs[2] == cs[1] / 2 and max(cs) > cs[0] * 1.5
+    assert all(torch.equal(a, b) for a, b in zip(cp[2], cp[1]))  # step 2 skipped
+    assert ts == cs  # scale values exactly
+    assert tstate == cstate  # scale, growth tracker, factors
+    tol = dict(rtol=1e-2, atol=1e-3) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-4)
+    torch.testing.assert_close(tl, cl, **tol)
+    for step_t, step_c in zip(tp, cp):
+        for a, b in zip(step_t, step_c):
+            torch.testing.assert_close(a, b, **tol)
+    assert all(torch.equal(a, b) for a, b in zip(tp[2], tp[1]))  # skipped on tpu too
+
+
+def test_torch_tpu_amp_namespace():
+    from torch.tpu.amp import GradScaler, autocast
+
+    assert isinstance(GradScaler(), torch.amp.GradScaler) and GradScaler()._device == TPU
+    with autocast(dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(torch.randn(2, 3, device=TPU), torch.randn(4, 3, device=TPU))
+    assert y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("inv", [0.25, 1.0])
+def test_amp_foreach_non_finite_check_and_unscale_matches_cpu(inv):
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g) * 1000, torch.randn(7, generator=g, dtype=torch.float64),
+             (torch.randn(4, generator=g) * 100).half(), torch.randn(2, 2, generator=g).bfloat16(),
+             torch.randn(6, 4, generator=g).t()]  # a non-contiguous one
+    for bad in (None, float("inf"), float("nan"), -float("inf")):
+        cpu = [t.clone() for t in grads]
+        if bad is not None:
+            cpu[2][1] = bad
+        tpu = [t.to(TPU) for t in cpu]
+        tpu[4] = cpu[4].t().contiguous().to(TPU).t()  # same view as on CPU
+        cf, tf = torch.zeros(1), torch.zeros(1, device=TPU)
+        ci, ti = torch.full((1,), inv), torch.full((1,), inv, device=TPU)
+        r = torch._amp_foreach_non_finite_check_and_unscale_(cpu, cf, ci)
+        rt = torch._amp_foreach_non_finite_check_and_unscale_(tpu, tf, ti)
+        assert r is None and rt is None
+        assert torch.equal(tf.cpu(), cf)
+        for a, b in zip(tpu, cpu):
+            assert a.dtype == b.dtype and a.stride() == b.stride()
+            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True)
+    # found_inf is never reset by the op (zeroing it is the caller's job)
+    tf = torch.ones(1, device=TPU)
+    torch._amp_foreach_non_finite_check_and_unscale_([torch.ones(2, device=TPU)], tf, ti)
+    assert tf.item() == 1.0
+
+
+def test_amp_foreach_unscale_of_views_writes_the_base():
+    # gradients that are views of one flat buffer (DDP buckets, flat-parameter wrappers)
+    base_c = torch.arange(12.0).view(3, 4)
+    base_t = base_c.to(TPU)
+    fc, ft = torch.zeros(()), torch.zeros((), device=TPU)
+    torch._amp_foreach_non_finite_check_and_unscale_([base_c[0], base_c[1:, 0], base_c[2, 1:]],
+                                                     fc, torch.full((), 0.5))
+    torch._amp_foreach_non_finite_check_and_unscale_([base_t[0], base_t[1:, 0], base_t[2, 1:]],
+                                                     ft, torch.full((), 0.5, device=TPU))
+    torch.testing.assert_close(base_t.cpu(), base_c, rtol=0, atol=0)
+    # overlapping views are updated one after the other on CPU: refused, not approximated
+    with pytest.raises(NotImplementedError, match="overlapping"):
+        torch._amp_foreach_non_finite_check_and_unscale_([base_t[1], base_t[:, 3]], ft,
+                                                         torch.full((), 0.5, device=TPU))
+
+
+def test_amp_update_scale_matches_cpu():
+    def run(dev, found, scale0=1024.0, interval=3, growth=2.0, backoff=0.5):
+        s = torch.full((1,), scale0, device=dev)
+        t = torch.zeros(1, dtype=torch.int32, device=dev)
+        out = []
+        for f in found:
+            r = torch._amp_update_scale_(s, t, torch.full((1,), float(f), device=dev),
+                                         growth, backoff, interval)
+            assert r is s
+            out.append((s.item(), t.item()))
+        return out
+
+    seq = [0, 0, 0, 1, 0, 0, 0, 0, float("nan"), 0, 0, 0]
+    assert run(TPU, seq) == run("cpu", seq)
+    # growth past float32's range keeps the scale; odd factors round like float*double
+    big = [0] * 6
+    assert run(TPU, big, scale0=3e38, interval=1) == run("cpu", big, scale0=3e38, interval=1)
+    assert run(TPU, seq, scale0=3.3, growth=1.1, backoff=0.3) == \
+        run("cpu", seq, scale0=3.3, growth=1.1, backoff=0.3)
+
+
+def test_amp_ops_errors_match_cpu():
+    def err(dev, fn):
+        with pytest.raises(Exception) as e:
+            fn(dev)
+            if dev != "cpu":
+                torch.tpu.synchronize()
+        return type(e.value), str(e.value)
+
+    cases = [
+        lambda d: torch._amp_foreach_non_finite_check_and_unscale_(
+            [torch.ones(2, device=d)], torch.zeros(1, dtype=torch.float64, device=d),
+            torch.ones(1, device=d)),
+        lambda d: torch._amp_foreach_non_finite_check_and_unscale_(
+            [torch.ones(2, device=d)], torch.zeros(2, device=d), torch.ones(1, device=d)),
+        lambda d: torch._amp_update_scale_(torch.ones(1, device=d), torch.zeros(1, device=d),
+                                           torch.zeros(1, device=d), 2.0, 0.5, 3),
+    ]
+    for case in cases:
+        assert err(TPU, case) == err("cpu", case)

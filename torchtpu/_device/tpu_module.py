@@ -312,6 +312,9 @@ def _get_device_index(device, optional=False) -> int:
     return _to_index(device)
 
 
+from torchtpu._device import amp  # noqa: E402  (torch.tpu.amp, like torch.cuda.amp)
+
+
 # --------------------------------------------------------- torchtpu settings
 
 
@@ -357,3 +360,4 @@ class _TpuModule(type(os)):
 import sys as _sys  # noqa: E402
 
 _sys.modules[__name__].__class__ = _TpuModule
+_sys.modules.setdefault("torch.tpu.amp", amp)  # `from torch.tpu.amp import GradScaler`

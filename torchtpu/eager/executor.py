@@ -22,6 +22,7 @@ host never waits for device results except at sync points (``item``, ``.cpu()``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -100,6 +101,18 @@ class Signature:
         ]
         self.out_args = [i for i in self.mutated if self.kwarg_only[i]]
         self.nret = len(sch.returns)
+        # the mutated arguments a mutable op returns (by alias set: _amp_update_scale_
+        # mutates two and returns one, _amp_foreach_non_finite_check_and_unscale_ none)
+        self.mutated_returns = [
+            next((i for i in self.mutated
+                  if self.args[i].alias_info.before_set == r.alias_info.before_set), None)
+            if r.alias_info is not None else None
+            for r in sch.returns
+        ] if self.mutated else []
+        if None in self.mutated_returns:
+            self.mutated_returns = self.mutated[: self.nret]
+        # mutated Tensor[] arguments (in-place list ops: one write per element)
+        self.mutated_lists = [i for i in self.mutated if self.kinds[i] in (T_LIST, OPT_T_LIST)]
         self.is_view = (
             not self.mutated
             and any(r.alias_info is not None for r in sch.returns)
@@ -138,6 +151,18 @@ def describe(vals) -> str:
     return ", ".join(parts)
 
 
+def _flatten(vals) -> list:
+    """``vals`` with its list/tuple entries spliced in (Tensor[] arguments and results are
+    one write or one output per element)."""
+    out = []
+    for v in vals:
+        if isinstance(v, (list, tuple)):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
+
+
 def _iter_tensors(vals):
     for v in vals:
         if isinstance(v, torch.Tensor):
@@ -162,7 +187,7 @@ class Executable:
     """
 
     __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
-                 "out_avals", "name", "check_info")
+                 "out_avals", "name", "check_info", "groups")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
         self.compiled = False
@@ -170,6 +195,7 @@ class Executable:
         self.out_avals = None
         self.name = ""
         self.check_info = ()  # device checks (exception type, message), see ops._checks
+        self.groups = None  # Tensor[] results: per ATen output, its list length (else None)
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -432,6 +458,7 @@ class LoweredPlan:
         self.lowering = lowering
         self.fsig = functional_sig or sig  # schema of the lowered functional op
         self.writeonly = set(sig.out_args)
+        self._groups = None  # set by _functional_meta for Tensor[] results
 
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
@@ -519,8 +546,10 @@ class LoweredPlan:
             if arr.__class__ is _st.Lazy:
                 arr.owner = _weakref(sd)
         if self.sig.mutated:
-            res = [vals[i] for i in self.sig.mutated]
-            return res[0] if len(res) == 1 else tuple(res)
+            ret = self.sig.mutated_returns
+            if len(ret) == 1:
+                return vals[ret[0]]
+            return tuple(vals[i] for i in ret) if ret else None
         results = []
         for (size, stride, dtype, perm), arr in zip(ex.out_meta, outs[nw:]):
             if perm is None:
@@ -528,6 +557,10 @@ class LoweredPlan:
             else:
                 st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
                 results.append(_st.tensor_on(st, size, stride, 0, dtype))
+        if ex.groups is not None:
+            it = iter(results)
+            results = [list(itertools.islice(it, n)) if n is not None else next(it)
+                       for n in ex.groups]
         if self.sig.nret == 1:
             return results[0]
         return tuple(results)
@@ -554,10 +587,14 @@ class LoweredPlan:
             raise meta_err
         if isinstance(out, torch.Tensor):
             out = [out]
+        groups = [len(o) if isinstance(o, (list, tuple)) else None for o in out]
+        self._groups = groups if any(g is not None for g in groups) else None
+        out = _flatten(out)  # Tensor[] results: one entry per element
         if self.sig.mutated and not self.sig.out_args:
             # In-place: PyTorch's meta kernels skip the cast check CPU makes.
-            for i, o in zip(self.sig.mutated, out):
-                dst = vals[i].dtype
+            targets = _flatten([vals[i] for i in self.sig.mutated])
+            for t, o in zip(targets, out):
+                dst = t.dtype
                 if not torch.can_cast(o.dtype, dst):
                     _raise_cpu_error(self.sig, self.op, meta_vals)
                     raise RuntimeError(
@@ -596,6 +633,8 @@ class LoweredPlan:
                 if v is None:
                     item = ("const", None)
                 elif kk[0] == "cpu0":
+                    if i in mutated:  # an in-place write to a CPU tensor: as CUDA, refuse
+                        raise device_mismatch(self.op, torch.device("tpu", c.index), v.device)
                     item = ("dyn",)
                 elif kk[0] == "S":
                     item = ("scalar", kk[1])
@@ -612,9 +651,15 @@ class LoweredPlan:
                     if x is None:
                         items.append(("const", None))
                     elif kx[0] == "cpu0":
+                        if i in mutated:
+                            raise NotImplementedError(
+                                f"torchtpu: {self.op} writes a CPU tensor in a list argument")
                         items.append(("dyn",))
                     else:
                         items.append(("view", kx[0], kx[1]))
+                        if i in mutated:
+                            writes.append(kx[0])
+                            write_specs.append(kx[1])
                 item = ("list", items)
             elif k in (SCALAR, OPT_SCALAR):
                 if v is None:
@@ -629,6 +674,8 @@ class LoweredPlan:
                 item = ("const", v)
             if i not in out_set:
                 layout.append(item)
+        if self.sig.mutated_lists and len(set(writes)) < len(writes):
+            _check_disjoint_writes(self.op, writes, write_specs)
         nf = len(self.fsig.args)
         perms = [_perm_for(size, stride) for size, stride, _ in out_meta]
         check_info = []  # filled when traced: (exception type, message) per device check
@@ -648,6 +695,7 @@ class LoweredPlan:
                 if tr.checks else ()
             if not isinstance(res, (tuple, list)):
                 res = (res,)
+            res = _flatten(res)  # a Tensor[] result: one entry per element
             fixed = []
             for (size, stride, dt), r in zip(out_meta, res):
                 want = runtime.to_np_dtype(dt)
@@ -691,6 +739,8 @@ class LoweredPlan:
                     stride, perm = _st.contiguous_strides(size), None
                 final_meta.append((size, stride, dt, perm))
         ex = Executable(jitted, final_meta, list(dict.fromkeys(writes)), c.index)
+        if not mutated:
+            ex.groups = self._groups
         ex.check_info = check_info
         ex.traced = traced
         ex.name = str(self.op)
@@ -733,6 +783,32 @@ class LoweredPlan:
                 o.copy_(r)
             return targets[0] if len(targets) == 1 else tuple(targets)
         return outs[0] if self.sig.nret == 1 else tuple(outs)
+
+
+def _view_offsets(spec):
+    """The storage element offsets a (non-whole-storage) view spec covers, as numpy."""
+    size, _, stride, offset = spec[:4]
+    idx = np.asarray([offset], dtype=np.int64)
+    for n, st in zip(size, stride):
+        idx = np.add.outer(idx, np.arange(n, dtype=np.int64) * st).reshape(-1)
+    return idx
+
+
+def _check_disjoint_writes(op, writes, specs):
+    """A list-mutating op (``_foreach_*_``, ``_amp_foreach_*_``) updates its elements one
+    after the other on CPU; one executable reads every element first.  That is the same
+    only when no two written views overlap: raise when they may."""
+    seen: dict = {}
+    for slot, spec in zip(writes, specs):
+        if any(d == 0 for d in spec[0]):
+            continue  # an empty view writes nothing
+        for other in seen.get(slot, ()):
+            if len(spec) == 2 or len(other) == 2 or spec[1] != other[1] or np.intersect1d(
+                    _view_offsets(spec), _view_offsets(other)).size:
+                raise NotImplementedError(
+                    f"torchtpu: {op} with overlapping tensors in its mutated arguments (CPU "
+                    f"updates them one after the other) is not supported")
+        seen.setdefault(slot, []).append(spec)
 
 
 def _rebuild(item, arrays, dyn_it):
@@ -975,7 +1051,8 @@ def _make_plan(op):
         return LoweredPlan(op, sig, table[op])
     if sig.is_view and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"):
         return ViewPlan(op)
-    if sig.mutated:
+    # (a Tensor[] out= argument is not written by LoweredPlan: those go the other ways)
+    if sig.mutated and not any(i in sig.mutated_lists for i in sig.out_args):
         f = functional_variant(op)
         if f is not None and f in table:
             return LoweredPlan(op, sig, table[f], Signature(f))
@@ -1004,12 +1081,20 @@ class _MutableViaFunctional:
         res = call_op(self.fsig, self.f, fvals[: len(self.fsig.args)])
         if isinstance(res, torch.Tensor):
             res = (res,)
-        targets = [vals[i] for i in self.sig.mutated]
+        targets = _flatten([vals[i] for i in self.sig.mutated])
+        res = _flatten(res)
+        if len(targets) != len(res):
+            raise NotImplementedError(
+                f"torchtpu: {self.op}: {self.f} returned {len(res)} tensors for "
+                f"{len(targets)} mutated ones")
         for o, r in zip(targets, res):
             if self.sig.out_args and tuple(o.shape) != tuple(r.shape):
                 o.resize_(r.shape)
             o.copy_(r)
-        return targets[0] if len(targets) == 1 else tuple(targets)
+        ret = self.sig.mutated_returns
+        if len(ret) == 1:
+            return vals[ret[0]]
+        return tuple(vals[i] for i in ret) if ret else None
 
 
 _DECOMPS = None

@@ -87,6 +87,7 @@ _FAMILIES = (
     "factory",
     "special",
     "attention",
+    "amp",
 )
 _loaded = False
 
