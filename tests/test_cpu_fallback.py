@@ -206,3 +206,24 @@ def test_unwritable_aliasing_raises_instead_of_returning():
     with cpu_fallback.forced(aten.add_.Tensor), pytest.raises(NotImplementedError,
                                                               match="cannot write back"):
         x.add_(x.view(torch.int32))  # one storage, two dtypes: no single host copy
+
+
+def test_refused_list_case_of_a_lowered_op_goes_through_the_fallback(monkeypatch):
+    # overlapping gradients: CPU unscales them one after the other, which the lowering
+    # refuses; with the fallback enabled the op runs on the CPU instead
+    def fn(dev):
+        base = torch.arange(12.0, device=dev).view(3, 4)
+        found = torch.zeros((), device=dev)
+        torch._amp_foreach_non_finite_check_and_unscale_([base[1], base[:, 3]], found,
+                                                         torch.full((), 0.5, device=dev))
+        return base
+
+    cpu = fn("cpu")
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
+    with pytest.raises(NotImplementedError, match="overlapping"):
+        fn(TPU)
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
+    op = aten._amp_foreach_non_finite_check_and_unscale_.default
+    before = fallbacks(op)
+    same(fn(TPU).cpu(), cpu)
+    assert fallbacks(op) == before + 1

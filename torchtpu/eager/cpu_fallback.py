@@ -145,7 +145,8 @@ def run(op, args, kwargs):
     _metrics.METRICS.fallbacks[name] += 1
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"torchtpu: {name} has no tpu lowering; running it on the CPU", stacklevel=3)
+        warnings.warn(f"torchtpu: {name} has no tpu lowering for this call; running it on the CPU",
+                      stacklevel=3)
     dev = None
     for v in list(args) + list(kwargs.values()):
         if _is_tpu(v):

@@ -472,7 +472,12 @@ class LoweredPlan:
         ex = _CACHE.get(key)
         if ex is None:
             M.cache_misses += 1
-            ex = _CACHE[key] = self._build(vals, c, key)
+            try:
+                ex = _CACHE[key] = self._build(vals, c, key)
+            except NotImplementedError as refused:
+                # a case the lowering refuses (e.g. overlapping views in a mutated list):
+                # the opt-in CPU fallback runs it, as it runs ops without a lowering
+                return UnsupportedPlan(self.op).fallback_or_raise(args, kwargs, refused)
         else:
             M.cache_hits += 1
         if ex.resize is not None:
@@ -966,6 +971,16 @@ class HandlerPlan:
 class UnsupportedPlan:
     def __init__(self, op):
         self.op = op
+
+    def fallback_or_raise(self, args, kwargs, refused: NotImplementedError):
+        """For a case a lowered op refuses: the CPU fallback if enabled, else ``refused``."""
+        from torchtpu._device import tpu_module
+
+        if not tpu_module.enable_cpu_fallback:
+            raise refused
+        from torchtpu.eager import cpu_fallback
+
+        return cpu_fallback.run(self.op, args, kwargs)
 
     def __call__(self, args, kwargs):
         from torchtpu._device import tpu_module
