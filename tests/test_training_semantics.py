@@ -352,3 +352,14 @@ def test_amp_ops_errors_match_cpu():
     ]
     for case in cases:
         assert err(TPU, case) == err("cpu", case)
+
+
+def test_parameter_that_cannot_be_kept_warns():
+    # a C++ weak reference forbids taking over the TensorImpl: the parameter is replaced
+    # (PyTorch's behaviour without our patch), loudly
+    model = torch.nn.Linear(3, 2)
+    ref = torch._C._WeakTensorRef(model.weight)
+    with pytest.warns(UserWarning, match="could not keep a Parameter object"):
+        model.to(TPU)
+    assert model.weight.device.type == TPU and model.bias.device.type == TPU
+    del ref

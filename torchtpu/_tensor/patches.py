@@ -7,6 +7,8 @@ go through it.  We route that constructor to :func:`torchtpu._tensor.storage.new
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 _orig_new = None
@@ -160,11 +162,14 @@ def _take_impl(t, new) -> None:
     version = t._version
     pre = t._backward_hooks
     post = t._post_accumulate_grad_hooks
+    node = None
     if t.requires_grad and t._use_count() > 1:
         # a live graph holds the old tensor (its AccumulateGrad node): a later backward
         # through it would accumulate into the old tensor, so make that graph raise
-        torch.autograd.graph.get_gradient_edge(t).node.register_prehook(_poison)
-    torch._C._swap_tensor_impl(t, new)
+        node = torch.autograd.graph.get_gradient_edge(t).node
+    torch._C._swap_tensor_impl(t, new)  # raises (changing nothing) if t has C++ weakrefs
+    if node is not None:
+        node.register_prehook(_poison)
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
     if pre is not None:
         t._backward_hooks = pre  # re-registers the hook dict on the new TensorImpl
@@ -187,7 +192,15 @@ def _module_apply(self, fn, recurse=True):
             grad = t.grad
             if grad is not None:
                 t.grad = None
-            _take_impl(t, out)
+            try:
+                _take_impl(t, out)
+            except RuntimeError as e:
+                t.grad = grad
+                warnings.warn(
+                    f"torchtpu: {type(self).__name__}._apply could not keep a Parameter object "
+                    f"across the move to {out.device} ({e}); it is replaced by a new one, "
+                    f"which an optimizer built before the move does not update")
+                return out
             moved.append((t, grad))
             return t  # Module._apply then sees a compatible tensor: t.data = t
         return out
