@@ -219,7 +219,10 @@ def _module_apply(self, fn, recurse=True):
             if torch._has_compatible_shallow_copy_type(grad, g):
                 grad.data = g
             else:
-                _take_impl(grad, g)
+                try:
+                    _take_impl(grad, g)
+                except RuntimeError:  # (C++ weakrefs) a new gradient object, as before
+                    grad = g
         p.grad = grad
     return out
 
