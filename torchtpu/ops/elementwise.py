@@ -34,8 +34,12 @@ def unary(op, fn, float_math=True):
     return lowering
 
 
-def binary(op, fn, has_alpha=False, float_math=False):
-    """Register ``op(a, b[, alpha])`` computed in PyTorch's promoted dtype."""
+def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False):
+    """Register ``op(a, b[, alpha])`` computed in PyTorch's promoted dtype.
+
+    ``alpha`` scales ``b`` (``add``/``sub``: ``a + alpha * b``), or ``a`` when
+    ``alpha_on_self`` (``rsub``: ``b - alpha * a``, as ATen's ``rsub`` is ``sub(b, a, alpha)``).
+    """
 
     def lowering(a, b, alpha=None):
         dt = promote(a, b)
@@ -44,7 +48,10 @@ def binary(op, fn, has_alpha=False, float_math=False):
         ct = opmath(dt)
         x, y = cast(a, ct), cast(b, ct)
         if has_alpha and alpha is not None:
-            y = y * cast(alpha, ct)
+            if alpha_on_self:
+                x = x * cast(alpha, ct)
+            else:
+                y = y * cast(alpha, ct)
         return fn(x, y)
 
     lower(op)(lowering)
@@ -67,8 +74,8 @@ binary(aten.add.Tensor, lambda x, y: x + y, has_alpha=True)
 binary(aten.add.Scalar, lambda x, y: x + y, has_alpha=True)
 binary(aten.sub.Tensor, lambda x, y: x - y, has_alpha=True)
 binary(aten.sub.Scalar, lambda x, y: x - y, has_alpha=True)
-binary(aten.rsub.Tensor, lambda x, y: y - x, has_alpha=True)
-binary(aten.rsub.Scalar, lambda x, y: y - x, has_alpha=True)
+binary(aten.rsub.Tensor, lambda x, y: y - x, has_alpha=True, alpha_on_self=True)
+binary(aten.rsub.Scalar, lambda x, y: y - x, has_alpha=True, alpha_on_self=True)
 binary(aten.mul.Tensor, lambda x, y: x * y)
 binary(aten.mul.Scalar, lambda x, y: x * y)
 binary(aten.maximum.default, lambda x, y: _nan_propagating(jnp().maximum, x, y))
