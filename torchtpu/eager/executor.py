@@ -32,6 +32,7 @@ import torch
 
 from torchtpu import _metrics
 from torchtpu._device import runtime, state
+from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import defer as _defer
 from torchtpu.ops import _checks
@@ -580,6 +581,9 @@ class LoweredPlan:
         kinds = self.sig.kinds
         mutated = self.sig.mutated
         out_set = self.writeonly
+        if mutated:
+            # once per signature: it holds the storage sharing and every view
+            _overlap.check_writes(self.op, mutated, self.sig.out_args, vals, lowering.random)
         if out_set:
             want = [out_meta[k][0] for k in range(len(self.sig.out_args))]
             have = [tuple(vals[i].shape) for i in self.sig.out_args]
@@ -1000,6 +1004,7 @@ class _MutableViaFunctional:
 
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
+        _overlap.check_writes(self.op, self.sig.mutated, self.sig.out_args, vals)
         fvals = [v for i, v in enumerate(vals) if i not in self.sig.out_args]
         res = call_op(self.fsig, self.f, fvals[: len(self.fsig.args)])
         if isinstance(res, torch.Tensor):
