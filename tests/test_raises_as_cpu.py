@@ -459,7 +459,19 @@ def add_bool_alpha_bool(d):
     return torch.add(b, b, alpha=True)
 
 
+def add_out_wider_dtype(d):
+    """out= of another dtype than the result: CPU casts the result into it."""
+    b = torch.tensor([0.5, 1.5, 2.5], dtype=torch.bfloat16, device=d)
+    return torch.add(_i(d, 1, 2, 3), b, out=torch.empty(0, device=d))
+
+
+def add_out_narrower_dtype(d):
+    x = torch.tensor([1.001, 2.5, -3.25], device=d)
+    return torch.add(x, x, out=torch.empty(3, dtype=torch.bfloat16, device=d))
+
+
 VALID = [
+    add_out_wider_dtype, add_out_narrower_dtype,
     copy_full_overlap, copy_disjoint_same_storage, copy_strided_disjoint,
     add_out_full_overlap, setitem_from_clone, setitem_row, fill_expanded,
     int_pow_tensor_negative, int_pow_positive, scalar_base_pow_negative, div_trunc_nonzero,

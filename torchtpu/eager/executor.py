@@ -666,6 +666,9 @@ class LoweredPlan:
             if mutated:
                 cur = {}
                 for slot, spec, r in zip(writes, write_specs, fixed):
+                    wdt = runtime.to_np_dtype(spec[1])
+                    if r.dtype != wdt:  # out= of another dtype: CPU casts the result
+                        r = r.astype(wdt)
                     base = cur.get(slot, arrays[slot])
                     if base is None:
                         if len(spec) == 2:

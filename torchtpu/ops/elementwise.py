@@ -52,7 +52,13 @@ def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check
         if has_alpha:
             _alpha_check(dt, alpha)
         ct = opmath(dt)
-        x, y = cast(a, ct), cast(b, ct)
+        if has_alpha and ct is not dt:
+            # CPU's add/sub kernels read every operand (a float32 0-d tensor, a Python
+            # number) and alpha in the common dtype: round them to bfloat16/half first
+            x, y = cast(cast(a, dt), ct), cast(cast(b, dt), ct)
+            alpha = None if alpha is None else cast(cast(alpha, dt), ct)
+        else:
+            x, y = cast(a, ct), cast(b, ct)
         if has_alpha and alpha is not None:
             if alpha_on_self:
                 x = x * cast(alpha, ct)
@@ -180,7 +186,7 @@ def div_mode(a, b, rounding_mode=None):
         _no_int_zero_divisor(y)
     if rounding_mode == "trunc":
         if is_int:
-            q = lax().div(x, y)  # C-style truncation
+            q = lax().div(*j.broadcast_arrays(x, y))  # C-style truncation
             return q
         return j.trunc(x / y)
     if rounding_mode == "floor":
@@ -489,6 +495,15 @@ def addcmul(self, t1, t2, value=1):
 
 @lower(aten.addcdiv.default)
 def addcdiv(self, t1, t2, value=1):
+    if not (tdtype(t1).is_floating_point or tdtype(t1).is_complex or tdtype(t2).is_floating_point
+            or tdtype(t2).is_complex):  # integer or bool operands (meta misses bool)
+        raise RuntimeError(
+            "Integer division with addcdiv is no longer supported, and in a future  release "
+            "addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv "
+            "behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2))."
+            "to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for "
+            "float inputs. The future addcdiv behavior is just the latter implementation: "
+            "(input + value * tensor1 / tensor2), for all dtypes.")
     dt = promote(self, t1, t2)
     ct = opmath(dt)
     # CPU's order: self + value * t1 / t2 (one rounding less than value * (t1 / t2))
