@@ -2,8 +2,9 @@
 
 Default run: the first ``SAMPLES_PER_OP`` samples of each OpInfo in ``DEFAULT_OPS`` (a
 fixed list of common ops: elementwise, reductions, matmul, indexing, shape, factories,
-nn.functional basics).  Each new op signature costs an XLA compile, so this subset keeps
-the suite fast.
+nn.functional basics), plus the first sample passing each keyword argument those miss
+(``add``'s ``alpha=`` samples come last; see ``opinfo.limited_indices``).  Each new op
+signature costs an XLA compile, so this subset keeps the suite fast.
 
 ``TORCHTPU_FULL_OPINFO=1``: every OpInfo of ``op_db`` that supports float32 on CPU, all
 samples (``TORCHTPU_OPINFO_SAMPLES=N`` caps the samples in either mode).  For a report
@@ -168,6 +169,20 @@ def test_opinfo_backward_float32(name):
 
 # ---------------------------------------------------------------------------------------
 # Comparison rules of the sweep itself (no device needed)
+
+
+@pytest.mark.parametrize("oid,kwarg", [("add", "alpha"), ("sub", "alpha"), ("rsub", "alpha"),
+                                       ("addcmul", "value"), ("addcdiv", "value")])
+def test_short_run_reads_keyword_samples(oid, kwarg):
+    """The CI subset's short sample mode still runs each op's keyword samples (a 3-sample
+    sweep once missed that ``rsub(x, y, alpha=2)`` scaled the wrong operand)."""
+    from torchtpu.conformance.opinfo import get_opinfo, sample_inputs
+
+    read = sample_inputs(get_opinfo(oid), DTYPE, SAMPLES_PER_OP)
+    assert any(kwarg in s.kwargs for s in read), [s.kwargs for s in read]
+    # and the sweep's default (no limit) reads every sample
+    op = get_opinfo(oid)
+    assert len(sample_inputs(op, DTYPE)) == len(list(op.sample_inputs("cpu", DTYPE)))
 
 
 def test_float_output_of_integer_sample_uses_float_tolerance():

@@ -13,8 +13,10 @@ summary to ``conformance/ops.json`` (``--json`` to change; ``--mode all`` writes
 (``conformance/ops.md``).
 
 For each OpInfo (optionally filtered by a regex on its id, ``name`` or
-``name.variant_test_name``) and each requested dtype the OpInfo supports on CPU, the first
-``--limit-samples`` samples of ``op.sample_inputs('cpu', dtype, requires_grad=False)`` run
+``name.variant_test_name``) and each requested dtype the OpInfo supports on CPU, every
+sample of ``op.sample_inputs('cpu', dtype, requires_grad=False)`` (with
+``--limit-samples N``: the first N, plus the first sample passing each keyword argument
+they miss, see :func:`limited_indices`) runs
 on CPU and, on copies moved to ``tpu``, on the device.  Outputs are compared recursively
 with :func:`torch.testing.assert_close` (dtype and shape exact, device ignored), and the
 sample's ``input`` is compared after the call too (catches wrong in-place writes).
@@ -252,10 +254,29 @@ def is_random(op) -> bool:
 
 
 def sample_inputs(op, dtype: torch.dtype, limit: Optional[int] = None, seed: int = 0) -> list:
-    """The first ``limit`` CPU samples of ``op`` for ``dtype`` (deterministic: seeded)."""
+    """The CPU samples of ``op`` for ``dtype`` that a run with ``limit`` reads
+    (deterministic: seeded); see :func:`limited_indices`."""
     torch.manual_seed(seed)
-    it = op.sample_inputs("cpu", dtype, requires_grad=False)
-    return list(itertools.islice(it, limit) if limit is not None else it)
+    samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
+    return [samples[i] for i in limited_indices(samples, limit)]
+
+
+def limited_indices(samples: list, limit: Optional[int]) -> list[int]:
+    """Indices of ``samples`` read under ``limit``: all of them when ``limit`` is None (or
+    not positive); else the first ``limit`` ones plus, for each keyword argument they do
+    not pass (``alpha=``, ``rounding_mode=``, ``value=``...), the first sample passing it.
+    OpInfos often put their keyword samples last (``add``'s ``alpha`` samples are its
+    10th and 11th), and a short run must still exercise every keyword."""
+    if limit is None or limit <= 0:
+        return list(range(len(samples)))
+    chosen = list(range(min(limit, len(samples))))
+    seen = {k for i in chosen for k in samples[i].kwargs}
+    for i in range(len(chosen), len(samples)):
+        new = set(samples[i].kwargs) - seen
+        if new:
+            seen |= new
+            chosen.append(i)
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------
@@ -908,7 +929,10 @@ def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, see
         t0 = time.perf_counter()
         tol = tolerance(op, dt)
         try:
-            samples = sample_inputs(op, dt, limit, seed)
+            torch.manual_seed(seed)
+            every = list(op.sample_inputs("cpu", dt, requires_grad=False))
+            indices = limited_indices(every, limit)
+            samples = [every[i] for i in indices]
         except Exception as exc:
             r = SampleResult(0, "skipped", "",
                              f"sample_inputs raised {type(exc).__name__}: "
@@ -918,9 +942,9 @@ def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, see
                 on_pair(out[-1])
             continue
         rnd = is_random(op)
-        guides = _meta_guides(op, dt, len(samples), seed)
+        guides = _meta_guides(op, dt, len(every), seed)
         results = []
-        for i, s in enumerate(samples):
+        for i, s in zip(indices, samples):
             try:
                 results.append(run_sample(op, s, dt, index=i, random=rnd or None,
                                           tol=tol[:2], seed=seed, guide=guides[i]))
@@ -1257,7 +1281,8 @@ def main(argv=None) -> int:
     p.add_argument("--filter", help="regex (re.search) on the OpInfo id / name")
     p.add_argument("--dtypes", default="float32", help="comma list (default float32)")
     p.add_argument("--limit-samples", type=int, default=None,
-                   help="first N samples of each (op, dtype) (default: all)")
+                   help="first N samples of each (op, dtype), plus the first sample "
+                        "passing each keyword argument they miss (default: all samples)")
     p.add_argument("--json", default=DEFAULT_JSON,
                    help=f"write all results and the summary to this file (default "
                         f"{DEFAULT_JSON}; a Markdown summary goes next to it, same name .md)")
@@ -1504,13 +1529,14 @@ def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
     tol = tolerance(op, dtype)
     torch.manual_seed(seed)
     try:
-        it = op.sample_inputs("cpu", dtype, requires_grad=True)
-        samples = list(itertools.islice(it, limit) if limit is not None else it)
+        every = list(op.sample_inputs("cpu", dtype, requires_grad=True))
+        indices = limited_indices(every, limit)
+        samples = [every[i] for i in indices]
     except Exception as exc:
         r = SampleResult(0, "skipped", "", f"sample_inputs raised {type(exc).__name__}")
         return aggregate(op_id(op) + ".backward", dtype, [r], tol, 0.0)
     results = []
-    for i, s in enumerate(samples):
+    for i, s in zip(indices, samples):
         try:
             results.append(run_sample_backward(op, s, dtype, i, tol[:2], seed))
         except Exception as exc:

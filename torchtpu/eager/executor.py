@@ -33,6 +33,7 @@ import torch
 
 from torchtpu import _metrics
 from torchtpu._device import runtime, state
+from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import defer as _defer
 from torchtpu.ops import _checks
@@ -622,6 +623,9 @@ class LoweredPlan:
         kinds = self.sig.kinds
         mutated = self.sig.mutated
         out_set = self.writeonly
+        if mutated:
+            # once per signature: it holds the storage sharing and every view
+            _overlap.check_writes(self.op, mutated, self.sig.out_args, vals, lowering.random)
         if out_set:
             want = [out_meta[k][0] for k in range(len(self.sig.out_args))]
             have = [tuple(vals[i].shape) for i in self.sig.out_args]
@@ -715,6 +719,9 @@ class LoweredPlan:
             if mutated:
                 cur = {}
                 for slot, spec, r in zip(writes, write_specs, fixed):
+                    wdt = runtime.to_np_dtype(spec[1])
+                    if r.dtype != wdt:  # out= of another dtype: CPU casts the result
+                        r = r.astype(wdt)
                     base = cur.get(slot, arrays[slot])
                     if base is None:
                         if len(spec) == 2:
@@ -1092,6 +1099,7 @@ class _MutableViaFunctional:
 
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
+        _overlap.check_writes(self.op, self.sig.mutated, self.sig.out_args, vals)
         fvals = [v for i, v in enumerate(vals) if i not in self.sig.out_args]
         res = call_op(self.fsig, self.f, fvals[: len(self.fsig.args)])
         if isinstance(res, torch.Tensor):

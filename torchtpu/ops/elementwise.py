@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from torchtpu.ops import aten, lower
+from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._scalar import Scalar
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
                                 scalar_type_name, tdtype)
@@ -34,21 +34,76 @@ def unary(op, fn, float_math=True):
     return lowering
 
 
-def binary(op, fn, has_alpha=False, float_math=False):
-    """Register ``op(a, b[, alpha])`` computed in PyTorch's promoted dtype."""
+def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check=None):
+    """Register ``op(a, b[, alpha])`` computed in PyTorch's promoted dtype.
+
+    ``alpha`` scales ``b`` (``add``/``sub``: ``a + alpha * b``), or ``a`` when
+    ``alpha_on_self`` (``rsub``: ``b - alpha * a``, as ATen's ``rsub`` is ``sub(b, a, alpha)``);
+    its Python type is checked as PyTorch's ``alpha_check`` does.  ``check(a, b)`` raises
+    CPU's error for operands CPU refuses (at trace time: dtypes only).
+    """
 
     def lowering(a, b, alpha=None):
+        if check is not None:
+            check(a, b)
         dt = promote(a, b)
         if float_math and not (dt.is_floating_point or dt.is_complex):
             dt = torch.get_default_dtype()
+        if has_alpha:
+            _alpha_check(dt, alpha)
         ct = opmath(dt)
-        x, y = cast(a, ct), cast(b, ct)
+        if has_alpha and ct is not dt:
+            # CPU's add/sub kernels read every operand (a float32 0-d tensor, a Python
+            # number) and alpha in the common dtype: round them to bfloat16/half first
+            x, y = cast(cast(a, dt), ct), cast(cast(b, dt), ct)
+            alpha = None if alpha is None else cast(cast(alpha, dt), ct)
+        else:
+            x, y = cast(a, ct), cast(b, ct)
         if has_alpha and alpha is not None:
-            y = y * cast(alpha, ct)
+            if alpha_on_self:
+                x = x * cast(alpha, ct)
+            else:
+                y = y * cast(alpha, ct)
         return fn(x, y)
 
     lower(op)(lowering)
     return lowering
+
+
+def _alpha_check(dtype: torch.dtype, alpha) -> None:
+    """PyTorch's ``alpha_check`` (add/sub/rsub) on the result dtype (trace time: the
+    Python type of ``alpha`` is part of the executable's signature)."""
+    kind = alpha.kind if isinstance(alpha, Scalar) else type(alpha)
+    if kind is bool and dtype is not torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if kind is float and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating "
+                           "point number.")
+    if kind is complex and not dtype.is_complex:
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a "
+                           "complex number.")
+
+
+def _sub_check(a, b) -> None:
+    """PyTorch's ``sub_check``: no subtraction with bool operands."""
+    if tdtype(a) is torch.bool and tdtype(b) is torch.bool:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
+                           "supported. Use the `^` or `logical_xor()` operator instead.")
+    if tdtype(a) is torch.bool or tdtype(b) is torch.bool:
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not "
+                           "supported. If you are trying to invert a mask, use the `~` or "
+                           "`logical_not()` operator instead.")
+
+
+def _not_for_bool(dt: torch.dtype, kernel: str) -> None:
+    """CPU's dispatch error for a kernel without a Bool instantiation."""
+    if dt is torch.bool:
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
+
+
+def _no_int_zero_divisor(y) -> None:
+    """Integer division by zero raises on CPU ("ZeroDivisionError"): a device-side check."""
+    _checks.check(y == 0, RuntimeError, "ZeroDivisionError")
 
 
 def compare(op, fn):
@@ -65,10 +120,12 @@ def compare(op, fn):
 # ------------------------------------------------------------------ arithmetic
 binary(aten.add.Tensor, lambda x, y: x + y, has_alpha=True)
 binary(aten.add.Scalar, lambda x, y: x + y, has_alpha=True)
-binary(aten.sub.Tensor, lambda x, y: x - y, has_alpha=True)
-binary(aten.sub.Scalar, lambda x, y: x - y, has_alpha=True)
-binary(aten.rsub.Tensor, lambda x, y: y - x, has_alpha=True)
-binary(aten.rsub.Scalar, lambda x, y: y - x, has_alpha=True)
+binary(aten.sub.Tensor, lambda x, y: x - y, has_alpha=True, check=lambda a, b: _sub_check(a, b))
+binary(aten.sub.Scalar, lambda x, y: x - y, has_alpha=True, check=lambda a, b: _sub_check(a, b))
+binary(aten.rsub.Tensor, lambda x, y: y - x, has_alpha=True, alpha_on_self=True,
+       check=lambda a, b: _sub_check(b, a))
+binary(aten.rsub.Scalar, lambda x, y: y - x, has_alpha=True, alpha_on_self=True,
+       check=lambda a, b: _sub_check(b, a))
 binary(aten.mul.Tensor, lambda x, y: x * y)
 binary(aten.mul.Scalar, lambda x, y: x * y)
 binary(aten.maximum.default, lambda x, y: _nan_propagating(jnp().maximum, x, y))
@@ -120,12 +177,16 @@ def div_mode(a, b, rounding_mode=None):
     if rounding_mode is None:
         return div(a, b)
     is_int = not (dt.is_floating_point or dt.is_complex)
+    if rounding_mode in ("trunc", "floor"):
+        _not_for_bool(dt, f"div_{rounding_mode}_cpu")
     ct = opmath(dt)
     x, y = cast(a, ct), cast(b, ct)
     j = jnp()
+    if is_int:
+        _no_int_zero_divisor(y)
     if rounding_mode == "trunc":
         if is_int:
-            q = lax().div(x, y)  # C-style truncation
+            q = lax().div(*j.broadcast_arrays(x, y))  # C-style truncation
             return q
         return j.trunc(x / y)
     if rounding_mode == "floor":
@@ -155,27 +216,46 @@ def floor_divide(a, b):
 @lower(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(a, b):
     dt = promote(a, b)
+    _not_for_bool(dt, "remainder_cpu")
     ct = opmath(dt)
     x, y = cast(a, ct), cast(b, ct)
     j = jnp()
     if dt.is_floating_point:
         r = j.fmod(x, y)
         return j.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+    _no_int_zero_divisor(y)
     return j.remainder(x, y)
 
 
 @lower(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(a, b):
     dt = promote(a, b)
+    _not_for_bool(dt, "fmod_cpu")
     ct = opmath(dt)
     x, y = cast(a, ct), cast(b, ct)
     if dt.is_floating_point:
         return jnp().fmod(x, y)
+    _no_int_zero_divisor(y)
     x, y = jnp().broadcast_arrays(x, y)
     return lax().rem(x, y)
 
 
-@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def _pow_scalar_check(vals):
+    """``pow(int tensor, negative int)`` raises on CPU (host-known: at once); the
+    tensor-tensor and scalar-base overloads return 0/±1 there instead, as computed."""
+    base, exp = vals[0], vals[1]
+    if (isinstance(exp, int) and exp < 0 and isinstance(base, torch.Tensor)
+            and not (base.dtype.is_floating_point or base.dtype.is_complex)):
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return vals
+
+
+@lower(aten.pow.Tensor_Scalar, prepare=_pow_scalar_check)
+def pow_tensor_scalar(a, b):
+    return pow_(a, b)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def pow_(a, b):
     dt = promote(a, b)
     ct = opmath(dt)
@@ -408,15 +488,26 @@ def lerp(start, end, weight):
 @lower(aten.addcmul.default)
 def addcmul(self, t1, t2, value=1):
     dt = promote(self, t1, t2)
+    _not_for_bool(dt, "addcmul_cpu_out")
     ct = opmath(dt)
     return cast(self, ct) + cast(value, ct) * cast(t1, ct) * cast(t2, ct)
 
 
 @lower(aten.addcdiv.default)
 def addcdiv(self, t1, t2, value=1):
+    if not (tdtype(t1).is_floating_point or tdtype(t1).is_complex or tdtype(t2).is_floating_point
+            or tdtype(t2).is_complex):  # integer or bool operands (meta misses bool)
+        raise RuntimeError(
+            "Integer division with addcdiv is no longer supported, and in a future  release "
+            "addcdiv will perform a true division of tensor1 and tensor2. The historic addcdiv "
+            "behavior can be implemented as (input + value * torch.trunc(tensor1 / tensor2))."
+            "to(input.dtype) for integer inputs and as (input + value * tensor1 / tensor2) for "
+            "float inputs. The future addcdiv behavior is just the latter implementation: "
+            "(input + value * tensor1 / tensor2), for all dtypes.")
     dt = promote(self, t1, t2)
     ct = opmath(dt)
-    return cast(self, ct) + cast(value, ct) * (cast(t1, ct) / cast(t2, ct))
+    # CPU's order: self + value * t1 / t2 (one rounding less than value * (t1 / t2))
+    return cast(self, ct) + cast(value, ct) * cast(t1, ct) / cast(t2, ct)
 
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)

@@ -15,7 +15,43 @@ from __future__ import annotations
 import torch
 
 from torchtpu.ops import aten, lower
-from torchtpu.ops._util import cast, jnp, lax, opmath, promote, tdtype
+from torchtpu.ops._util import cast, jnp, lax, opmath, promote, scalar_type_name, tdtype
+
+# C++ names of dtypes, as CPU's mm error spells them
+_CPP_NAME = {torch.float32: "float", torch.float64: "double", torch.int64: "long int",
+             torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+             torch.uint8: "unsigned char", torch.bool: "bool", torch.bfloat16: "c10::BFloat16",
+             torch.float16: "c10::Half", torch.complex64: "c10::complex<float>",
+             torch.complex128: "c10::complex<double>"}
+
+
+def _product_checks(self_, a, b):
+    """CPU's operand checks of mm/bmm/mv/dot (``self_`` None) and addmm/addmv/baddbmm:
+    one dtype for all operands (no promotion), and no Bool kernel (trace time)."""
+    da, db = tdtype(a), tdtype(b)
+    ds = tdtype(self_) if self_ is not None else None
+    name = scalar_type_name
+    if b.ndim == 1 and a.ndim == 2:  # mv / addmv
+        s = db if ds is None else ds
+        if not (s == da == db):
+            raise RuntimeError(f"addmv input tensors must have the same dtype, but got "
+                               f"{name(s)}, {name(da)}, and {name(db)}")
+        kernel = "addmv_impl_cpu"
+    elif a.ndim == 2 and b.ndim == 2:  # mm / addmm
+        if ds is not None and ds != db:
+            raise RuntimeError(f"self and mat2 must have the same dtype, but got {name(ds)} "
+                               f"and {name(db)}")
+        if da != db:
+            if ds is None:
+                raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: "
+                                   f"{_CPP_NAME.get(da, name(da))} != {_CPP_NAME.get(db, name(db))}")
+            raise RuntimeError(f"mat1 and mat2 must have the same dtype, but got {name(da)} "
+                               f"and {name(db)}")
+        kernel = "addmm_impl_cpu_"
+    else:  # bmm / baddbmm / dot: PyTorch's own checks already refuse mixed dtypes
+        kernel = "dot" if a.ndim == 1 else "bmm"
+    if da is torch.bool:
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
 
 
 def highest():
@@ -56,6 +92,7 @@ def _scaled_add(prod, self_, beta, alpha, dt):
 @lower(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
 def mm(a, b):
     """mm / bmm / mv / dot: one matrix product (full float32 precision)."""
+    _product_checks(None, a, b)
     return matmul_(a, b)
 
 
@@ -68,6 +105,7 @@ def vdot(a, b):
 @lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
 def addmm(self_, m1, m2, beta=1, alpha=1):
     """addmm / addmv / baddbmm: ``beta * self + alpha * (m1 @ m2)``."""
+    _product_checks(self_, m1, m2)
     dt = promote(m1, m2)
     return _scaled_add(matmul_(m1, m2, dt), self_, beta, alpha, dt)
 

@@ -16,8 +16,10 @@ Conventions (see ``docs/ARCHITECTURE.md``):
   mutate ``running_mean``/``running_var`` (``native_batch_norm``'s schema does not even
   say so), which a lowering cannot express; they decompose into the lowered functional
   ``_native_batch_norm_legit_functional`` plus ``copy_`` into the running buffers.
-* Index-dependent losses (``nll_loss``): an out-of-range class index cannot raise on the
-  device without a sync; the loss (and its gradient) becomes NaN instead of a wrong value.
+* Index-dependent losses (``nll_loss``): an out-of-range class index is a device-side
+  check (``ops._checks``: IndexError at the next sync point, as CUDA's assert); the
+  loss also becomes NaN, never a wrong value.  ``binary_cross_entropy`` checks its input
+  range the same way.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import math
 import numpy as np
 import torch
 
-from torchtpu.ops import Lowering, LOWERINGS, aten, lower
-from torchtpu.ops._util import cast, float_compute, jnp, lax, npdt, opmath, tdtype, to_float_compute
+from torchtpu.ops import Lowering, LOWERINGS, _checks, aten, lower
+from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, scalar_type_name,
+                                tdtype, to_float_compute)
 from torchtpu.ops.decomp_overrides import decomp
 from torchtpu.ops.linalg import highest
 
@@ -515,8 +518,18 @@ def _dim(d, nd):
     return d % nd if nd else 0
 
 
+def _softmax_dtype_check(x, dim, name):
+    """CPU's kernels have no integer/bool instantiation (dtype= converts first)."""
+    dt = tdtype(x)
+    if not (dt.is_floating_point or dt.is_complex) and x.size:
+        last = x.ndim == 0 or _dim(dim, x.ndim) == x.ndim - 1
+        kernel = f"{name}_lastdim_kernel_impl" if last else f"{name}_kernel_impl"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
+
+
 @lower(aten._softmax.default)
 def softmax(x, dim, half_to_float):
+    _softmax_dtype_check(x, dim, "softmax")
     xx = _f(x)
     if x.ndim == 0:
         return jnp().ones_like(xx)
@@ -525,6 +538,7 @@ def softmax(x, dim, half_to_float):
 
 @lower(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
+    _softmax_dtype_check(x, dim, "log_softmax")
     xx = _f(x)
     if x.ndim == 0:
         return jnp().zeros_like(xx)
@@ -973,6 +987,12 @@ def _nll_core(x, target, weight, ignore_index, c_axis):
 
 def _nll_forward(x, target, weight, reduction, ignore_index, c_axis):
     j = jnp()
+    t = target.astype(j.int64)
+    nc = x.shape[c_axis]
+    # CPU raises IndexError "Target N is out of bounds."; CUDA a device-side assert
+    _checks.check((t != ignore_index) & ((t < 0) | (t >= nc)), IndexError,
+                  f"Target is out of bounds (a class index outside [0, {nc}) that is not "
+                  f"ignore_index={ignore_index})")
     loss, w = _nll_core(x, target, weight, ignore_index, c_axis)
     if reduction == 0:
         return loss, j.zeros((), loss.dtype)
@@ -1049,6 +1069,8 @@ def binary_cross_entropy(x, target, weight=None, reduction=1):
     j = jnp()
     ct = _ct(x)
     xx, t = cast(x, ct), cast(target, ct)
+    _checks.check(~((xx >= 0) & (xx <= 1)), RuntimeError,
+                  "all elements of input should be between 0 and 1")
     lx = j.maximum(j.log(xx), -100)
     l1x = j.maximum(j.log1p(-xx), -100)
     loss = -((t * lx) + (1 - t) * l1x)

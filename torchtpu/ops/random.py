@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from torchtpu._device import runtime
-from torchtpu.ops import aten, lower
+from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._util import jnp, npdt, opmath, promote, tdtype
 
 
@@ -145,6 +145,15 @@ def geometric(x, p, generator=None, *, key):
 # ------------------------------------------------------------------------ bernoulli
 
 
+_P_IN_MSG = ("Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error "
+             "message be improved?  If so, please report an enhancement request to PyTorch.)")
+
+
+def _check_p(p):
+    """CPU raises for probabilities outside [0, 1] (NaN included): a device-side check."""
+    _checks.check(~((p >= 0) & (p <= 1)), RuntimeError, _P_IN_MSG)
+
+
 def _bernoulli(key, shape, p, dtype):
     u = _uniform(key, shape, dtype if dtype.is_floating_point else torch.float64)
     return u < p
@@ -154,6 +163,7 @@ def _bernoulli(key, shape, p, dtype):
 def bernoulli(x, generator=None, *, key):
     dt = tdtype(x)
     _check_float("bernoulli", dt)
+    _check_p(x)
     return _bernoulli(key, x.shape, x.astype(_sample_dtype(dt)), dt)
 
 
@@ -166,6 +176,7 @@ def bernoulli_p(x, p=0.5, generator=None, *, key):
 
 @lower(aten.bernoulli.Tensor, random=True)
 def bernoulli_tensor(x, p, generator=None, *, key):
+    _check_p(p)
     p = jnp().broadcast_to(p.astype(npdt(torch.float64)), x.shape)
     return _bernoulli(key, x.shape, p, torch.float64)
 
@@ -292,6 +303,11 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without "
                            "replacement")
     p2 = probs.reshape(-1, n_cat).astype(npdt(torch.float64))
+    # CPU's checks of the distribution, as device-side checks (CUDA asserts)
+    _checks.check(~j.isfinite(p2) | (p2 < 0), RuntimeError,
+                  "probability tensor contains either `inf`, `nan` or element < 0")
+    _checks.check(j.sum(j.where(j.isfinite(p2), p2, 0), axis=-1) <= 0, RuntimeError,
+                  "invalid multinomial distribution (sum of probabilities <= 0)")
     logp = j.where(p2 > 0, j.log(j.where(p2 > 0, p2, 1.0)), -j.inf)
     k = prng_key(key)
     rows = p2.shape[0]
