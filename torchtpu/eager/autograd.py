@@ -16,6 +16,12 @@ segment without a host sync (``metrics()["segment_cuts"]``: "backward" and
 "backward_end"): the forward segment is dispatched while the host records the backward,
 and the backward segment while it records the optimizer step.  The cut points repeat
 every training step, so the compiled-segment cache keeps hitting.
+
+The first backward pass over tpu tensors installs torchtpu's C++ device guard
+(:func:`torchtpu._tensor.native.install_device_guard`, built once per machine): with
+PyTorch's Python device guard, an exception raised by a tensor or module hook during
+``backward()`` aborts the process (the engine's stream guard calls into Python while it
+unwinds, with the hook's Python error still set).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import functools
 import torch
 
 _orig = None
+_guard_ready = False
 
 
 def _has_tpu(t_outputs) -> bool:
@@ -40,6 +47,12 @@ def _has_tpu(t_outputs) -> bool:
 def _engine_run_backward(t_outputs, *args, **kwargs):
     if not _has_tpu(t_outputs):
         return _orig(t_outputs, *args, **kwargs)
+    global _guard_ready
+    if not _guard_ready:
+        from torchtpu._tensor import native
+
+        native.install_device_guard()  # warns once and goes on where it cannot be built
+        _guard_ready = True
     from torchtpu.eager import defer
 
     cut = defer.CUT_AT_BACKWARD and defer.pending_ops()
