@@ -40,6 +40,12 @@ SCRIPT = textwrap.dedent(r"""
                     raise ValueError("boom from a tensor hook")
                 h = y.register_hook(hook)
                 y.sum().backward()
+            elif case == "tensor_hook_cpu_loss":  # the graph's root is on the CPU
+                y = lin(x) * 2
+                def hook(g):
+                    raise ValueError("boom from a tensor hook, loss on the CPU")
+                h = y.register_hook(hook)
+                (y.cpu() * 3).sum().backward()
             elif case == "module_hook":
                 def hook(mod, gin, gout):
                     raise KeyError("boom from a module hook")
@@ -61,7 +67,8 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
-CASES = ["tensor_hook", "module_hook", "function_backward"]
+# the CPU-loss case first: there the first backward over tpu nodes has a CPU root
+CASES = ["tensor_hook_cpu_loss", "tensor_hook", "module_hook", "function_backward"]
 
 
 def test_exception_in_backward_reaches_caller(eager_mode):

@@ -4,7 +4,7 @@ It provides two things PyTorch 2.13's Python backend API cannot:
 
 * tensors on ``tpu:N`` with N > 0 (the Python API creates every tensor on index 0);
 * a C++ device guard for PrivateUse1 (:func:`install_device_guard`), installed on the
-  first ``backward()`` over tpu tensors and on the first use of ``tpu:N>0``.  PyTorch's
+  first ``backward()`` after a tpu op ran and on the first use of ``tpu:N>0``.  PyTorch's
   Python device guard calls into Python from a destructor while the autograd engine
   unwinds an exception raised by a backward hook, which aborts the process; the C++
   guard never calls into Python.
