@@ -45,6 +45,20 @@ SCRIPT = textwrap.dedent(r"""
     lin(xin.to("tpu:1")).sum().backward()
     opt.step()
     assert lin.weight.device.index == 1
+    # PyTorch's C++ device guard and torch.tpu agree on the current device (one index)
+    torch.tpu.set_device(1)
+    assert torch.accelerator.current_device_index() == 1
+    torch.accelerator.set_device_index(0)
+    assert torch.tpu.current_device() == 0
+    with torch.tpu.device(1):
+        assert torch.accelerator.current_device_index() == 1
+    assert torch.accelerator.current_device_index() == 0
+    # during backward, hooks of a tpu:1 graph see tpu:1 as current (as CUDA's do)
+    seen = []
+    y = lin(xin.to("tpu:1")).sum()
+    y.register_hook(lambda g: seen.append(torch.tpu.current_device()))
+    y.backward()
+    assert seen == [1] and torch.tpu.current_device() == 0, seen
     print("OK")
 """)
 

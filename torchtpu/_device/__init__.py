@@ -74,9 +74,10 @@ def register() -> None:
     _libs.append(fallback)
     _register_direct_kernels()
     from torchtpu._device import autocast, generator
-    from torchtpu._tensor import patches
+    from torchtpu._tensor import patches, quantized
 
     patches.install()
+    quantized.install()
     generator.install()
     from torchtpu.eager import autograd as _autograd
 

@@ -108,6 +108,8 @@ def _dtype_tables():
         (torch.complex128, np.dtype(np.complex128)),
         (torch.float8_e4m3fn, np.dtype(jnp.float8_e4m3fn)),
         (torch.float8_e5m2, np.dtype(jnp.float8_e5m2)),
+        (torch.float8_e4m3fnuz, np.dtype(jnp.float8_e4m3fnuz)),
+        (torch.float8_e5m2fnuz, np.dtype(jnp.float8_e5m2fnuz)),
     ]
     return dict(pairs), {n: t for t, n in pairs}
 
@@ -116,11 +118,17 @@ def to_np_dtype(dtype: torch.dtype):
     """numpy/JAX dtype for a torch dtype.
 
     Raises:
-        TypeError: the dtype has no XLA equivalent (e.g. quantized dtypes).
+        NotImplementedError: ``torch.complex32`` (XLA has no complex32 type).
+        TypeError: any other dtype without an XLA equivalent (e.g. quantized dtypes).
     """
     try:
         return _dtype_tables()[0][dtype]
     except KeyError:
+        if dtype is torch.complex32:
+            raise NotImplementedError(
+                "torchtpu: torch.complex32 (torch.chalf) tensors are not supported on tpu "
+                "(XLA has no complex32 type); use torch.complex64"
+            ) from None
         raise TypeError(f"torchtpu: dtype {dtype} is not supported on tpu") from None
 
 

@@ -13,8 +13,34 @@ import threading
 
 import numpy as np
 
-current_device = 0
 _lock = threading.Lock()
+
+# The current ``tpu`` index.  Until the C++ helper is loaded (torchtpu/_tensor/native.py)
+# it lives in ``_current``; once loaded, its C++ device guard holds it (so that PyTorch's
+# C++ DeviceGuard, e.g. in the autograd engine, and torch.tpu.current_device agree) and
+# ``_native`` is that module.  Read it as ``state.current_device``; write it with
+# :func:`set_current_device`.
+_current = 0
+_native = None
+
+
+def get_current_device() -> int:
+    """The current ``tpu`` device index (``torch.tpu.current_device``)."""
+    return _current if _native is None else _native.current_device()
+
+
+def set_current_device(index: int) -> None:
+    """Make ``tpu:index`` current (the caller checked the index)."""
+    global _current
+    _current = int(index)
+    if _native is not None:
+        _native.set_current_device(_current)
+
+
+def __getattr__(name):
+    if name == "current_device":  # one source of truth, see _current above
+        return get_current_device()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RNGState:

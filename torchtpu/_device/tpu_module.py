@@ -83,7 +83,7 @@ def set_device(device) -> None:
     if idx < 0:
         return
     runtime.jax_device(idx)
-    state.current_device = idx
+    state.set_current_device(idx)
 
 
 class device:
@@ -100,7 +100,8 @@ class device:
         return self
 
     def __exit__(self, *exc):
-        state.current_device = self.prev_idx
+        if self.prev_idx >= 0:
+            state.set_current_device(self.prev_idx)
         return False
 
 

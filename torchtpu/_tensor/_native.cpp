@@ -1,9 +1,24 @@
-// The one thing PyTorch 2.13's Python backend API cannot do: make a PrivateUse1 tensor
-// on a given StorageImpl whatever its device index (torch._C._acc.create_empty_tensor
-// always uses index 0, and set_ refuses a storage of another index).  Built on first use
-// of a tpu:N>0 tensor by torchtpu/_tensor/native.py.
+// Small C++ helper of torchtpu, compiled on first use by torchtpu/_tensor/native.py
+// (torch.utils.cpp_extension.load, cached under TORCH_EXTENSIONS_DIR).  Two things that
+// PyTorch 2.13's Python backend API cannot do:
+//
+// 1. make_on_storage: a PrivateUse1 tensor on a given StorageImpl whatever its device
+//    index (torch._C._acc.create_empty_tensor always uses index 0, and set_ refuses a
+//    storage of another index).
+// 2. install_device_guard: a C++ DeviceGuardImpl for PrivateUse1 that replaces the Python
+//    one (torch._C._acc.DeviceGuard).  The Python guard answers getDevice() by calling
+//    its Python type_() method; the autograd engine calls it from a stream guard's
+//    destructor while unwinding an exception that a Python hook raised, with the Python
+//    error indicator still set, so that call fails inside a noexcept destructor and the
+//    process aborts.  This guard never calls into Python.  It holds the current tpu
+//    device index (the one source of truth once installed: torch.tpu.current_device /
+//    set_device read and write it through current_device()/set_current_device()).
 #include <torch/extension.h>
 #include <torch/csrc/Storage.h>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
 
 at::Tensor make_on_storage(py::object storage_obj, std::vector<int64_t> size,
                            std::vector<int64_t> stride, int64_t offset,
@@ -18,7 +33,94 @@ at::Tensor make_on_storage(py::object storage_obj, std::vector<int64_t> size,
   return t;
 }
 
+namespace {
+
+// Process-wide, as CUDA's current device is per thread but torch.tpu.set_device has
+// always been process-wide in torchtpu (state.current_device).
+std::atomic<c10::DeviceIndex> g_current{0};
+std::atomic<c10::DeviceIndex> g_count{1};
+
+// Every tpu stream is the one PJRT queue of its device (torchtpu/_device/streams.py):
+// the guard only knows default streams, and events need no device work.
+struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType T = c10::DeviceType::PrivateUse1;
+
+  c10::DeviceType type() const override { return T; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    TORCH_INTERNAL_ASSERT(d.type() == T);
+    c10::Device old = getDevice();
+    if (old.index() != d.index()) setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(T, g_current.load()); }
+  void setDevice(c10::Device d) const override {
+    TORCH_INTERNAL_ASSERT(d.type() == T);
+    TORCH_CHECK(d.index() >= 0 && d.index() < g_count.load(),
+                "tpu: invalid device ordinal ", static_cast<int>(d.index()),
+                " (", static_cast<int>(g_count.load()), " devices)");
+    g_current.store(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0) g_current.store(d.index());
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d.has_index() ? d : getDevice());
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
+  c10::Stream getNewStream(c10::Device d, int priority = 0) const override {
+    (void)priority;
+    return getStream(d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    return c10::Stream(c10::Stream::DEFAULT, s.device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return g_count.load(); }
+  void record(void** /*event*/, const c10::Stream& /*stream*/,
+              const c10::DeviceIndex /*device_index*/,
+              const c10::EventFlag /*flag*/) const override {}
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override { return true; }
+  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/)
+      const noexcept override {}
+  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+};
+
+}  // namespace
+
+// Replace whatever guard is registered for PrivateUse1 (the Python one) by TpuGuardImpl.
+// The registry is non-owning and its entries live for the whole process, so the guard is
+// leaked on purpose, as C10_REGISTER_GUARD_IMPL does.  Idempotent.
+bool install_device_guard(int64_t device_count, int64_t current) {
+  static const TpuGuardImpl* impl = nullptr;
+  g_count.store(static_cast<c10::DeviceIndex>(device_count));
+  g_current.store(static_cast<c10::DeviceIndex>(current));
+  if (impl == nullptr) impl = new TpuGuardImpl();
+  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(
+      c10::DeviceType::PrivateUse1)];
+  bool replaced = slot.load() != impl;
+  slot.store(impl);
+  return replaced;
+}
+
+bool device_guard_installed() {
+  auto p = c10::impl::device_guard_impl_registry[static_cast<size_t>(
+                                                     c10::DeviceType::PrivateUse1)]
+               .load();
+  return dynamic_cast<const TpuGuardImpl*>(p) != nullptr;
+}
+
+int64_t current_device() { return g_current.load(); }
+void set_current_device(int64_t index) {
+  g_current.store(static_cast<c10::DeviceIndex>(index));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_on_storage", &make_on_storage,
         "A PrivateUse1 tensor viewing a storage (any device index).");
+  m.def("install_device_guard", &install_device_guard,
+        "Register the C++ PrivateUse1 device guard (replaces the Python one).");
+  m.def("device_guard_installed", &device_guard_installed);
+  m.def("current_device", &current_device);
+  m.def("set_current_device", &set_current_device);
 }

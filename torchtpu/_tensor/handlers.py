@@ -63,16 +63,32 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 # ----------------------------------------------------------------------- copies
 
 
+# dtypes numpy lacks (ml_dtypes/JAX has them): host copies go through their bits
+_BITS_AS = {
+    torch.bfloat16: torch.int16,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+    torch.float8_e4m3fnuz: torch.uint8,
+    torch.float8_e5m2fnuz: torch.uint8,
+}
+
+
+npdt_bits = {torch.int16: np.int16, torch.uint8: np.uint8}
+
+
 def host_array(src: torch.Tensor) -> np.ndarray:
     """A private numpy copy of CPU tensor ``src`` (never aliases the CPU buffer, so a
     later change of ``src`` cannot reach an asynchronous host->device copy)."""
     src = src.detach().resolve_conj().resolve_neg()
-    if src.dtype == torch.bfloat16:
-        arr = src.contiguous().view(torch.int16).numpy().view(runtime.to_np_dtype(torch.bfloat16))
-    elif src.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        arr = src.contiguous().view(torch.uint8).numpy().view(runtime.to_np_dtype(src.dtype))
+    bits = _BITS_AS.get(src.dtype)
+    if bits is not None:
+        arr = src.contiguous().view(bits).numpy().view(runtime.to_np_dtype(src.dtype))
     else:
-        arr = src.numpy()
+        try:
+            arr = src.numpy()
+        except TypeError:  # a dtype numpy lacks: torchtpu's error names it (complex32)
+            runtime.to_np_dtype(src.dtype)
+            raise
     return np.array(arr, copy=True, order="C")
 
 
@@ -169,8 +185,8 @@ def _local_scalar_dense(self):
     from torchtpu.eager import executor as ex
 
     arr = ex.to_numpy(self, "item")
-    if self.dtype == torch.bfloat16 or self.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return float(arr.astype(np.float32))
+    if self.dtype in _BITS_AS:  # an ml_dtypes scalar is not a Python float
+        return arr.astype(np.float32).item()  # any one-element shape, as CPU
     return arr.item()
 
 
@@ -300,10 +316,46 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
 
 def _host_tensor(arr: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor (own memory) from a host array read off tpu tensor ``like``."""
-    if like.dtype == torch.bfloat16:
-        host = torch.from_numpy(np.array(arr.view(np.int16), copy=True)).view(torch.bfloat16)
-    elif like.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        host = torch.from_numpy(np.array(arr.view(np.uint8), copy=True)).view(like.dtype)
+    bits = _BITS_AS.get(like.dtype)
+    if bits is not None:
+        host = torch.from_numpy(np.array(arr.view(npdt_bits[bits]), copy=True)).view(like.dtype)
     else:
         host = torch.from_numpy(np.array(arr, copy=True))
     return host.reshape(like.shape)
+
+
+# ------------------------------------------------------------- index_reduce (in-place)
+
+_INDEX_REDUCE_OUT_PLAN = None
+
+
+@handles(aten.index_reduce.out)
+def index_reduce_out(self, dim, index, source, reduce, *, include_self=True, out):
+    """``index_reduce.out`` (what ``index_reduce_`` reaches): the lowered plan, except for
+    an empty ``index``, where PyTorch's meta kernel of the out variant fails (IndexError
+    from ``select``) but CPU leaves ``self`` unchanged: PyTorch's checks run through the
+    functional op's meta kernel, then ``out`` gets ``self``'s values."""
+    global _INDEX_REDUCE_OUT_PLAN
+    from torchtpu.eager import executor as ex
+
+    if index.numel() == 0:
+        if reduce not in ("prod", "mean", "amax", "amin"):
+            raise RuntimeError("index_reduce(): Expected reduce to be one of prod, mean, "
+                               f"amax or amin but got {reduce}.")
+        meta = [ex._meta_of(v) for v in (self, index, source)]
+        aten.index_reduce.default(meta[0], dim, meta[1], meta[2], reduce,
+                                  include_self=include_self)
+        if out is not self:
+            out.copy_(self)
+        return out
+    if _INDEX_REDUCE_OUT_PLAN is None:
+        from torchtpu import ops
+
+        f = aten.index_reduce.default
+        _INDEX_REDUCE_OUT_PLAN = ex.LoweredPlan(
+            aten.index_reduce.out, ex.Signature(aten.index_reduce.out), ops.table()[f],
+            ex.Signature(f),
+        )
+    return _INDEX_REDUCE_OUT_PLAN(
+        (self, dim, index, source, reduce), {"include_self": include_self, "out": out}
+    )

@@ -1,20 +1,30 @@
-"""A tiny C++ helper, compiled on first use (``torch.utils.cpp_extension``).
+"""A small C++ helper (``_native.cpp``), compiled on first use (``torch.utils.cpp_extension``).
 
-Only tensors on ``tpu:N`` with N > 0 need it: PyTorch 2.13's Python backend API creates
-every tensor on device index 0.  The build takes about half a minute once per machine
-(cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and needs
-a C++ compiler and ``ninja`` (a dependency of torchtpu).
+It provides two things PyTorch 2.13's Python backend API cannot:
+
+* tensors on ``tpu:N`` with N > 0 (the Python API creates every tensor on index 0);
+* a C++ device guard for PrivateUse1 (:func:`install_device_guard`), installed on the
+  first ``backward()`` after a tpu op ran and on the first use of ``tpu:N>0``.  PyTorch's
+  Python device guard calls into Python from a destructor while the autograd engine
+  unwinds an exception raised by a backward hook, which aborts the process; the C++
+  guard never calls into Python.
+
+The build takes about half a minute once per machine (cached under
+``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``; loading the cached build
+takes ~0.3 s per process) and needs a C++ compiler and ``ninja`` (a dependency of
+torchtpu).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 
 @functools.lru_cache(maxsize=None)
 def module():
-    """The compiled extension module.
+    """The compiled extension module, with its device guard installed.
 
     Raises:
         NotImplementedError: it cannot be built here (no compiler), naming the cause.
@@ -23,12 +33,56 @@ def module():
 
     src = os.path.join(os.path.dirname(__file__), "_native.cpp")
     try:
-        return load("torchtpu_native", [src], extra_cflags=["-O1"], verbose=False)
+        mod = load("torchtpu_native", [src], extra_cflags=["-O1"], verbose=False)
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
         raise NotImplementedError(
             f"torchtpu: tensors on tpu:N>0 need a small C++ helper that could not be "
             f"built here ({type(e).__name__}: {e})"
         ) from e
+    _install_guard(mod)
+    return mod
+
+
+def _install_guard(mod) -> None:
+    from torchtpu._device import runtime, state
+
+    try:
+        count = runtime.device_count()
+    except RuntimeError:
+        count = 1
+    # hand the current index over to the C++ guard: from now on it is the one place
+    # that holds it (state.current_device reads it from there)
+    mod.install_device_guard(max(count, 1), state.current_device)
+    state._native = mod
+
+
+_guard_failed = False
+
+
+def install_device_guard() -> bool:
+    """Install the C++ PrivateUse1 device guard (idempotent; builds the helper once).
+
+    Returns False, after warning once, where the helper cannot be built (no C++
+    compiler): the Python guard stays, and an exception raised by a backward hook then
+    aborts the process as in PyTorch's Python backend API.
+    """
+    global _guard_failed
+    if _guard_failed:
+        return False
+    try:
+        module()
+        return True
+    except NotImplementedError as e:
+        _guard_failed = True
+        cause = e.__cause__ or e
+        warnings.warn(
+            f"torchtpu: could not build its C++ device guard ({type(cause).__name__}: "
+            f"{cause}); PyTorch's Python device guard stays, with which an exception "
+            "raised in a backward hook aborts the process",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
 
 
 def make_on_storage(storage, size, stride, offset, dtype):

@@ -16,6 +16,12 @@ segment without a host sync (``metrics()["segment_cuts"]``: "backward" and
 "backward_end"): the forward segment is dispatched while the host records the backward,
 and the backward segment while it records the optimizer step.  The cut points repeat
 every training step, so the compiled-segment cache keeps hitting.
+
+The first backward pass once tpu devices are in use installs torchtpu's C++ device guard
+(:func:`torchtpu._tensor.native.install_device_guard`, built once per machine): with
+PyTorch's Python device guard, an exception raised by a tensor or module hook during
+``backward()`` aborts the process (the engine's stream guard calls into Python while it
+unwinds, with the hook's Python error still set).
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import functools
 
 import torch
 
+from torchtpu._device import runtime
+
 _orig = None
+_guard_ready = False
 
 
 def _has_tpu(t_outputs) -> bool:
@@ -38,6 +47,14 @@ def _has_tpu(t_outputs) -> bool:
 
 
 def _engine_run_backward(t_outputs, *args, **kwargs):
+    global _guard_ready
+    if not _guard_ready and runtime.devices.cache_info().currsize:
+        # tpu devices are in use in this process, so this graph may hold tpu nodes even
+        # when its outputs are on the CPU (``loss.cpu().backward()``)
+        from torchtpu._tensor import native
+
+        native.install_device_guard()  # warns once and goes on where it cannot be built
+        _guard_ready = True
     if not _has_tpu(t_outputs):
         return _orig(t_outputs, *args, **kwargs)
     from torchtpu.eager import defer

@@ -47,6 +47,8 @@ def promote(*args) -> torch.dtype:
 def cast(x, dtype: torch.dtype):
     """``x`` (array, Scalar or number) as a JAX value of torch dtype ``dtype``."""
     d = npdt(dtype)
+    if dtype is torch.float8_e4m3fn:
+        return _cast_e4m3fn(x, d)
     if isinstance(x, Scalar):
         return x.value.astype(d)
     if isinstance(x, (bool, int, float, complex)):
@@ -54,6 +56,22 @@ def cast(x, dtype: torch.dtype):
     if x.dtype != d:
         return x.astype(d)
     return x
+
+
+def _cast_e4m3fn(x, d):
+    """float8_e4m3fn has no infinity: PyTorch's conversion saturates out-of-range and
+    infinite values to +-448 (NaN stays NaN), where XLA's gives NaN."""
+    j = jnp()
+    v = x.value if isinstance(x, Scalar) else x
+    if isinstance(v, (bool, int, float, complex)):
+        v = j.asarray(v)
+    if v.dtype == d:
+        return v
+    if j.issubdtype(v.dtype, j.complexfloating):
+        v = j.real(v)
+    if not j.issubdtype(v.dtype, j.floating):
+        v = v.astype(j.float32)
+    return j.clip(v, -448, 448).astype(d)
 
 
 def is_float(dtype: torch.dtype) -> bool:

@@ -30,10 +30,16 @@ def _jr():
 
 def _sample_dtype(dtype: torch.dtype):
     """numpy dtype in which to draw floats for a tensor of ``dtype`` (float32 for
-    half/bfloat16 and for non-float tensors, as PyTorch's CPU generator does)."""
-    if dtype is torch.float64:
+    half/bfloat16 and for non-float tensors, as PyTorch's CPU generator does; the
+    component dtype for complex tensors)."""
+    if dtype in (torch.float64, torch.complex128):
         return npdt(torch.float64)
     return npdt(torch.float32)
+
+
+def _to_complex(pairs, dtype):
+    """Traced: complex values of ``dtype`` from real pairs ``pairs[..., 2]``."""
+    return runtime.jax().lax.complex(pairs[..., 0], pairs[..., 1]).astype(npdt(dtype))
 
 
 def _uniform(key, shape, dtype, lo=0.0, hi=1.0):
@@ -53,15 +59,22 @@ def _check_float(op, dtype):
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     dt = tdtype(x)
     _check_float("uniform_", dt)
-    if dt.is_complex:
-        raise NotImplementedError("torchtpu: uniform_ of a complex tensor is not supported")
-    u = _uniform(key, x.shape, dt)
+    # complex: real and imaginary parts each uniform on [low, high), as PyTorch (which
+    # fills view_as_real(x))
+    shape = tuple(x.shape) + ((2,) if dt.is_complex else ())
+    u = _uniform(key, shape, dt)
     ct = u.dtype
     # from + (to - from) * u, as PyTorch's uniform_real_distribution
-    return (jnp().asarray(low, ct) + jnp().asarray(high - low, ct) * u).astype(npdt(dt))
+    r = jnp().asarray(low, ct) + jnp().asarray(high - low, ct) * u
+    return _to_complex(r, dt) if dt.is_complex else r.astype(npdt(dt))
 
 
 def _normal(key, shape, dtype):
+    """Traced: standard normal samples for a tensor of ``dtype``; for a complex dtype
+    complex samples of variance 1 (each part N(0, 1/2)), as PyTorch's complex normal."""
+    if dtype.is_complex:
+        z = _jr().normal(prng_key(key), tuple(shape) + (2,), _sample_dtype(dtype))
+        return _to_complex(z * np.sqrt(0.5).astype(z.dtype), dtype)
     return _jr().normal(prng_key(key), tuple(shape), _sample_dtype(dtype))
 
 
@@ -72,6 +85,8 @@ def normal_functional(x, mean=0.0, std=1.0, generator=None, *, key):
     if std < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
     z = _normal(key, x.shape, dt)
+    if dt.is_complex:  # PyTorch fills view_as_real(x): mean is added to both parts
+        return z * jnp().asarray(std, z.real.dtype) + jnp().asarray(complex(mean, mean), z.dtype)
     return (z * jnp().asarray(std, z.dtype) + jnp().asarray(mean, z.dtype)).astype(npdt(dt))
 
 
@@ -103,6 +118,8 @@ def normal_float_float(mean, std, size, generator=None, dtype=None, layout=None,
                        pin_memory=None, *, key):
     dt = dtype or torch.get_default_dtype()
     z = _normal(key, size, dt)
+    if dt.is_complex:  # as normal_: mean is added to both parts
+        return z * jnp().asarray(std, z.real.dtype) + jnp().asarray(complex(mean, mean), z.dtype)
     return z * jnp().asarray(std, z.dtype) + jnp().asarray(mean, z.dtype)
 
 
