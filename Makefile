@@ -18,6 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
+	# build the C++ helper (device guard, tpu:N>0) now rather than at the first backward
+	$(PY) -c "from torchtpu._tensor import native; native.install_device_guard()"
 	touch $@
 
 demo: setup
