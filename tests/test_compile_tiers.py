@@ -43,7 +43,8 @@ def test_loop_over_shapes_never_tiers_up_and_matches_cpu(eager_mode):
         torch.testing.assert_close(r, a.exp() * 2 + 1, rtol=1e-12, atol=0)
     m = torchtpu.metrics()
     assert m["tier_ups"] == 0, m
-    assert m["quick_compiles"] == m["compiles"] >= 8, m
+    if eager_mode != "defer_and_fuse":  # segments compile once, fully (see eager.tiers)
+        assert m["quick_compiles"] == m["compiles"] >= 8, m
 
 
 @needs_quick_tier

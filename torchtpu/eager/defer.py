@@ -32,7 +32,6 @@ import numpy as np
 from torchtpu import _metrics
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
-from torchtpu.eager import tiers
 
 M = _metrics.METRICS
 SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit")
@@ -176,9 +175,10 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         M.segment_cache_misses += 1
         fn = _CACHE[key] = _build(seg, [(n, o) for _, n, o in live], donate,
                                   len(donated) + len(kept))
-        # quick-tier compile; the segment's next run recompiles it fully (eager.tiers)
-        results, fn.run = tiers.first_call(fn.jitted, (donated, kept, _pack(seg.dyn, fn.groups)),
-                                           fn.set_run)
+        t0 = time.perf_counter()
+        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+        M.compiles += 1
+        M.compile_seconds += time.perf_counter() - t0
     else:
         M.segment_cache_hits += 1
         results = fn(donated, kept, _pack(seg.dyn, fn.groups))
@@ -214,18 +214,14 @@ def _pack(dyn, groups):
 class _Compiled:
     """A compiled segment: ``fn(donated, kept, packed_dyn)``, and its dyn packing."""
 
-    __slots__ = ("jitted", "groups", "run")
+    __slots__ = ("jitted", "groups")
 
     def __init__(self, jitted, groups):
         self.jitted = jitted
         self.groups = groups
-        self.run = jitted  # the quick-tier caller after the first run (eager.tiers)
-
-    def set_run(self, fn):
-        self.run = fn
 
     def __call__(self, donated, kept, packed):
-        return self.run(donated, kept, packed)
+        return self.jitted(donated, kept, packed)
 
 
 def _build(seg, live, donate, n_inputs):

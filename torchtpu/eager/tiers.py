@@ -1,16 +1,24 @@
-"""Two compile tiers for per-op executables and DeferAndFuse segments.
+"""Two compile tiers for the per-op executables of STRICT and DEBUG modes.
 
 A program that runs each signature once (a test looping over 500 shapes, a model's
 first step) pays XLA's full optimizing compile for code that never runs again.  So
-the first use of a signature compiles at a *quick* tier (XLA options that skip the
-expensive backend passes), and the second use recompiles it at the default, fully
+the first use of a signature compiles at a *quick* tier (XLA options that compile
+faster without changing results), and the second use recompiles it at the default, fully
 optimized tier ("tier up"), which every later call uses.  A signature used once costs
 one quick compile; a signature in a loop costs one quick and one full compile, and
 from its second call on it runs exactly the code it ran before this module existed.
 
 Measured on the CPU PJRT platform (jax 0.10.2, 2 cores, process CPU time per compile):
-``abs`` of f64[n] 43 -> 11 ms, ``cumsum`` 206 -> 34 ms, a threefry ``uniform`` 443 ->
-105 ms; the quick executables' run time was the same for these small ops.
+``abs`` of f64[n] 43 -> 18 ms, ``cumsum`` 206 -> 116 ms, a threefry ``uniform`` 443 ->
+290 ms; the quick executables' run time was the same for these small ops.
+
+DeferAndFuse segments are not tiered: they are built for loops that repeat them, where
+a quick compile would only add a second compile (and a training loop would reach its
+steady state one step later).
+
+The quick options must not change results: on CPU, the legacy (non-MLIR) fusion
+emitters gave bitwise-equal results on sampling, transcendental and reduction probes,
+while ``xla_backend_optimization_level=0`` did not (FMA contraction), so it is not used.
 
 Only platforms with known quick options have a quick tier (today: ``cpu``); elsewhere
 every signature compiles once, at the default tier.  ``TORCHTPU_COMPILE_TIERS=0``
@@ -32,7 +40,7 @@ from torchtpu._device import runtime
 M = _metrics.METRICS
 
 # XLA options of the quick tier, per PJRT platform.  On CPU, the MLIR fusion emitters
-# and LLVM's -O2 pipeline are most of a small executable's compile time.
+# are about half of a small executable's compile time.
 _QUICK_OPTIONS = {
     "cpu": {"xla_cpu_use_fusion_emitters": False},
 }
