@@ -21,6 +21,9 @@ class Metrics:
         view_ops: view ops (metadata only, no device work).
         cache_hits / cache_misses: per-op executable cache lookups.
         compiles: XLA compilations; compile_seconds: wall time spent in them (seconds).
+        quick_compiles / quick_compile_seconds: those at the quick tier (a signature's
+            first use, see ``torchtpu.eager.tiers``); tier_ups / tier_up_seconds: the
+            recompiles at the full tier when a signature is used again.
         host_syncs: Counter of host synchronizations by cause ("item", "to_cpu", ...).
         fallbacks: Counter of ops run on CPU through the opt-in CPU fallback, by op name.
         transfers_to_device_bytes / transfers_to_host_bytes: host<->device copies (bytes).
@@ -45,6 +48,10 @@ class Metrics:
         self.cache_misses = 0
         self.compiles = 0
         self.compile_seconds = 0.0
+        self.quick_compiles = 0
+        self.quick_compile_seconds = 0.0
+        self.tier_ups = 0
+        self.tier_up_seconds = 0.0
         self.host_syncs = collections.Counter()
         self.fallbacks = collections.Counter()
         self.transfers_to_device_bytes = 0

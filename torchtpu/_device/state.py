@@ -3,8 +3,9 @@
 RNG: each ``tpu:N`` has a default generator state, a JAX PRNG key plus the seed it came
 from.  Random ops split a fresh key from it (so a seeded program replays the same
 streams).  ``torch.manual_seed(s)`` seeds every tpu device with ``s`` through
-``torch.tpu.manual_seed_all``, as it does for CUDA.  The streams are JAX's (threefry),
-not PyTorch's CPU Mersenne-Twister: same seed, same tpu numbers; not the CPU's numbers.
+``torch.tpu.manual_seed_all``, as it does for CUDA.  The streams are XLA's
+``RngBitGenerator`` keyed by a hash of (seed, offset), not PyTorch's CPU Mersenne-Twister:
+same seed, same tpu numbers (on one platform and JAX version); not the CPU's numbers.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def __getattr__(name):
 class RNGState:
     """Random stream of one device: ``seed`` and ``offset`` (number of keys drawn).
 
-    Keys are derived as ``fold_in(PRNGKey(seed), offset)``; the state is therefore two
+    Keys are derived on the host as a hash of (seed, offset); the state is therefore two
     integers, which is what ``get_rng_state`` returns (as a uint8 tensor of 16 bytes).
     """
 
@@ -57,23 +58,40 @@ class RNGState:
         self.offset = 0
 
     def next_key_data(self) -> np.ndarray:
-        """uint32[4] (seed lo, seed hi, offset lo, offset hi) for the next random op.
+        """uint32[4]: the key of the next random op, a 128-bit hash of (seed, offset).
 
-        Computed on the host, so drawing a key never syncs; the op's executable turns it
-        into ``fold_in(fold_in(key(seed), offset_lo), offset_hi)`` (see ``ops.random``).
+        Computed on the host (SplitMix64 finalizers), so drawing a key never syncs and
+        costs no device work; the op's executable uses it as the state of XLA's
+        ``RngBitGenerator`` (JAX's ``rbg`` key, see ``ops.random.prng_key``).  Distinct
+        (seed, offset) pairs give unrelated 128-bit keys, hence independent streams.
         """
         with _lock:
             off = self.offset
             self.offset += 1
-        s = self.seed & 0xFFFFFFFFFFFFFFFF
-        return np.array([s & 0xFFFFFFFF, s >> 32, off & 0xFFFFFFFF, off >> 32], dtype=np.uint32)
-
+        return _mix_key(self.seed & _M64, off & _M64)
     def get_state(self) -> bytes:
         return np.array([self.seed, self.offset], dtype=np.int64).tobytes()
 
     def set_state(self, raw: bytes):
         seed, offset = np.frombuffer(raw, dtype=np.int64)
         self.seed, self.offset = int(seed), int(offset)
+
+
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _mix_key(seed: int, off: int) -> np.ndarray:
+    """uint32[4] key words: two chained SplitMix64 hashes of ``seed`` and ``off``."""
+    a = _splitmix64(seed ^ _splitmix64(off))
+    b = _splitmix64(a ^ off ^ 0x5851F42D4C957F2D)
+    return np.array([a & 0xFFFFFFFF, a >> 32, b & 0xFFFFFFFF, b >> 32], dtype=np.uint32)
 
 
 _rng: dict[int, RNGState] = {}

@@ -3,14 +3,20 @@ import sys
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("eager", "overhead"):
-        print("usage: python -m torchtpu.bench {eager|overhead} [options]  (--help per command)")
+    if not argv or argv[0] not in ("eager", "overhead", "shapes"):
+        print("usage: python -m torchtpu.bench {eager|overhead|shapes} [options]  "
+              "(--help per command)")
         return 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "eager":
         from torchtpu.bench import eager
 
         return eager.main(rest)
+    if cmd == "shapes":
+        from torchtpu.bench import shapes
+
+        shapes.main(rest)
+        return 0
     from torchtpu.bench import overhead
 
     overhead.main(rest)

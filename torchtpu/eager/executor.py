@@ -36,6 +36,7 @@ from torchtpu._device import runtime, state
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import defer as _defer
+from torchtpu.eager import tiers as _tiers
 from torchtpu.ops import _checks
 from torchtpu.ops._util import scalar_type_name
 
@@ -507,17 +508,16 @@ class LoweredPlan:
         return self._finish(ex, c, vals, outs)
 
     def _first_call(self, ex, c, vals):
-        """The first call traces and compiles (dispatch is asynchronous, so its wall time
-        is the compile time)."""
-        t0 = time.perf_counter()
+        """The first call traces and compiles, at the quick tier where the platform has
+        one (``eager.tiers``); the signature's next call recompiles it at the full tier
+        and sets ``ex.call`` to the fully optimized executable."""
         try:
-            outs = ex.call(c.arrays, c.dyn)
+            outs, ex.call = _tiers.first_call(ex.call, (c.arrays, c.dyn),
+                                              lambda full: setattr(ex, "call", full))
         except (TypeError, ValueError) as e:
             raise RuntimeError(
                 f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
             ) from e
-        M.compiles += 1
-        M.compile_seconds += time.perf_counter() - t0
         ex.compiled = True
         return outs
 

@@ -1,7 +1,7 @@
 """Random lowerings: uniform, normal, bernoulli, randint/random, randperm, multinomial...
 
 Every random lowering is registered with ``random=True`` and receives ``key=``: uint32[4]
-(seed lo, seed hi, offset lo, offset hi) drawn on the host from the device's stream
+(a hash of seed and offset) drawn on the host from the device's stream
 (``torchtpu._device.state.RNGState``).  :func:`prng_key` turns it into a JAX key inside
 the executable, so drawing a key never syncs and a seeded program replays its streams.
 """
@@ -17,11 +17,15 @@ from torchtpu.ops._util import jnp, npdt, opmath, promote, tdtype
 
 
 def prng_key(key):
-    """Traced: a JAX PRNG key from the uint32[4] key data given to random lowerings."""
-    jr = runtime.jax().random
-    k = jr.wrap_key_data(key[:2], impl="threefry2x32")
-    k = jr.fold_in(k, key[2])
-    return jr.fold_in(k, key[3])
+    """Traced: a JAX PRNG key from the uint32[4] key data given to random lowerings.
+
+    The key data is already a hash of (seed, offset) (``state.RNGState.next_key_data``),
+    so it is used as is, as a JAX ``rbg`` key: bits come from XLA's ``RngBitGenerator``.
+    A threefry key derived in the executable (``fold_in`` twice, then threefry bits) costs
+    2-3x more to trace and compile, for every new shape (measured on CPU: uniform of
+    f64[n] 240 ms -> 90 ms at the quick compile tier).
+    """
+    return runtime.jax().random.wrap_key_data(key, impl="rbg")
 
 
 def _jr():

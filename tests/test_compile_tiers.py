@@ -1,0 +1,75 @@
+"""Compile tiers (torchtpu.eager.tiers): a signature's first use compiles at the quick
+tier, its second use recompiles at the full tier; results never depend on the tier."""
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.eager import tiers
+
+TPU = "tpu"
+
+needs_quick_tier = pytest.mark.skipif(
+    tiers.quick_options() is None, reason="this platform has no quick compile tier")
+
+
+@needs_quick_tier
+def test_new_shape_of_simple_op_compiles_once_at_the_quick_tier():
+    x = torch.randn(4, 37)
+    t = x.to(TPU)
+    torchtpu.reset_metrics()
+    y = t.abs()  # a signature never seen: one quick compile, no full compile
+    m = torchtpu.metrics()
+    assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (1, 1, 0), m
+    assert m["quick_compile_seconds"] == m["compile_seconds"] > 0
+    z = t.abs()  # used again: recompiled once at the full tier
+    m = torchtpu.metrics()
+    assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (2, 1, 1), m
+    assert m["tier_up_seconds"] > 0
+    w = t.abs()  # from then on: the cache, no compile
+    m = torchtpu.metrics()
+    assert (m["compiles"], m["cache_hits"], m["cache_misses"]) == (2, 2, 1), m
+    for r in (y, z, w):
+        assert torch.equal(r.cpu(), x.abs())
+
+
+@needs_quick_tier
+def test_loop_over_shapes_never_tiers_up_and_matches_cpu(eager_mode):
+    start = {"strict": 101, "debug": 201, "defer_and_fuse": 301}[eager_mode]
+    torchtpu.reset_metrics()
+    for n in range(start, start + 8):  # each shape once, as PyTorch's device tests loop
+        a = torch.linspace(-3, 3, n, dtype=torch.float64)
+        r = (a.to(TPU).exp() * 2 + 1).cpu()
+        torch.testing.assert_close(r, a.exp() * 2 + 1, rtol=1e-12, atol=0)
+    m = torchtpu.metrics()
+    assert m["tier_ups"] == 0, m
+    if eager_mode != "defer_and_fuse":  # segments compile once, fully (see eager.tiers)
+        assert m["quick_compiles"] == m["compiles"] >= 8, m
+
+
+@needs_quick_tier
+def test_results_are_bitwise_the_same_at_both_tiers(eager_mode):
+    # a seeded program replays the same numbers whether its ops ran quick-tier code
+    # (first use) or fully optimized code (second use): here normal sampling and
+    # transcendental functions, where optimization levels may round differently
+    res = []
+    for _ in range(3):
+        torch.manual_seed(0)
+        z = torch.randn(1000, device=TPU)
+        res.append(torch.cat([z, z.exp(), torch.tanh(z), torch.erfinv(z.clamp(-0.9, 0.9))]).cpu())
+    assert torch.equal(res[0], res[1]) and torch.equal(res[1], res[2])
+
+
+def test_disabled_quick_tier_compiles_each_signature_once():
+    tiers.set_enabled(False)
+    try:
+        x = torch.randn(3, 41)
+        t = x.to(TPU)
+        torchtpu.reset_metrics()
+        r1, r2 = t.sin(), t.sin()
+        m = torchtpu.metrics()
+        assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (1, 0, 0), m
+        torch.testing.assert_close(r1.cpu(), x.sin())
+        assert torch.equal(r1.cpu(), r2.cpu())
+    finally:
+        tiers.set_enabled(True)
