@@ -10,7 +10,16 @@ from torchtpu.eager import tiers
 TPU = "tpu"
 
 needs_quick_tier = pytest.mark.skipif(
-    tiers.quick_options() is None, reason="this platform has no quick compile tier")
+    not tiers.platform_has_quick_tier(), reason="this platform has no quick compile tier")
+
+
+@pytest.fixture(autouse=True)
+def quick_tier_on():
+    """The quick tier is opt-in (TORCHTPU_COMPILE_TIERS=1); these tests switch it on."""
+    before = tiers.enabled()
+    tiers.set_enabled(True)
+    yield
+    tiers.set_enabled(before)
 
 
 @needs_quick_tier
@@ -62,14 +71,11 @@ def test_results_are_bitwise_the_same_at_both_tiers(eager_mode):
 
 def test_disabled_quick_tier_compiles_each_signature_once():
     tiers.set_enabled(False)
-    try:
-        x = torch.randn(3, 41)
-        t = x.to(TPU)
-        torchtpu.reset_metrics()
-        r1, r2 = t.sin(), t.sin()
-        m = torchtpu.metrics()
-        assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (1, 0, 0), m
-        torch.testing.assert_close(r1.cpu(), x.sin())
-        assert torch.equal(r1.cpu(), r2.cpu())
-    finally:
-        tiers.set_enabled(True)
+    x = torch.randn(3, 41)
+    t = x.to(TPU)
+    torchtpu.reset_metrics()
+    r1, r2 = t.sin(), t.sin()
+    m = torchtpu.metrics()
+    assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (1, 0, 0), m
+    torch.testing.assert_close(r1.cpu(), x.sin())
+    assert torch.equal(r1.cpu(), r2.cpu())

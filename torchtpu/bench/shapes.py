@@ -1,6 +1,6 @@
 """New-shape cost: a few ops looped over N distinct shapes, tpu vs CPU, in one run.
 
-    python -m torchtpu.bench shapes [--n 40] [--no-tiers] [--json PATH]
+    python -m torchtpu.bench shapes [--n 40] [--tiers] [--json PATH]
 
 PyTorch's device tests (and a model's first step) run many signatures only once, so
 their cost is compile cost, not per-op dispatch.  For each of N shapes this runs
@@ -8,7 +8,7 @@ their cost is compile cost, not per-op dispatch.  For each of N shapes this runs
 ``index_put`` with accumulate and a read back to the host, on CPU and then on ``tpu``,
 and prints the time per shape (wall and process CPU seconds), the tpu/CPU ratio and the
 compile counters (``compiles``, ``quick_compiles``, ``tier_ups``, compile seconds).
-``--no-tiers`` switches the quick compile tier off (``torchtpu.eager.tiers``).
+``--tiers`` switches the opt-in quick compile tier on (``torchtpu.eager.tiers``).
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=40, help="number of distinct shapes")
     p.add_argument("--start", type=int, default=1000, help="first size")
-    p.add_argument("--no-tiers", action="store_true", help="no quick compile tier")
+    p.add_argument("--tiers", action="store_true",
+                   help="switch the opt-in quick compile tier on (TORCHTPU_COMPILE_TIERS=1)")
     p.add_argument("--json")
     args = p.parse_args(argv)
 
     import torchtpu
     from torchtpu.eager import tiers
 
-    if args.no_tiers:
-        tiers.set_enabled(False)
+    if args.tiers:
+        tiers.set_enabled(True)
     _body(7, "cpu")
     _body(7, "tpu")  # one-time costs (imports, the first executable) out of the timing
     sizes = list(range(args.start, args.start + args.n))

@@ -21,8 +21,12 @@ emitters gave bitwise-equal results on sampling, transcendental and reduction pr
 while ``xla_backend_optimization_level=0`` did not (FMA contraction), so it is not used.
 
 Only platforms with known quick options have a quick tier (today: ``cpu``); elsewhere
-every signature compiles once, at the default tier.  ``TORCHTPU_COMPILE_TIERS=0``
-switches the quick tier off.
+every signature compiles once, at the default tier.
+
+The quick tier is **opt-in** (``TORCHTPU_COMPILE_TIERS=1`` or :func:`set_enabled`): a
+user's program repeats its signatures (training steps, decoding), where the quick tier
+only adds a second compile before the steady state; workloads that run most signatures
+once (PyTorch's device-generic test files, shape sweeps) turn it on.
 
 Counters (``torchtpu.metrics()``): ``compiles`` / ``compile_seconds`` count every XLA
 compilation of either tier; ``quick_compiles`` / ``quick_compile_seconds`` the
@@ -45,28 +49,35 @@ _QUICK_OPTIONS = {
     "cpu": {"xla_cpu_use_fusion_emitters": False},
 }
 
+_enabled = os.environ.get("TORCHTPU_COMPILE_TIERS", "0") not in ("0", "")
 _options = False  # not looked up yet
+
+
+def platform_has_quick_tier() -> bool:
+    """Whether this process's PJRT platform has known quick-tier options."""
+    return runtime.platform() in _QUICK_OPTIONS
 
 
 def quick_options():
     """The quick tier's XLA compiler options for this process's platform, or None when
-    there is no quick tier (unknown platform, or ``TORCHTPU_COMPILE_TIERS=0``)."""
+    there is no quick tier (switched off, the default, or an unknown platform)."""
     global _options
     if _options is False:
-        if os.environ.get("TORCHTPU_COMPILE_TIERS", "1") in ("0", ""):
-            _options = None
-        else:
-            _options = _QUICK_OPTIONS.get(runtime.platform())
+        _options = _QUICK_OPTIONS.get(runtime.platform()) if _enabled else None
     return _options
 
 
 def set_enabled(enabled: bool) -> None:
     """Switch the quick tier on (where the platform has one) or off, for signatures
-    compiled from now on (for tests and benchmarks)."""
-    global _options
+    compiled from now on (``TORCHTPU_COMPILE_TIERS`` sets the start-up value)."""
+    global _options, _enabled
+    _enabled = bool(enabled)
     _options = False
-    if not enabled:
-        _options = None
+
+
+def enabled() -> bool:
+    """Whether the quick tier is switched on (it also needs a platform that has one)."""
+    return _enabled
 
 
 def first_call(jitted, args, on_tier_up):
