@@ -189,3 +189,41 @@ def test_masked_select_out_dtype_must_match():
                             out=torch.empty(0, dtype=torch.int64, device=dev))
 
     _same_error(run)
+
+
+# ------------------------------------------- PyTorch's errors, not JAX's, from indexing
+
+
+def test_index_into_empty_dimension_raises(eager_mode):
+    _same_error(lambda d: torch.empty(10, 0, device=d)[:, [0, 1]])
+
+    def ok(dev):
+        x = torch.empty(10, 0, device=dev)
+        return x[[1, 2]], x[[], []]
+
+    _same_values(ok)
+
+
+def test_index_put_with_incompatible_shapes_raises(eager_mode):
+    def indices(dev):
+        a = torch.zeros(3, 4, device=dev)
+        a[[0, 1], [0, 1, 2]] = 1.0
+
+    def values(dev):
+        a = torch.zeros(3, 4, device=dev)
+        a[[0, 1]] = torch.ones(3, 4, device=dev)
+
+    def values_aten(dev):
+        torch.zeros(3, 4, device=dev).index_put_(
+            (torch.tensor([0, 2], device=dev),), torch.ones(1, 2, 4, device=dev))
+
+    for fn in (indices, values, values_aten):
+        _same_error(fn)
+
+    def ok(dev):
+        a = torch.zeros(3, 4, device=dev)
+        a[[0, 2]] = torch.arange(4.0, device=dev)
+        a[[1, 2], [3, 0]] = torch.tensor([5.0, 6.0], device=dev)
+        return (a,)
+
+    _same_values(ok)

@@ -42,6 +42,25 @@ def _check_nonneg(index, size, dim, op):
                   f"{op}(): index out of bounds for dimension {dim} with size {size}")
 
 
+def _check_index_shapes(x, indices):
+    """Trace time (static shapes), PyTorch's errors for an index list: index tensors
+    that do not broadcast together, a non-empty index into a dimension of size 0.
+    Returns the shape of ``x[indices]`` (the indexing result), None if ``x`` is empty."""
+    shapes = [tuple(a.shape) for a in indices if a is not None]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         "with shapes " + ", ".join(str(list(s)) for s in shapes)) from None
+    for d, a in enumerate(indices):
+        if a is not None and x.shape[d] == 0 and a.size > 0:
+            raise IndexError("index is out of bounds for dimension with size 0")
+    if not all(x.shape):
+        return None  # (the result shape is not needed for a tensor with no elements)
+    probe = tuple(slice(None) if a is None else np.zeros(a.shape, np.int64) for a in indices)
+    return np.broadcast_to(np.zeros((), np.bool_), x.shape)[probe].shape
+
+
 def _index_tuple(x, indices):
     """The jnp index tuple of an ATen index list (None -> full slice, wrapped negatives)."""
     key = []
@@ -124,6 +143,7 @@ def index(x, indices):
     _check_count(x, indices, "index")
     if _has_bool(indices):
         raise NotImplementedError("torchtpu: index with an unexpanded boolean mask")
+    _check_index_shapes(x, indices)
     return x[_index_tuple(x, indices)]
 
 
@@ -183,6 +203,10 @@ def _index_put(x, indices, values, accumulate):
                 "torchtpu: index_put with a boolean mask combined with other index tensors "
                 "has data-dependent shapes and is not supported inside a compiled op")
         return r
+    result = _check_index_shapes(x, indices)
+    if result is not None and not _expandable(tuple(v.shape), tuple(result)):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(v.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(result)}")
     key = _index_tuple(x, indices)
     if accumulate:
         if dt is torch.bool:
