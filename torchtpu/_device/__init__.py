@@ -127,3 +127,10 @@ def _register_direct_kernels() -> None:
         # in-place path (CompositeExplicitAutogradNonFunctional -> mul.out with self as
         # out) checks memory overlap between self and the inputs, as on CPU; a direct
         # kernel would skip that check (x[1:].add_(x[:-1]) must raise).
+    # copy_: PyTorch's composite kernel re-dispatches a copy to an out-of-tree device as
+    # `_copy_from(src, dst)`, whose `dst` is not marked as written in its schema, so the
+    # Conjugate/Negative fallbacks hand us a resolved *clone* of a conj/neg-view `dst`
+    # and the write is lost (`a.conj().add_(x)` writes back through copy_).  Our own
+    # copy_ kernel sees the view with its bits and writes through them.
+    lib.impl("copy_", _kernel_for(torch.ops.aten.copy_.default), "PrivateUse1",
+             with_keyset=True)

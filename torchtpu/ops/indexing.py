@@ -16,13 +16,15 @@ except in ``index_put`` with a broadcastable value, which is a ``where``.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 from torchtpu._device import runtime
 from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._scalar import Scalar
-from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, tdtype
+from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, scalar_type_name, tdtype
 
 
 def _wrap(idx, size, dim=0):
@@ -38,6 +40,25 @@ def _check_nonneg(index, size, dim, op):
     """gather/scatter-style indices must be in ``[0, size)`` (no wrapping)."""
     _checks.check((index < 0) | (index >= size), RuntimeError,
                   f"{op}(): index out of bounds for dimension {dim} with size {size}")
+
+
+def _check_index_shapes(x, indices):
+    """Trace time (static shapes), PyTorch's errors for an index list: index tensors
+    that do not broadcast together, a non-empty index into a dimension of size 0.
+    Returns the shape of ``x[indices]`` (the indexing result), None if ``x`` is empty."""
+    shapes = [tuple(a.shape) for a in indices if a is not None]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                         "with shapes " + ", ".join(str(list(s)) for s in shapes)) from None
+    for d, a in enumerate(indices):
+        if a is not None and x.shape[d] == 0 and a.size > 0:
+            raise IndexError("index is out of bounds for dimension with size 0")
+    if not all(x.shape):
+        return None  # (the result shape is not needed for a tensor with no elements)
+    probe = tuple(slice(None) if a is None else np.zeros(a.shape, np.int64) for a in indices)
+    return np.broadcast_to(np.zeros((), np.bool_), x.shape)[probe].shape
 
 
 def _index_tuple(x, indices):
@@ -70,15 +91,44 @@ def _indices_to_device(vals):
     return vals
 
 
+_UINT8_MASK_WARNING = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                       "torch.bool instead.")
+
+
+def _is_mask(t):
+    return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+
+
+def _check_masks(x, indices):
+    """Host side, as PyTorch's ``expandTensors``: a uint8 mask warns (deprecated), and
+    each mask's shape must equal the dimensions of ``x`` it indexes.
+
+    Raises ``IndexError`` with CPU's message ("The shape of the mask [1] at index 0 does
+    not match the shape of the indexed tensor [5, 4, 3] at index 0")."""
+    pos = 0  # the dimension of x the next index entry starts at
+    for t in indices:
+        if not _is_mask(t):
+            pos += 1
+            continue
+        if t.dtype is torch.uint8:
+            warnings.warn(_UINT8_MASK_WARNING, UserWarning, stacklevel=2)
+        for j, n in enumerate(t.shape):
+            if n != x.size(pos + j):  # x.size raises IndexError past the last dim, as CPU
+                raise IndexError(
+                    f"The shape of the mask {list(t.shape)} at index {j} does not match the "
+                    f"shape of the indexed tensor {list(x.shape)} at index {pos + j}")
+        pos += t.dim()
+
+
 def _expand_masks(vals):
     """Host side, before ``index.Tensor`` runs: each bool/uint8 mask becomes the integer
     index tensors of its ``nonzero()`` (PyTorch's ``expandTensors``).  The result's size
     depends on the mask's values, so this is a sync point."""
     vals = _indices_to_device(vals)
     indices = vals[1]
-    if not any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
-               for t in indices):
+    if not any(_is_mask(t) for t in indices):
         return vals
+    _check_masks(vals[0], indices)
     new = []
     for t in indices:
         if isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8):
@@ -93,6 +143,7 @@ def index(x, indices):
     _check_count(x, indices, "index")
     if _has_bool(indices):
         raise NotImplementedError("torchtpu: index with an unexpanded boolean mask")
+    _check_index_shapes(x, indices)
     return x[_index_tuple(x, indices)]
 
 
@@ -101,7 +152,7 @@ def _index_put_mask(x, indices, v, accumulate):
 
     The k-th selected element takes row k of ``v`` (``cumsum(mask) - 1``), as PyTorch's
     ``nonzero`` expansion orders them.  A ``v`` whose count dimension disagrees with the
-    number of True elements is not detected (PyTorch raises; checking would sync)."""
+    number of True elements was rejected on the host (:func:`_prepare_index_put`)."""
     j = jnp()
     p = 0
     while indices[p] is None:
@@ -121,8 +172,8 @@ def _index_put_mask(x, indices, v, accumulate):
     xm = j.moveaxis(x, tuple(range(p, p + q)), tuple(range(q)))  # (*mask, *pre, *trail)
     flat_m = m.reshape(-1)
     if vb.shape[0] == 0:
-        # no values: valid only when the mask selects nothing (PyTorch checks the count;
-        # that would need a sync here), so nothing is written
+        # no values: valid only when the mask selects nothing (checked on the host by
+        # _prepare_index_put), so nothing is written
         return x
     if vb.shape[0] == 1:
         rows = j.broadcast_to(vb, (flat_m.shape[0],) + vb.shape[1:])
@@ -152,6 +203,10 @@ def _index_put(x, indices, values, accumulate):
                 "torchtpu: index_put with a boolean mask combined with other index tensors "
                 "has data-dependent shapes and is not supported inside a compiled op")
         return r
+    result = _check_index_shapes(x, indices)
+    if result is not None and not _expandable(tuple(v.shape), tuple(result)):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(v.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(result)}")
     key = _index_tuple(x, indices)
     if accumulate:
         if dt is torch.bool:
@@ -160,12 +215,60 @@ def _index_put(x, indices, values, accumulate):
     return x.at[key].set(v)
 
 
-@lower(aten.index_put.default, aten._unsafe_index_put.default, prepare=_indices_to_device)
+def _expandable(shape, to):
+    """PyTorch's ``is_expandable_to``: ``shape`` broadcasts to ``to`` without new dims
+    in front of ``to`` (trailing-aligned, each size equal or 1)."""
+    if len(shape) > len(to):
+        return False
+    return all(a == b or a == 1 for a, b in zip(reversed(shape), reversed(to)))
+
+
+def _prepare_index_put(vals):
+    """Host side, before ``index_put`` runs: CPU index tensors moved to the device, masks
+    checked as PyTorch's ``expandTensors`` does (:func:`_check_masks`), and for one mask
+    (the static ``where`` path of :func:`_index_put_mask`) the value checked against the
+    indexing result ``(*pre, count, *trail)``, as CPU's "shape mismatch" check.
+
+    The mask's count of True elements is read (a sync point) only when it decides the
+    answer: the value's count dimension is not 1 (``x[m] = y[m]``), or the value cannot
+    be expanded whatever the count (then only to word the error).  ``x[m] = 0`` stays
+    sync-free.
+
+    Raises ``IndexError`` for a mask of the wrong shape, ``RuntimeError("shape mismatch:
+    value tensor of shape [3] cannot be broadcast to indexing result of shape [4]")``."""
+    vals = _indices_to_device(vals)
+    indices = vals[1]
+    if not any(_is_mask(t) for t in indices):
+        return vals
+    x, values = vals[0], vals[2]
+    _check_masks(x, indices)
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1 or not isinstance(values, torch.Tensor):
+        return vals
+    p = used[0]
+    m = indices[p]
+    if m.dim() == 0:
+        return vals
+    pre, trail = tuple(x.shape[:p]), tuple(x.shape[p + m.dim():])
+    vshape = tuple(values.shape)
+    cd = len(vshape) - len(trail) - 1  # the value's dimension facing the count
+    k = vshape[cd] if cd >= 0 else 1
+    if k == 1 and _expandable(vshape, pre + (1,) + trail):
+        return vals  # right for any count: no sync
+    count = int(m.count_nonzero().item())  # sync: the answer depends on the mask's values
+    result = pre + (count,) + trail
+    if not _expandable(vshape, result):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(vshape)} cannot be "
+                           f"broadcast to indexing result of shape {list(result)}")
+    return vals
+
+
+@lower(aten.index_put.default, aten._unsafe_index_put.default, prepare=_prepare_index_put)
 def index_put(x, indices, values, accumulate=False):
     return _index_put(x, indices, values, accumulate)
 
 
-@lower(aten._index_put_impl.default, prepare=_indices_to_device)
+@lower(aten._index_put_impl.default, prepare=_prepare_index_put)
 def _index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return _index_put(x, indices, values, accumulate)
 
@@ -397,7 +500,19 @@ def index_copy(x, dim, index, source):
     return r.reshape(()) if zero_d else r
 
 
-@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _prepare_index_fill(vals):
+    """Host side: a complex fill value for a real tensor raises as on CPU (a cast would
+    silently drop the imaginary part)."""
+    x, value = vals[0], vals[3]
+    cplx = value.dtype.is_complex if isinstance(value, torch.Tensor) else \
+        isinstance(value, complex)
+    if cplx and not x.dtype.is_complex:
+        raise RuntimeError(
+            "index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    return vals
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, prepare=_prepare_index_fill)
 def index_fill(x, dim, index, value):
     dt = tdtype(x)
     zero_d = x.ndim == 0
@@ -545,7 +660,22 @@ def _i64(a):
     return jnp().asarray(np.asarray(a, dtype=np.int64))
 
 
-@lower(aten.nonzero.default, dynamic_shape=True)
+def _prepare_nonzero(vals):
+    """Host side: ``nonzero(out=)`` needs an int64 ``out``, as on CPU (no cast)."""
+    if len(vals) > 1 and isinstance(vals[1], torch.Tensor) and vals[1].dtype != torch.int64:
+        raise RuntimeError("nonzero: Expected out tensor to have scalar type Long but got "
+                           f"scalar type{scalar_type_name(vals[1].dtype)}")
+    return vals
+
+
+def _prepare_masked_select(vals):
+    """Host side: ``masked_select(out=)`` needs ``out`` of ``self``'s dtype, as on CPU."""
+    if len(vals) > 2 and isinstance(vals[2], torch.Tensor) and vals[2].dtype != vals[0].dtype:
+        raise RuntimeError("masked_select(): self and result must have the same scalar type")
+    return vals
+
+
+@lower(aten.nonzero.default, dynamic_shape=True, prepare=_prepare_nonzero)
 def nonzero(x):
     a = np.asarray(x)
     if a.ndim == 0:
@@ -558,7 +688,7 @@ def argwhere(x):
     return nonzero(x)
 
 
-@lower(aten.masked_select.default, dynamic_shape=True)
+@lower(aten.masked_select.default, dynamic_shape=True, prepare=_prepare_masked_select)
 def masked_select(x, mask):
     a, m = np.broadcast_arrays(np.asarray(x), np.asarray(mask).astype(bool))
     return jnp().asarray(a[m])

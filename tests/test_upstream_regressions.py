@@ -1,0 +1,229 @@
+"""Regressions found by PyTorch's own device-generic tests (tests/torch_upstream/):
+each case runs the same user code on CPU and on tpu and compares results or errors."""
+
+import re
+import warnings
+
+import pytest
+import torch
+
+
+def _same_error(fn):
+    """``fn(device)`` raises on CPU; it must raise the same type and message on tpu."""
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(cpu.type, match=re.escape(str(cpu.value).split(" (Triggered")[0])):
+        fn("tpu")
+
+
+def _same_values(fn):
+    """``fn(device)`` returns tensors; tpu's must equal CPU's."""
+    cpu, tpu = fn("cpu"), fn("tpu")
+    for c, t in zip(cpu, tpu):
+        assert t.device.type == "tpu"
+        torch.testing.assert_close(t.cpu(), c)
+
+
+# ---------------------------------------------------------------- conj / neg views
+
+
+@pytest.mark.parametrize("op", ["add_", "mul_", "sub_", "copy_"])
+def test_inplace_on_conj_view_writes_base(op, eager_mode):
+    def run(dev):
+        a = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j], device=dev)
+        b = a.conj()
+        getattr(b, op)(torch.tensor([1 + 1j, 2 - 1j, 0.5j], device=dev))
+        return b, a, b.resolve_conj()
+
+    _same_values(run)
+
+
+def test_inplace_between_conj_views_of_one_storage(eager_mode):
+    def run(dev):
+        a = torch.tensor([1 + 2j, 3 - 1j, 5 + 5j, 2j], device=dev)
+        b, c = a[:2].conj(), a[2:].conj()
+        b.add_(c)
+        d = a.conj()
+        d.mul_(d)
+        return a, b, c, d
+
+    _same_values(run)
+
+
+@pytest.mark.parametrize("op", ["add_", "mul_", "copy_"])
+def test_inplace_on_neg_view_writes_base(op, eager_mode):
+    def run(dev):
+        a = torch.tensor([1.0, -2.0, 3.5], device=dev)
+        n = torch._neg_view(a)
+        getattr(n, op)(torch.tensor([0.5, 2.0, -1.0], device=dev))
+        return n, a
+
+    _same_values(run)
+
+
+def test_copy_between_host_and_conj_view():
+    def run(dev):
+        host_dst = torch.zeros(2, dtype=torch.complex64).conj()
+        host_dst.copy_(torch.tensor([1 + 1j, 2j], device=dev))
+        dev_dst = torch.zeros(2, dtype=torch.complex64, device=dev).conj()
+        dev_dst.copy_(torch.tensor([1 + 1j, 2j]))
+        host = torch.zeros(2, dtype=torch.complex64)
+        host.copy_(torch.tensor([1 + 1j, 2j], device=dev).conj())
+        return host_dst.resolve_conj(), dev_dst.resolve_conj().cpu(), host
+
+    for c, t in zip(run("cpu"), run("tpu")):
+        torch.testing.assert_close(t, c)
+
+
+# -------------------------------------------------------------------- boolean masks
+
+
+@pytest.mark.parametrize("mask_dev", ["same", "cpu"])
+def test_mask_of_wrong_shape_raises(mask_dev):
+    def md(dev):
+        return dev if mask_dev == "same" else "cpu"
+
+    _same_error(lambda d: torch.ones(5, 4, 3, device=d)[torch.tensor([True], device=md(d))])
+    _same_error(lambda d: torch.ones(5, 4, 3, device=d)[
+        :, torch.tensor([True, False, True], device=md(d))])
+    _same_error(lambda d: torch.randn(5, device=d)[
+        torch.empty(0, 2, dtype=torch.uint8, device=md(d))])
+
+    def put(d):
+        a = torch.ones(5, 4, 3, device=d)
+        a[torch.tensor([True], device=md(d))] = 2.0
+
+    _same_error(put)
+
+
+def test_uint8_mask_warns_as_cpu():
+    def warned(dev):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            v = torch.tensor([1.0, 2.0, 3.0], device=dev)
+            r = v[torch.tensor([1, 0, 1], dtype=torch.uint8, device=dev)]
+            v.index_put_((torch.tensor([0, 1, 0], dtype=torch.uint8, device=dev),),
+                         torch.tensor([5.0], device=dev), accumulate=True)
+        msgs = [str(x.message) for x in w if "uint8" in str(x.message)]
+        return r.cpu(), v.cpu(), msgs
+
+    (rc, vc, wc), (rt, vt, wt) = warned("cpu"), warned("tpu")
+    torch.testing.assert_close(rt, rc)
+    torch.testing.assert_close(vt, vc)
+    assert len(wt) == len(wc) == 2
+    assert all(m.startswith("indexing with dtype torch.uint8 is now deprecated") for m in wt)
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.0, 3.0], [], [1.0, 2.0, 3.0, 4.0, 5.0]])
+def test_mask_assignment_with_wrong_value_count_raises(values, eager_mode):
+    def run(dev):
+        a = torch.tensor([1.0, 2.0, 3.0, 4.0], device=dev)
+        a[a > -1] = torch.tensor(values).to(dev)
+
+    _same_error(run)
+
+
+def test_mask_assignment_with_right_value_count(eager_mode):
+    def run(dev):
+        a = torch.tensor([[1.0, -2.0], [3.0, -4.0], [5.0, 6.0]], device=dev)
+        b = a.clone()
+        a[a > 0] = torch.tensor([10.0, 30.0, 50.0, 60.0], device=dev)
+        b[b[:, 0] > 2] = torch.tensor([[7.0, 8.0], [9.0, 10.0]], device=dev)
+        c = torch.zeros(3, 2, device=dev)
+        c[torch.tensor([True, False, True], device=dev)] = torch.tensor([1.0, 2.0], device=dev)
+        return a, b, c
+
+    _same_values(run)
+
+    def rows_mismatch(dev):
+        a = torch.zeros(3, 2, device=dev)
+        a[torch.tensor([True, False, True], device=dev)] = torch.ones(3, 2, device=dev)
+
+    _same_error(rows_mismatch)
+
+
+# ---------------------------------------------------------------- dtype checks
+
+
+def test_index_fill_real_with_complex_raises():
+    def scalar(dev):
+        torch.ones(3, device=dev).index_fill_(0, torch.tensor([0], device=dev), 1 + 2j)
+
+    def functional(dev):
+        torch.index_fill(torch.ones(3, device=dev), 0, torch.tensor([1], device=dev), 1j)
+
+    def tensor_value(dev):
+        torch.ones(3, device=dev).index_fill_(0, torch.tensor([0], device=dev),
+                                              torch.tensor(1 + 2j, device=dev))
+
+    for fn in (scalar, functional, tensor_value):
+        _same_error(fn)
+
+    def complex_ok(dev):
+        a = torch.ones(3, dtype=torch.complex64, device=dev)
+        return (a.index_fill_(0, torch.tensor([1], device=dev), 1 + 2j),)
+
+    _same_values(complex_ok)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_nonzero_out_must_be_long(dtype):
+    def run(dev):
+        out = torch.empty(0, dtype=dtype, device=dev)
+        torch.nonzero(torch.tensor([1, 0, 1], device=dev), out=out)
+
+    _same_error(run)
+
+    def ok(dev):
+        out = torch.empty(0, dtype=torch.int64, device=dev)
+        torch.nonzero(torch.tensor([1, 0, 1], device=dev), out=out)
+        return (out,)
+
+    _same_values(ok)
+
+
+def test_masked_select_out_dtype_must_match():
+    def run(dev):
+        torch.masked_select(torch.tensor([1.0, 0.0], device=dev),
+                            torch.tensor([True, False], device=dev),
+                            out=torch.empty(0, dtype=torch.int64, device=dev))
+
+    _same_error(run)
+
+
+# ------------------------------------------- PyTorch's errors, not JAX's, from indexing
+
+
+def test_index_into_empty_dimension_raises(eager_mode):
+    _same_error(lambda d: torch.empty(10, 0, device=d)[:, [0, 1]])
+
+    def ok(dev):
+        x = torch.empty(10, 0, device=dev)
+        return x[[1, 2]], x[[], []]
+
+    _same_values(ok)
+
+
+def test_index_put_with_incompatible_shapes_raises(eager_mode):
+    def indices(dev):
+        a = torch.zeros(3, 4, device=dev)
+        a[[0, 1], [0, 1, 2]] = 1.0
+
+    def values(dev):
+        a = torch.zeros(3, 4, device=dev)
+        a[[0, 1]] = torch.ones(3, 4, device=dev)
+
+    def values_aten(dev):
+        torch.zeros(3, 4, device=dev).index_put_(
+            (torch.tensor([0, 2], device=dev),), torch.ones(1, 2, 4, device=dev))
+
+    for fn in (indices, values, values_aten):
+        _same_error(fn)
+
+    def ok(dev):
+        a = torch.zeros(3, 4, device=dev)
+        a[[0, 2]] = torch.arange(4.0, device=dev)
+        a[[1, 2], [3, 0]] = torch.tensor([5.0, 6.0], device=dev)
+        return (a,)
+
+    _same_values(ok)

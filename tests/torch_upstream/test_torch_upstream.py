@@ -1,0 +1,90 @@
+"""PyTorch's own device-generic test files (test_view_ops.py, test_indexing.py,
+test_shape_ops.py) run on ``tpu``, each in a child pytest, against an expected-failure
+list kept here (``expected_failures.txt``: test id + reason).
+
+The files are upstream PyTorch's, unmodified, in ``shared/torch_tests`` beside the clone
+(``<clone>/../shared/torch_tests``); ``TORCHTPU_TORCH_TESTS_DIR`` names another folder.
+Without them these tests skip.  A child process keeps the upstream files' global state
+(default dtype, warnings filters, PyTorch's TestCase set-up) out of our suite.
+
+A test here fails when an upstream test fails that is not on the list, when a listed test
+passes (``XPASS(strict)``: take it off the list), or when a listed id no longer exists.
+``TORCHTPU_TORCH_TESTS=1`` runs them, ``=0`` skips them (default: ``DEFAULT_ON``);
+``TORCHTPU_TORCH_TESTS_ARGS`` adds arguments to the child pytest (``-n 2``, ``-x``, a
+later ``-k`` narrows the selection).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+FILES = ["test_view_ops.py", "test_indexing.py", "test_shape_ops.py"]
+TIMEOUT_S = int(os.environ.get("TORCHTPU_TORCH_TESTS_TIMEOUT", "1800"))
+# Opt-in until expected_failures.txt is filled from one complete run (see its header);
+# then flip to True so `make test` runs them.
+DEFAULT_ON = False
+
+
+def torch_tests_dir() -> Path | None:
+    """The folder holding the upstream files: ``$TORCHTPU_TORCH_TESTS_DIR``, else the first
+    ``shared/torch_tests`` found walking up from the repository (the clone's sibling
+    ``shared/`` on CI; ``/work/shared`` for a worktree under ``/work/wt``)."""
+    env = os.environ.get("TORCHTPU_TORCH_TESTS_DIR")
+    if env:
+        return Path(env) if Path(env).is_dir() else None
+    for parent in REPO.parents:
+        cand = parent / "shared" / "torch_tests"
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def _summary(out: str) -> str:
+    lines = out.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_upstream_file(name):
+    """Run one upstream file on tpu; every result must match the expected-failure list."""
+    if os.environ.get("TORCHTPU_TORCH_TESTS", "1" if DEFAULT_ON else "0") == "0":
+        pytest.skip("PyTorch's upstream tests are opt-in for now: TORCHTPU_TORCH_TESTS=1")
+    folder = torch_tests_dir()
+    if folder is None or not (folder / name).is_file():
+        pytest.skip(f"PyTorch's {name} not found: no shared/torch_tests beside the clone "
+                    f"({REPO.parent / 'shared' / 'torch_tests'}) and no "
+                    f"TORCHTPU_TORCH_TESTS_DIR")
+    env = dict(os.environ)
+    env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = "privateuse1"
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    with tempfile.TemporaryDirectory() as tmp:
+        stale_file = Path(tmp) / "stale.txt"
+        env["TORCHTPU_UPSTREAM_STALE"] = str(stale_file)
+        cmd = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"),
+               "--rootdir", str(folder), "-p", "torchtpu_upstream_xfail", "-q", "-rfEX",
+               "-k", "PRIVATEUSE1 or TPU", name,
+               *shlex.split(os.environ.get("TORCHTPU_TORCH_TESTS_ARGS", ""))]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+        wall = time.perf_counter() - t0
+        stale = stale_file.read_text().split() if stale_file.exists() else []
+    out = proc.stdout + proc.stderr
+    print(f"{name}: {_summary(out)} ({wall:.0f} s)")
+    assert not stale, (f"{name}: expected_failures.txt lists tests that no longer exist: "
+                       f"{stale}")
+    assert proc.returncode == 0, (
+        f"{name}: upstream tests fail that are not in tests/torch_upstream/"
+        f"expected_failures.txt, or listed ones now pass (XPASS(strict): remove them):\n"
+        + out[-12000:])
