@@ -1214,3 +1214,40 @@ def renorm(x, p, dim, maxnorm):
     mx = j.asarray(maxnorm, npdt(ct))
     factor = j.where(nrm > mx, mx / (nrm + 1e-7), j.ones_like(nrm))
     return cast(x, ct) * factor
+
+
+# ------------------------------------------------ padding / pooling backward (issue 8)
+
+
+@lower(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+       aten.replication_pad3d_backward.default)
+def replication_pad_backward(g, x, padding):
+    """Gradient of ``F.pad(x, padding, mode="replicate")``: each output position adds its
+    gradient to the input position it copied (``clamp(i - left, 0, n - 1)`` per padded
+    dim; negative padding crops).  float32 accumulation for half types, one rounding."""
+    jax = _jax()
+    j = jnp()
+    nd = len(padding) // 2
+    ct = _ct(x)
+    gi = cast(g, ct)
+    for d in range(nd):
+        ax = x.ndim - nd + d
+        left, right = padding[2 * (nd - 1 - d)], padding[2 * (nd - 1 - d) + 1]
+        n = x.shape[ax]
+        idx = np.clip(np.arange(-left, n + right), 0, n - 1)
+        moved = j.moveaxis(gi, ax, 0)
+        summed = jax.ops.segment_sum(moved, j.asarray(idx), num_segments=n)
+        gi = j.moveaxis(summed, 0, ax)
+    return gi
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(g, x, indices):
+    """Gradient of ``adaptive_max_pool2d``: ``g`` added at the argmax ``indices``."""
+    return _max_pool_backward(g, x, 2, indices)
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(g, x, indices):
+    """Gradient of ``adaptive_max_pool3d``: ``g`` added at the argmax ``indices``."""
+    return _max_pool_backward(g, x, 3, indices)

@@ -1,0 +1,200 @@
+"""Ops users hit that were missing or crashed (issue 8): each test runs the PyTorch
+snippet on CPU and on tpu and compares values and gradients (random ops: statistics,
+support, dtype/shape and seeded replay)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu  # noqa: F401
+
+TPU = "tpu"
+
+
+def _pair(t, rg=True):
+    """(cpu leaf, tpu leaf) copies of ``t``."""
+    c = t.detach().clone().requires_grad_(rg and t.is_floating_point())
+    d = t.detach().to(TPU).requires_grad_(rg and t.is_floating_point())
+    return c, d
+
+
+def close(got, exp, **kw):
+    torch.testing.assert_close(got.detach().cpu(), exp.detach(), equal_nan=True, **kw)
+
+
+# ------------------------------------------------------------------ padding backward
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_pad_backward(mode, nd):
+    torch.manual_seed(0)
+    x = torch.randn((2, 3) + (5,) * nd)
+    pad = (1, 2, 2, 0, 0, 3)[: 2 * nd]
+    xc, xt = _pair(x)
+    yc = F.pad(xc, pad, mode=mode)
+    yt = F.pad(xt, pad, mode=mode)
+    g = torch.randn_like(yc)
+    yc.backward(g)
+    yt.backward(g.to(TPU))
+    close(yt, yc)
+    close(xt.grad, xc.grad)
+
+
+def test_replicate_pad_negative_backward():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 7)
+    xc, xt = _pair(x)
+    yc = F.pad(xc, (-1, 3, 2, -2), mode="replicate")
+    yt = F.pad(xt, (-1, 3, 2, -2), mode="replicate")
+    g = torch.randn_like(yc)
+    yc.backward(g)
+    yt.backward(g.to(TPU))
+    close(yt, yc)
+    close(xt.grad, xc.grad)
+
+
+# ------------------------------------------------------------------ pooling backward
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_adaptive_max_pool_backward(dim):
+    torch.manual_seed(0)
+    x = torch.randn((2, 3) + (7,) * dim)
+    pool = F.adaptive_max_pool2d if dim == 2 else F.adaptive_max_pool3d
+    xc, xt = _pair(x)
+    yc, ic = pool(xc, 3, return_indices=True)
+    yt, it = pool(xt, 3, return_indices=True)
+    g = torch.randn_like(yc)
+    yc.backward(g)
+    yt.backward(g.to(TPU))
+    close(yt, yc)
+    close(it, ic)
+    close(xt.grad, xc.grad)
+
+
+# ------------------------------------------------------------------ hessian
+
+
+def test_func_hessian():
+    def f(x, y):
+        return (x.sin() * y.exp()).sum() + (x ** 3 * y).sum()
+
+    x = torch.randn(4, dtype=torch.float64)
+    y = torch.randn(4, dtype=torch.float64)
+    exp = torch.func.hessian(f, argnums=(0, 1))(x, y)
+    got = torch.func.hessian(f, argnums=(0, 1))(x.to(TPU), y.to(TPU))
+    for ge, ee in zip(got, exp):
+        for g, e in zip(ge, ee):
+            close(g, e)
+
+
+def test_efficientzerotensor():
+    z = torch.ops.aten._efficientzerotensor([2, 3], dtype=torch.float32, device=TPU)
+    assert z.device.type == TPU and z.shape == (2, 3) and z.dtype == torch.float32
+    close(z, torch.zeros(2, 3))
+
+
+# ------------------------------------------------------------------ random: gamma & co
+
+
+def _stats(x):
+    x = x.double().cpu()
+    return x.mean().item(), x.var().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_standard_gamma(dtype):
+    torch.manual_seed(0)
+    alpha = torch.tensor([0.3, 1.0, 2.5, 12.0], dtype=dtype).repeat(20000, 1)
+    got = torch._standard_gamma(alpha.to(TPU))
+    exp = torch._standard_gamma(alpha)
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    assert bool((got > 0).all())
+    for k in range(4):
+        gm, gv = _stats(got[:, k])
+        em, ev = _stats(exp[:, k])
+        a = alpha[0, k].item()
+        assert abs(gm - em) < 0.05 * a + 0.02 and abs(gv - ev) < 0.1 * a + 0.03, (a, gm, em, gv, ev)
+    # alpha = 0: CPU clamps to the smallest normal number
+    close(torch._standard_gamma(torch.zeros(3, dtype=dtype, device=TPU)),
+          torch._standard_gamma(torch.zeros(3, dtype=dtype)))
+
+
+def test_random_distributions_seeded_replay():
+    D = torch.distributions
+
+    def draw():
+        torch.manual_seed(7)
+        c = torch.tensor([0.5, 2.0, 4.0], device=TPU)
+        return [torch._standard_gamma(c), torch.poisson(c * 3), torch._sample_dirichlet(c),
+                D.Beta(c, c + 1).sample((3,)), D.Dirichlet(c).sample((2,)),
+                D.Poisson(c).sample((4,)), D.Gamma(c, 2.0).rsample((5,))]
+
+    a, b = draw(), draw()
+    for x, y in zip(a, b):
+        assert x.device.type == TPU
+        close(x, y.cpu(), rtol=0, atol=0)
+    assert not torch.equal(a[0].cpu(), torch._standard_gamma(
+        torch.tensor([0.5, 2.0, 4.0], device=TPU)).cpu())
+
+
+def test_poisson():
+    torch.manual_seed(0)
+    rate = torch.tensor([0.0, 0.5, 3.0, 40.0]).repeat(20000, 1)
+    got = torch.poisson(rate.to(TPU))
+    exp = torch.poisson(rate)
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    g = got.cpu()
+    assert bool((g == g.round()).all()) and bool((g >= 0).all())
+    assert bool((g[:, 0] == 0).all())
+    for k in range(1, 4):
+        gm, gv = _stats(got[:, k])
+        em, ev = _stats(exp[:, k])
+        r = rate[0, k].item()
+        assert abs(gm - em) < 0.03 * r + 0.02 and abs(gv - ev) < 0.1 * r + 0.03, (r, gm, em)
+
+
+def test_sample_dirichlet():
+    torch.manual_seed(0)
+    alpha = torch.tensor([[0.5, 1.0, 3.0]]).repeat(20000, 1)
+    got = torch._sample_dirichlet(alpha.to(TPU))
+    exp = torch._sample_dirichlet(alpha)
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    close(got.sum(-1), torch.ones(20000), atol=1e-5, rtol=0)
+    assert bool((got > 0).all())
+    close(got.mean(0), exp.mean(0), atol=0.01, rtol=0)
+    close(got.var(0), exp.var(0), atol=0.005, rtol=0)
+    # tiny concentrations: values clamped at float32's smallest normal number, as CPU
+    tiny = torch._sample_dirichlet(torch.full((50, 3), 1e-3, device=TPU)).cpu()
+    assert bool((tiny >= torch.finfo(torch.float32).tiny).all())
+    close(tiny.sum(-1), torch.ones(50))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_standard_gamma_grad(dtype):
+    torch.manual_seed(0)
+    # every branch of CPU's approximation: x < 0.8; alpha > 8 (near and far from alpha);
+    # the rational fit in between
+    alpha = torch.cat([torch.rand(500, dtype=dtype) * 20 + 0.05,
+                       torch.tensor([0.3, 2.0, 9.0, 20.0, 4.0, 50.0, 10.0], dtype=dtype)])
+    x = torch.cat([torch._standard_gamma(alpha[:500]),
+                   torch.tensor([0.1, 0.79, 0.81, 19.5, 3.0, 20.0, 10.5], dtype=dtype)])
+    exp = torch._standard_gamma_grad(alpha, x)
+    got = torch._standard_gamma_grad(alpha.to(TPU), x.to(TPU))
+    close(got, exp, rtol=1e-5, atol=1e-6)
+
+
+def test_gamma_rsample_backward():
+    D = torch.distributions
+    conc = torch.tensor([0.7, 2.0, 11.0])
+    cc, ct = _pair(conc)
+    torch.manual_seed(0)
+    xt = D.Gamma(ct, 1.5).rsample((64,))
+    # the same draws on CPU: the reparameterized gradient depends only on (alpha, x)
+    xc = xt.detach().cpu()
+    (xt * torch.arange(3.0, device=TPU)).sum().backward()
+    gc = torch._standard_gamma_grad(conc.expand(64, 3), xc * 1.5) / 1.5
+    close(ct.grad, (gc * torch.arange(3.0)).sum(0), rtol=1e-5, atol=1e-5)
