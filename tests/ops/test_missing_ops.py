@@ -198,3 +198,47 @@ def test_gamma_rsample_backward():
     (xt * torch.arange(3.0, device=TPU)).sum().backward()
     gc = torch._standard_gamma_grad(conc.expand(64, 3), xc * 1.5) / 1.5
     close(ct.grad, (gc * torch.arange(3.0)).sum(0), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ segment_reduce
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "sum", "mean", "prod"])
+@pytest.mark.parametrize("initial", [None, -2.0])
+@pytest.mark.parametrize("form", ["lengths", "offsets"])
+def test_segment_reduce(reduce, initial, form):
+    # NaN, ties, a zero, an empty segment, positive and negative gradients
+    data = torch.tensor([1.0, float("nan"), 3.0, 3.0, 2.0, 0.0, 5.0, -1.0])
+    lengths = torch.tensor([2, 0, 3, 2])  # the last element is in no segment
+    kw = {"lengths": lengths} if form == "lengths" else \
+        {"offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])}
+    dc, dt = _pair(data)
+    oc = torch.segment_reduce(dc, reduce, **kw, initial=initial, unsafe=True)
+    ot = torch.segment_reduce(dt, reduce, **{k: v.to(TPU) for k, v in kw.items()},
+                              initial=initial, unsafe=True)
+    g = torch.tensor([1.0, -2.0, 3.0, -4.0])
+    oc.backward(g)
+    ot.backward(g.to(TPU))
+    close(ot, oc)
+    close(dt.grad, dc.grad)
+
+
+@pytest.mark.parametrize("reduce", ["max", "sum", "mean", "prod"])
+def test_segment_reduce_batched_axis1(reduce):
+    torch.manual_seed(0)
+    data = torch.randn(3, 6, 2)
+    lengths = torch.tensor([[2, 0, 4], [1, 1, 4], [6, 0, 0]])
+    dc, dt = _pair(data)
+    oc = torch.segment_reduce(dc, reduce, lengths=lengths, axis=1, initial=1.0)
+    ot = torch.segment_reduce(dt, reduce, lengths=lengths.to(TPU), axis=1, initial=1.0)
+    g = torch.randn_like(oc)
+    oc.backward(g)
+    ot.backward(g.to(TPU))
+    close(ot, oc)
+    close(dt.grad, dc.grad)
+
+
+def test_segment_reduce_unsafe_check():
+    data = torch.randn(5, device=TPU)
+    with pytest.raises(RuntimeError, match="to sum to data.size"):
+        torch.segment_reduce(data, "sum", lengths=torch.tensor([1, 1], device=TPU)).cpu()
