@@ -242,3 +242,48 @@ def test_segment_reduce_unsafe_check():
     data = torch.randn(5, device=TPU)
     with pytest.raises(RuntimeError, match="to sum to data.size"):
         torch.segment_reduce(data, "sum", lengths=torch.tensor([1, 1], device=TPU)).cpu()
+
+
+# ------------------------------------------------------------------ CTC loss
+
+
+@pytest.mark.parametrize("layout", ["padded", "concatenated"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss(layout, reduction, zero_infinity):
+    torch.manual_seed(0)
+    T, N, C = 12, 4, 6
+    logits = torch.randn(T, N, C)
+    input_lengths = [12, 10, 7, 5]
+    target_lengths = [3, 5, 1, 0]
+    if zero_infinity:
+        target_lengths = [3, 5, 1, 7]  # 7 labels in 5 steps: infinite loss, zeroed
+    padded = torch.randint(1, C, (N, 7))
+    targets = padded if layout == "padded" else \
+        torch.cat([padded[b, :target_lengths[b]] for b in range(N)])
+    xc, xt = _pair(logits)
+    lc = F.ctc_loss(xc.log_softmax(2), targets, input_lengths, target_lengths,
+                    reduction=reduction, zero_infinity=zero_infinity)
+    lt = F.ctc_loss(xt.log_softmax(2), targets.to(TPU), input_lengths, target_lengths,
+                    reduction=reduction, zero_infinity=zero_infinity)
+    lc.sum().backward()
+    lt.sum().backward()
+    close(lt, lc, rtol=1e-5, atol=1e-5)
+    close(xt.grad, xc.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_ctc_loss_log_probs_grad_and_length_tensors():
+    # the gradient w.r.t. log_probs itself (CPU's log_softmax-input convention), length
+    # tensors, an infinite loss without zero_infinity (NaN gradient, as CPU), float64
+    torch.manual_seed(0)
+    lp = torch.randn(9, 3, 5, dtype=torch.float64).log_softmax(2)
+    targets = torch.tensor([[1, 2, 2, 4], [3, 3, 3, 3], [1, 1, 1, 1]])
+    il, tl = torch.tensor([9, 8, 2]), torch.tensor([4, 2, 3])
+    c, t = _pair(lp)
+    lc = F.ctc_loss(c, targets, il, tl, reduction="none")
+    lt = F.ctc_loss(t, targets.to(TPU), il, tl, reduction="none")
+    w = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    (lc * w).sum().backward()
+    (lt * w.to(TPU)).sum().backward()
+    close(lt, lc)
+    close(t.grad, c.grad)

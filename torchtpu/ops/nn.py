@@ -1251,3 +1251,158 @@ def adaptive_max_pool2d_backward(g, x, indices):
 def adaptive_max_pool3d_backward(g, x, indices):
     """Gradient of ``adaptive_max_pool3d``: ``g`` added at the argmax ``indices``."""
     return _max_pool_backward(g, x, 3, indices)
+
+
+# ------------------------------------------------------------------ CTC loss (issue 8)
+
+
+def _ctc_padded_targets(targets, target_lengths):
+    """(N, Lmax) int targets of each batch element (from the padded 2-D or the
+    concatenated 1-D layout) and the static lengths; padding positions hold index 0."""
+    j = jnp()
+    lens = [int(v) for v in target_lengths]
+    lmax = max(lens) if lens else 0
+    if targets.ndim == 2:
+        idx = np.array([[min(k, max(targets.shape[1] - 1, 0)) for k in range(lmax)]
+                        for _ in lens], np.int64).reshape(len(lens), lmax)
+        rows = j.asarray(np.arange(len(lens))[:, None])
+        padded = targets[rows, j.asarray(idx)] if lmax and targets.shape[1] else \
+            j.zeros((len(lens), lmax), targets.dtype)
+    else:
+        offs = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        idx = np.array([[min(o + k, max(targets.shape[0] - 1, 0)) for k in range(lmax)]
+                        for o in offs], np.int64).reshape(len(lens), lmax)
+        padded = j.take(targets, j.asarray(idx)) if lmax and targets.shape[0] else \
+            j.zeros((len(lens), lmax), targets.dtype)
+    return padded.astype(npdt(torch.int64)), lens, lmax
+
+
+def _ctc_lse(*xs):
+    """log(sum(exp(xs))) as CPU's CTC kernel: max-shifted, -inf when all are -inf, with
+    zero (not NaN) gradients through the -inf case."""
+    j = jnp()
+    lax_ = lax()
+    m = xs[0]
+    for x in xs[1:]:
+        m = j.maximum(m, x)
+    m = lax_.stop_gradient(j.where(j.isneginf(m), 0, m))
+    s = sum(j.exp(x - m) for x in xs)
+    pos = s > 0
+    return j.where(pos, j.log(j.where(pos, s, 1)) + m, -j.inf)
+
+
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank):
+    """Negative log-likelihood (N,) and log_alpha (N, T, 2*Lmax+1) of CTC in log space
+    (a ``lax.scan`` of the alpha recursion over time; steps past an element's input
+    length keep its alpha)."""
+    j = jnp()
+    lax_ = lax()
+    lp = log_probs if log_probs.ndim == 3 else log_probs[:, None, :]
+    T, N, C = lp.shape
+    tg, lens, lmax = _ctc_padded_targets(targets, target_lengths)
+    S = 2 * lmax + 1
+    s_idx = np.arange(S)
+    # extended labels: blank at even positions, targets at odd ones
+    ext = j.where(j.asarray(s_idx % 2 == 0)[None, :], blank,
+                  j.take(tg, j.asarray(np.maximum(s_idx - 1, 0) // 2), axis=1)
+                  if lmax else blank)
+    ext = j.broadcast_to(ext, (N, S)).astype(npdt(torch.int64))
+    ext_m2 = j.concatenate([j.full((N, 2), -1, ext.dtype), ext[:, :-2]], axis=1) if S > 2 \
+        else j.full((N, S), -1, ext.dtype)
+    skip_ok = (ext != blank) & (ext != ext_m2) & j.asarray(s_idx >= 2)[None, :]
+    valid_s = j.asarray(s_idx[None, :] < 2 * np.asarray(lens)[:, None] + 1)
+    neg = j.asarray(-j.inf, lp.dtype)
+    emit = j.take_along_axis(lp, j.broadcast_to(ext[None], (T, N, S)), axis=2)  # (T, N, S)
+    a0 = j.where(j.asarray(s_idx < 2)[None, :] & valid_s, emit[0], neg)
+    tin = j.asarray(np.asarray([int(v) for v in input_lengths]))
+
+    def step(alpha, inp):
+        t, e = inp
+        a1 = j.concatenate([j.full((N, 1), neg), alpha[:, :-1]], axis=1)
+        a2 = j.concatenate([j.full((N, 2), neg), alpha[:, :-2]], axis=1)[:, :S]
+        a2 = j.where(skip_ok, a2, neg)
+        new = j.where(valid_s, _ctc_lse(alpha, a1, a2) + e, neg)
+        new = j.where((t < tin)[:, None], new, alpha)
+        return new, new
+
+    alpha_T, alphas = lax_.scan(step, a0, (j.arange(1, T), emit[1:]))
+    log_alpha = j.concatenate([a0[None], alphas], axis=0)  # (T, N, S)
+    last = j.asarray(2 * np.asarray(lens))
+    end1 = j.take_along_axis(alpha_T, last[:, None], axis=1)[:, 0]
+    end2 = j.take_along_axis(alpha_T, j.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
+    end2 = j.where(last > 0, end2, neg)
+    nll = -_ctc_lse(end1, end2)
+    nll = j.where(tin > 0, nll, j.where(last > 0, j.inf, 0.0))
+    return nll, j.transpose(log_alpha, (1, 0, 2))
+
+
+def _ctc_ct(log_probs):
+    dt = tdtype(log_probs)
+    if dt not in (torch.float32, torch.float64):
+        raise RuntimeError(f'"ctc_loss_cpu" not implemented for \'{dt}\''.replace(
+            "torch.float16", "Half").replace("torch.bfloat16", "BFloat16"))
+    return dt
+
+
+@lower(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """CTC loss per batch element: (neg_log_likelihood (N,), log_alpha (N, T, 2*Lmax+1)),
+    as CPU's ``_ctc_loss`` (targets padded (N, S) or concatenated (sum(target_lengths),);
+    the ``zero_infinity`` zeroing and the reductions happen in ``ctc_loss`` above)."""
+    _ctc_ct(log_probs)
+    return _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank)
+
+
+@lower(aten._ctc_loss_backward.default)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
+                       neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+    """Gradient of :func:`_ctc_loss` w.r.t. ``log_probs`` as CPU computes it:
+    ``(exp(lp) - exp(log(alpha*beta) + nll - lp)) * grad`` for ``t < input_length``
+    (the gradient through a ``log_softmax`` input, PyTorch's convention), 0 after; 0 for an
+    infinite loss under ``zero_infinity``, NaN for one without.  The alpha-beta term is
+    the derivative of the forward recursion (``jax.vjp``)."""
+    jax = _jax()
+    j = jnp()
+    _ctc_ct(log_probs)
+    T, N = log_probs.shape[0], (log_probs.shape[1] if log_probs.ndim == 3 else 1)
+    _, vjp = jax.vjp(lambda lp: _ctc_forward(lp, targets, input_lengths, target_lengths,
+                                             blank)[0], log_probs)
+    g = grad.reshape(N) if grad.ndim else j.broadcast_to(grad, (N,))
+    dnll = vjp(j.ones((N,), log_probs.dtype))[0]  # = -exp(lcab + nll - lp)
+    lp3 = log_probs if log_probs.ndim == 3 else log_probs[:, None, :]
+    d3 = dnll if dnll.ndim == 3 else dnll[:, None, :]
+    tin = j.asarray(np.asarray([int(v) for v in input_lengths]))
+    active = (j.arange(T)[:, None] < tin[None, :])[:, :, None]
+    res = j.where(active, (j.exp(lp3) + d3) * g[None, :, None], 0)
+    inf = j.isinf(neg_log_likelihood.reshape(N))[None, :, None]
+    res = j.where(inf & active, 0.0 if zero_infinity else j.nan, res)
+    return res.reshape(log_probs.shape)
+
+
+def _ctc_backward_meta(grad, log_probs, *args, **kwargs):
+    return torch.empty_like(log_probs)
+
+
+_ATEN_IMPL.impl("_ctc_loss_backward", _ctc_backward_meta, "Meta")
+
+
+def _lengths_list(v):
+    return [int(i) for i in v.tolist()] if isinstance(v, torch.Tensor) else list(v)
+
+
+@decomp(aten._ctc_loss.Tensor)
+def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
+                     zero_infinity=False):
+    """``_ctc_loss`` with length tensors: read them on the host (a sync point, as CPU's
+    kernel reads them) and run the int-list overload."""
+    return aten._ctc_loss.default(log_probs, targets, _lengths_list(input_lengths),
+                                  _lengths_list(target_lengths), blank, zero_infinity)
+
+
+@decomp(aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_lengths,
+                              neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+    """``_ctc_loss_backward`` with length tensors (read on the host, as CPU does)."""
+    return aten._ctc_loss_backward.default(
+        grad, log_probs, targets, _lengths_list(input_lengths), _lengths_list(target_lengths),
+        neg_log_likelihood, log_alpha, blank, zero_infinity)
