@@ -21,7 +21,7 @@ def _pair(t, rg=True):
 
 
 def close(got, exp, **kw):
-    torch.testing.assert_close(got.detach().cpu(), exp.detach(), equal_nan=True, **kw)
+    torch.testing.assert_close(got.detach().cpu(), exp.detach().cpu(), equal_nan=True, **kw)
 
 
 # ------------------------------------------------------------------ padding backward
@@ -287,3 +287,101 @@ def test_ctc_loss_log_probs_grad_and_length_tensors():
     (lt * w.to(TPU)).sum().backward()
     close(lt, lc)
     close(t.grad, c.grad)
+
+
+# ------------------------------------------------------------------ antialiased resize
+
+
+@pytest.mark.parametrize("shape,kw", [
+    ((2, 3, 16, 12), dict(size=(5, 7))),
+    ((1, 2, 8, 8), dict(size=(20, 3))),
+    ((1, 1, 9, 10), dict(scale_factor=0.37)),
+    ((1, 2, 7, 7), dict(size=(3, 3), align_corners=True)),
+    ((1, 1, 5, 5), dict(scale_factor=(2.5, 0.5), recompute_scale_factor=False)),
+])
+def test_interpolate_bilinear_antialias(shape, kw):
+    torch.manual_seed(0)
+    xc, xt = _pair(torch.randn(shape))
+    yc = F.interpolate(xc, mode="bilinear", antialias=True, **kw)
+    yt = F.interpolate(xt, mode="bilinear", antialias=True, **kw)
+    g = torch.randn_like(yc)
+    yc.backward(g)
+    yt.backward(g.to(TPU))
+    close(yt, yc)
+    close(xt.grad, xc.grad)
+
+
+# ------------------------------------------------------------------ linalg
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("shapes", [((5, 3), (5, 2)), ((3, 5), (3, 2)), ((2, 5, 3), (2, 5, 2)),
+                                    ((5, 3), (5,))])
+def test_linalg_lstsq(driver, shapes):
+    torch.manual_seed(0)
+    (sa, sb) = shapes
+    if driver == "gels" and sa[-2] < sa[-1]:
+        pytest.skip("gels needs a full-rank tall or square A")
+    A, B = torch.randn(sa), torch.randn(sb)
+    exp = torch.linalg.lstsq(A, B, driver=driver)
+    got = torch.linalg.lstsq(A.to(TPU), B.to(TPU), driver=driver)
+    for g, e in zip(got, exp):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        close(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("driver", [None, "gelsd", "gelss"])
+def test_linalg_lstsq_rank_deficient(driver):
+    torch.manual_seed(0)
+    A = torch.randn(5, 2) @ torch.randn(2, 3)
+    B = torch.randn(5, 2)
+    exp = torch.linalg.lstsq(A, B, driver=driver)
+    got = torch.linalg.lstsq(A.to(TPU), B.to(TPU), driver=driver)
+    assert exp.rank.item() == got.rank.item() == 2
+    assert got.residuals.shape == exp.residuals.shape == (0,)  # residuals need rank n
+    close(got.solution, exp.solution, rtol=1e-4, atol=1e-5)
+    if exp.singular_values.numel():
+        close(got.singular_values, exp.singular_values, rtol=1e-4, atol=1e-5)
+
+
+def test_linalg_lstsq_backward():
+    torch.manual_seed(0)
+    Ac, At = _pair(torch.randn(6, 4))
+    Bc, Bt = _pair(torch.randn(6, 2))
+    torch.linalg.lstsq(Ac, Bc).solution.sum().backward()
+    torch.linalg.lstsq(At, Bt).solution.sum().backward()
+    close(At.grad, Ac.grad, rtol=1e-4, atol=1e-5)
+    close(Bt.grad, Bc.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_linalg_eig(dtype):
+    # eigenvalues are unique only as a set and eigenvectors up to a phase: compare the
+    # sorted eigenvalues and the reconstruction A V = V diag(L)
+    torch.manual_seed(0)
+    A = torch.randn(3, 5, 5, dtype=dtype)
+    L, V = torch.linalg.eig(A)
+    Lt, Vt = torch.linalg.eig(A.to(TPU))
+    assert Lt.dtype == L.dtype and Vt.dtype == V.dtype and Vt.shape == V.shape
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype != torch.float64 else {}
+
+    def srt(x):
+        x = x.cpu()
+        key = x.real * 1000 + x.imag
+        return torch.gather(x, -1, key.argsort(-1))
+
+    close(srt(Lt), srt(L), **tol)
+    Ac = A.to(L.dtype)
+    close(Ac.to(TPU) @ Vt, (Vt * Lt.unsqueeze(-2)).cpu(), **tol)
+    close(torch.linalg.vector_norm(Vt, dim=-2), torch.ones(3, 5, dtype=L.real.dtype), **tol)
+
+
+def test_linalg_eig_backward():
+    torch.manual_seed(0)
+    Ac, At = _pair(torch.randn(4, 4, dtype=torch.float64))
+    # a phase-invariant function of the eigendecomposition
+    Lc, Vc = torch.linalg.eig(Ac)
+    Lt, Vt = torch.linalg.eig(At)
+    (Lc.abs().sum() + (Vc.abs() ** 2).sum()).backward()
+    (Lt.abs().sum() + (Vt.abs() ** 2).sum()).backward()
+    close(At.grad, Ac.grad)

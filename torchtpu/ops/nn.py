@@ -1406,3 +1406,69 @@ def _ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_le
     return aten._ctc_loss_backward.default(
         grad, log_probs, targets, _lengths_list(input_lengths), _lengths_list(target_lengths),
         neg_log_likelihood, log_alpha, blank, zero_infinity)
+
+
+# ------------------------------------------------- antialiased bilinear resize (issue 8)
+
+
+def _aa_scale(n_in, n_out, align_corners, scale):
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def _aa_weights(n_in, n_out, align_corners, scale, ft):
+    """(n_out, n_in) weights of PyTorch's antialiased linear resampling along one dim
+    (``_compute_indices_min_size_weights_aa``: a triangle filter widened by the
+    downscale factor, each row normalized to sum 1), computed in ``ft`` as CPU does."""
+    sc = ft(_aa_scale(n_in, n_out, align_corners, scale))
+    support = sc if sc >= 1.0 else ft(1.0)
+    invscale = ft(1.0) / sc if sc >= 1.0 else ft(1.0)
+    max_size = int(math.ceil(support)) * 2 + 1
+    W = np.zeros((n_out, n_in), ft)
+    for i in range(n_out):
+        center = ft(sc * ft(i + 0.5))
+        xmin = max(int(center - support + ft(0.5)), 0)
+        xsize = min(int(center + support + ft(0.5)), n_in) - xmin
+        xsize = min(max(xsize, 0), max_size)
+        w = np.array([max(ft(1.0) - abs(ft((ft(j + xmin) - center + ft(0.5)) * invscale)), ft(0))
+                      for j in range(xsize)], ft)
+        total = ft(w.sum(dtype=ft)) if xsize else ft(0)
+        if total != 0:
+            w = (w / total).astype(ft)
+        W[i, xmin:xmin + xsize] = w
+    return W
+
+
+def _upsample_aa(x, output_size, align_corners, scales):
+    """Separable antialiased bilinear resize of the last two dims (width first, then
+    height; a dim whose size does not change is left as is, as CPU's kernel)."""
+    j = jnp()
+    ft = _np_ct(x)
+    y = x
+    for i in reversed(range(2)):
+        ax = x.ndim - 2 + i
+        n_in, n_out = x.shape[ax], output_size[i]
+        if n_in == n_out and scales[i] in (None, 1.0) and not (align_corners and n_out == 1):
+            continue
+        W = j.asarray(_aa_weights(n_in, n_out, align_corners, scales[i], ft))
+        y = j.moveaxis(j.tensordot(y, W, axes=([ax], [1]), precision=highest()), -1, ax)
+    return y
+
+
+@lower(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    """``F.interpolate(x, mode="bilinear", antialias=True)`` on (N, C, H, W); half types
+    compute in float32."""
+    return _upsample_aa(_f(x), tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten._upsample_bilinear2d_aa_backward.default)
+def _upsample_bilinear2d_aa_backward(g, output_size, input_size, align_corners, scales_h=None,
+                                     scales_w=None):
+    """Gradient of :func:`_upsample_bilinear2d_aa` (the transposed resampling)."""
+    ct = _ct(g)
+    x0 = jnp().zeros(tuple(input_size), npdt(ct))
+    _, vjp = _jax().vjp(
+        lambda a: _upsample_aa(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
+    return vjp(cast(g, ct))[0]
