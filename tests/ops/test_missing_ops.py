@@ -385,3 +385,17 @@ def test_linalg_eig_backward():
     (Lc.abs().sum() + (Vc.abs() ** 2).sum()).backward()
     (Lt.abs().sum() + (Vt.abs() ** 2).sum()).backward()
     close(At.grad, Ac.grad)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("shape,pad", [((2, 5), (3, 2)), ((1, 2, 5, 5), (3, 3, 2, 4)),
+                                       ((1, 1, 4, 4, 4), (2, 1, 1, 2, 3, 1))])
+def test_pad_backward_bfloat16_exact(mode, shape, pad):
+    # CPU adds each gradient in bfloat16, in row-major output order: bit-exact here
+    torch.manual_seed(0)
+    xc, xt = _pair(torch.randn(shape, dtype=torch.bfloat16))
+    yc = F.pad(xc, pad, mode=mode)
+    g = torch.randn_like(yc) * 3
+    yc.backward(g)
+    F.pad(xt, pad, mode=mode).backward(g.to(TPU))
+    close(xt.grad, xc.grad, rtol=0, atol=0)

@@ -1219,26 +1219,63 @@ def renorm(x, p, dim, maxnorm):
 # ------------------------------------------------ padding / pooling backward (issue 8)
 
 
+def _pad_source(n, left, right, mode):
+    """Input index each output position of a reflect/replicate pad copies (one dim)."""
+    i = np.arange(-left, n + right)
+    if mode == "replicate":
+        return np.clip(i, 0, n - 1)
+    i = np.abs(i)
+    return np.where(i > n - 1, 2 * (n - 1) - i, i)
+
+
+def _pad_backward(g, x, padding, mode):
+    """Gradient of a reflect/replicate pad: each input element sums the gradients of the
+    output positions that copy it, in row-major output order with a rounding after each
+    add in the tensor's dtype — CPU's ``cpu_padding_backward`` loop, so half types match
+    it bit for bit."""
+    j = jnp()
+    nd = len(padding) // 2
+    lead = x.shape[:x.ndim - nd]
+    sp = x.shape[x.ndim - nd:]
+    src = None
+    for d in range(nd):
+        left, right = padding[2 * (nd - 1 - d)], padding[2 * (nd - 1 - d) + 1]
+        s_d = _pad_source(sp[d], left, right, mode)
+        stride = int(np.prod(sp[d + 1:], dtype=np.int64))
+        src = s_d * stride if src is None else np.add.outer(src, s_d * stride)
+    src = np.asarray(src).reshape(-1)          # input flat index of each output position
+    n_in = int(np.prod(sp, dtype=np.int64))
+    order = np.argsort(src, kind="stable")     # outputs grouped by input, ascending
+    counts = np.bincount(src, minlength=n_in)
+    K = int(counts.max()) if counts.size else 0
+    n_out = src.size
+    table = np.full((n_in, max(K, 1)), n_out, np.int64)   # n_out: a zero gradient
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    for k in range(K):
+        has = counts > k
+        table[has, k] = order[starts[has] + k]
+    gg = g.reshape(lead + (n_out,))
+    gg = j.concatenate([gg, j.zeros(lead + (1,), g.dtype)], axis=-1)
+    ct = npdt(_ct(x))
+    acc = j.zeros(lead + (n_in,), g.dtype)
+    for k in range(K):
+        acc = (acc.astype(ct) + j.take(gg, j.asarray(table[:, k]), axis=-1).astype(ct)
+               ).astype(g.dtype)
+    return acc.reshape(x.shape)
+
+
 @lower(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
        aten.replication_pad3d_backward.default)
 def replication_pad_backward(g, x, padding):
-    """Gradient of ``F.pad(x, padding, mode="replicate")``: each output position adds its
-    gradient to the input position it copied (``clamp(i - left, 0, n - 1)`` per padded
-    dim; negative padding crops).  float32 accumulation for half types, one rounding."""
-    jax = _jax()
-    j = jnp()
-    nd = len(padding) // 2
-    ct = _ct(x)
-    gi = cast(g, ct)
-    for d in range(nd):
-        ax = x.ndim - nd + d
-        left, right = padding[2 * (nd - 1 - d)], padding[2 * (nd - 1 - d) + 1]
-        n = x.shape[ax]
-        idx = np.clip(np.arange(-left, n + right), 0, n - 1)
-        moved = j.moveaxis(gi, ax, 0)
-        summed = jax.ops.segment_sum(moved, j.asarray(idx), num_segments=n)
-        gi = j.moveaxis(summed, 0, ax)
-    return gi
+    """Gradient of ``F.pad(x, padding, mode="replicate")`` (negative padding crops)."""
+    return _pad_backward(g, x, padding, "replicate")
+
+
+@lower(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default,
+       aten.reflection_pad3d_backward.default)
+def reflection_pad_backward(g, x, padding):
+    """Gradient of ``F.pad(x, padding, mode="reflect")``."""
+    return _pad_backward(g, x, padding, "reflect")
 
 
 @lower(aten.adaptive_max_pool2d_backward.default)
