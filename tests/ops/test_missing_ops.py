@@ -399,3 +399,34 @@ def test_pad_backward_bfloat16_exact(mode, shape, pad):
     yc.backward(g)
     F.pad(xt, pad, mode=mode).backward(g.to(TPU))
     close(xt.grad, xc.grad, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ resize backward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,kw", [
+    ((2, 3, 7), dict(mode="nearest", size=11)),
+    ((2, 3, 7), dict(mode="nearest", scale_factor=0.6)),
+    ((1, 2, 4, 5, 3), dict(mode="nearest", size=(6, 3, 7))),
+    ((2, 3, 7), dict(mode="nearest-exact", size=11)),
+    ((1, 2, 5, 6), dict(mode="nearest-exact", size=(7, 4))),
+    ((1, 2, 4, 5, 3), dict(mode="nearest-exact", size=(6, 3, 7))),
+    ((2, 3, 7), dict(mode="linear", size=11)),
+    ((2, 3, 7), dict(mode="linear", size=4, align_corners=True)),
+    ((1, 2, 4, 5, 3), dict(mode="trilinear", size=(6, 3, 7))),
+    ((1, 2, 5, 6), dict(mode="bicubic", size=(9, 4))),
+    ((1, 2, 5, 6), dict(mode="bicubic", size=(3, 11), align_corners=True)),
+    ((1, 2, 5, 6), dict(mode="bicubic", scale_factor=1.7)),
+])
+def test_interpolate_backward(shape, kw, dtype):
+    torch.manual_seed(0)
+    xc, xt = _pair(torch.randn(shape, dtype=dtype))
+    yc = F.interpolate(xc, **kw)
+    yt = F.interpolate(xt, **kw)
+    g = torch.randn_like(yc)
+    yc.backward(g)
+    yt.backward(g.to(TPU))
+    tol = {} if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    close(yt, yc, **tol)
+    close(xt.grad, xc.grad, **tol)

@@ -1509,3 +1509,132 @@ def _upsample_bilinear2d_aa_backward(g, output_size, input_size, align_corners, 
     _, vjp = _jax().vjp(
         lambda a: _upsample_aa(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
     return vjp(cast(g, ct))[0]
+
+
+# ------------------------------------------------ upsampling backward, 1-D/3-D (issue 8)
+
+
+def _nearest_exact_index(n_in, n_out, scale, ft):
+    """Source index of ``nearest-exact``: ``min(floor((o + 0.5) * scale), n_in - 1)``."""
+    o = np.arange(n_out)
+    sc = ft(1.0 / scale) if scale is not None and scale > 0 else ft(n_in) / ft(n_out)
+    src = np.floor(((o.astype(ft) + ft(0.5)) * sc).astype(ft)).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def _upsample_nearest_exact(x, output_size, scales):
+    y = x
+    for i in range(len(output_size)):
+        ax = x.ndim - len(output_size) + i
+        idx = _nearest_exact_index(x.shape[ax], output_size[i], scales[i], np.float32)
+        y = jnp().take(y, jnp().asarray(idx), axis=ax)
+    return y
+
+
+def _cubic_weights(t, A=-0.75):
+    """PyTorch's cubic convolution coefficients of the 4 taps around a source point."""
+    def c1(x):
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def c2(x):
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+
+    return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+
+
+def _upsample_bicubic(x, output_size, align_corners, scales):
+    """Bicubic resize of the last two dims as PyTorch's kernel (A = -0.75, taps clamped
+    to the border); width then height."""
+    j = jnp()
+    ft = _np_ct(x)
+    y = x
+    for i in reversed(range(2)):
+        ax = x.ndim - 2 + i
+        n_in, n_out = x.shape[ax], output_size[i]
+        o = np.arange(n_out).astype(ft)
+        if align_corners:
+            sc = ft((n_in - 1) / (n_out - 1)) if n_out > 1 else ft(0)
+            src = (sc * o).astype(ft)
+        else:
+            sc = ft(1.0 / scales[i]) if scales[i] is not None and scales[i] > 0 else \
+                ft(ft(n_in) / ft(n_out))
+            src = (sc * (o + ft(0.5)) - ft(0.5)).astype(ft)
+        i0 = np.floor(src).astype(np.int64)
+        t = (src - i0.astype(ft)).astype(ft)
+        ws = _cubic_weights(t)
+        shape = [1] * x.ndim
+        shape[ax] = -1
+        acc = None
+        for k in range(4):
+            idx = np.clip(i0 - 1 + k, 0, n_in - 1)
+            term = j.asarray(ws[k].astype(ft)).reshape(shape) * j.take(y, j.asarray(idx), axis=ax)
+            acc = term if acc is None else acc + term
+        y = acc
+    return y
+
+
+def _resize_vjp(f, g, input_size):
+    ct = _ct(g)
+    x0 = jnp().zeros(tuple(input_size), npdt(ct))
+    _, vjp = _jax().vjp(f, x0)
+    return vjp(cast(g, ct))[0]
+
+
+@lower(aten.upsample_nearest1d_backward.default)
+def upsample_nearest1d_backward(g, output_size, input_size, scales=None):
+    """Gradient of ``upsample_nearest1d``: sums over the outputs copying each input."""
+    return _resize_vjp(lambda a: _upsample_nearest(a, tuple(output_size), (scales,)), g,
+                       input_size)
+
+
+@lower(aten.upsample_nearest3d_backward.default)
+def upsample_nearest3d_backward(g, output_size, input_size, scales_d=None, scales_h=None,
+                                scales_w=None):
+    """Gradient of ``upsample_nearest3d``."""
+    return _resize_vjp(lambda a: _upsample_nearest(a, tuple(output_size),
+                                                   (scales_d, scales_h, scales_w)), g, input_size)
+
+
+@lower(aten._upsample_nearest_exact1d_backward.default)
+def _upsample_nearest_exact1d_backward(g, output_size, input_size, scales=None):
+    """Gradient of ``nearest-exact`` 1-D resizing."""
+    return _resize_vjp(lambda a: _upsample_nearest_exact(a, tuple(output_size), (scales,)), g,
+                       input_size)
+
+
+@lower(aten._upsample_nearest_exact2d_backward.default)
+def _upsample_nearest_exact2d_backward(g, output_size, input_size, scales_h=None, scales_w=None):
+    """Gradient of ``nearest-exact`` 2-D resizing."""
+    return _resize_vjp(lambda a: _upsample_nearest_exact(a, tuple(output_size),
+                                                         (scales_h, scales_w)), g, input_size)
+
+
+@lower(aten._upsample_nearest_exact3d_backward.default)
+def _upsample_nearest_exact3d_backward(g, output_size, input_size, scales_d=None, scales_h=None,
+                                       scales_w=None):
+    """Gradient of ``nearest-exact`` 3-D resizing."""
+    return _resize_vjp(lambda a: _upsample_nearest_exact(
+        a, tuple(output_size), (scales_d, scales_h, scales_w)), g, input_size)
+
+
+@lower(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(g, output_size, input_size, align_corners, scales=None):
+    """Gradient of ``upsample_linear1d``."""
+    return _resize_vjp(lambda a: _upsample_linear(a, tuple(output_size), align_corners,
+                                                  (scales,)), g, input_size)
+
+
+@lower(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(g, output_size, input_size, align_corners, scales_d=None,
+                                  scales_h=None, scales_w=None):
+    """Gradient of ``upsample_trilinear3d``."""
+    return _resize_vjp(lambda a: _upsample_linear(a, tuple(output_size), align_corners,
+                                                  (scales_d, scales_h, scales_w)), g, input_size)
+
+
+@lower(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(g, output_size, input_size, align_corners, scales_h=None,
+                                scales_w=None):
+    """Gradient of ``upsample_bicubic2d``."""
+    return _resize_vjp(lambda a: _upsample_bicubic(a, tuple(output_size), align_corners,
+                                                   (scales_h, scales_w)), g, input_size)
