@@ -430,3 +430,37 @@ def test_interpolate_backward(shape, kw, dtype):
     tol = {} if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     close(yt, yc, **tol)
     close(xt.grad, xc.grad, **tol)
+
+
+# ------------------------------------------------------------------ grid sampling
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_backward(nd, mode, padding_mode, align_corners):
+    if nd == 3 and mode == "bicubic":
+        pytest.skip("bicubic is 2-D only")
+    torch.manual_seed(0)
+    x = torch.randn((2, 3) + (5, 6, 4)[:nd])
+    grid = torch.rand((2,) + (4, 3, 2)[:nd] + (nd,)) * 2.6 - 1.3  # some points outside
+    xc, xt = _pair(x)
+    gc, gt = _pair(grid)
+    kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    yc = F.grid_sample(xc, gc, **kw)
+    yt = F.grid_sample(xt, gt, **kw)
+    w = torch.randn_like(yc)
+    yc.backward(w)
+    yt.backward(w.to(TPU))
+    close(yt, yc, rtol=1e-5, atol=1e-5)
+    close(xt.grad, xc.grad, rtol=1e-5, atol=1e-5)
+    close(gt.grad, gc.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_grid_sample_backward_bfloat16_unsupported():
+    x = torch.randn(1, 2, 4, 4, dtype=torch.bfloat16, device=TPU, requires_grad=True)
+    grid = torch.rand(1, 3, 3, 2, dtype=torch.bfloat16, device=TPU)
+    y = F.grid_sample(x, grid, align_corners=False)
+    with pytest.raises(NotImplementedError, match="grid_sampler_2d_backward"):
+        y.sum().backward()

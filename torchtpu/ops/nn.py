@@ -1638,3 +1638,155 @@ def upsample_bicubic2d_backward(g, output_size, input_size, align_corners, scale
     """Gradient of ``upsample_bicubic2d``."""
     return _resize_vjp(lambda a: _upsample_bicubic(a, tuple(output_size), align_corners,
                                                    (scales_h, scales_w)), g, input_size)
+
+
+# ------------------------------------------------------------ grid sampling (issue 8)
+
+
+def _gs_unnormalize(c, size, align_corners):
+    return (c + 1) / 2 * (size - 1) if align_corners else ((c + 1) * size - 1) / 2
+
+
+def _gs_clip(c, size):
+    """clip to [0, size-1] with CPU's gradient (0 at and beyond the limits)."""
+    j = jnp()
+    lim = size - 1
+    return j.where(c <= 0, j.zeros_like(c), j.where(c >= lim, j.full_like(c, lim), c))
+
+
+def _gs_reflect(c, twice_low, twice_high):
+    j = jnp()
+    if twice_low == twice_high:
+        return j.zeros_like(c)
+    mn = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    c = c - mn
+    c = j.where(c < 0, -c, c)
+    extra = j.fmod(c, span)
+    flips = j.floor(c / span)
+    even = j.fmod(flips, 2) == 0
+    return j.where(even, extra + mn, span - extra + mn)
+
+
+def _gs_coords(c, size, padding_mode, align_corners):
+    """PyTorch's ``compute_coordinates``: padding 0 zeros, 1 border, 2 reflection."""
+    if padding_mode == 1:
+        return _gs_clip(c, size)
+    if padding_mode == 2:
+        if align_corners:
+            c = _gs_reflect(c, 0, 2 * (size - 1))
+        else:
+            c = _gs_reflect(c, -1, 2 * size - 1)
+        return _gs_clip(c, size)
+    return c
+
+
+def _gs_gather(inp, idx, nd):
+    """Values of ``inp`` (N, C, *S) at integer coords ``idx`` (list of nd arrays (N, *O)),
+    zero outside: (N, C, *O)."""
+    j = jnp()
+    N, C = inp.shape[:2]
+    sp = inp.shape[2:]
+    ok = None
+    flat = None
+    for d in range(nd):
+        i = idx[d]
+        good = (i >= 0) & (i < sp[d])
+        ok = good if ok is None else ok & good
+        ic = j.clip(i, 0, sp[d] - 1).astype(npdt(torch.int64))
+        flat = ic if flat is None else flat * sp[d] + ic
+    osh = flat.shape[1:]
+    vals = j.take_along_axis(inp.reshape(N, C, -1), flat.reshape(N, 1, -1), axis=2)
+    vals = vals.reshape((N, C) + osh)
+    return j.where(ok[:, None], vals, 0)
+
+
+def _grid_sample(inp, grid, mode, padding_mode, align_corners):
+    """``grid_sampler_2d/3d`` forward in JAX (bilinear 0, nearest 1, bicubic 2), computed
+    as PyTorch's CPU kernels; differentiable w.r.t. input and grid with their gradients."""
+    j = jnp()
+    nd = inp.ndim - 2
+    sp = inp.shape[2:]
+    # grid's last dim is (x, y[, z]) for dims (W, H[, D])
+    raw = [grid[..., nd - 1 - d] for d in range(nd)]
+    if mode == 2:
+        c = [_gs_unnormalize(raw[d], sp[d], align_corners) for d in range(nd)]
+        f = [j.floor(v) for v in c]
+        t = [v - fl for v, fl in zip(c, f)]
+        wy, wx = _cubic_weights(t[0]), _cubic_weights(t[1])
+        out = 0
+        for a in range(4):
+            for b in range(4):
+                ty = _gs_coords(f[0] - 1 + a, sp[0], padding_mode, align_corners)
+                tx = _gs_coords(f[1] - 1 + b, sp[1], padding_mode, align_corners)
+                v = _gs_gather(inp, [ty.astype(npdt(torch.int64)), tx.astype(npdt(torch.int64))], 2)
+                out = out + v * (wy[a] * wx[b])[:, None]
+        return out
+    c = [_gs_coords(_gs_unnormalize(raw[d], sp[d], align_corners), sp[d], padding_mode,
+                    align_corners) for d in range(nd)]
+    if mode == 1:
+        return _gs_gather(inp, [j.round(v).astype(npdt(torch.int64)) for v in c], nd)
+    lo = [j.floor(v) for v in c]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=nd):
+        w = 1
+        idx = []
+        for d in range(nd):
+            hi = lo[d] + 1
+            w = w * ((c[d] - lo[d]) if corner[d] else (hi - c[d]))
+            idx.append((lo[d] + corner[d]).astype(npdt(torch.int64)))
+        out = out + _gs_gather(inp, idx, nd) * w[:, None]
+    return out
+
+
+def _gs_float_only(op, inp):
+    """CPU runs half-type grid sampling in the half type, one rounding per operation (and
+    accumulates gradients in it); computing in float32 differs by more than bfloat16's
+    tolerance (coordinates round to other pixels), so those cases are not supported."""
+    dt = tdtype(inp)
+    if dt in (torch.float16, torch.bfloat16):
+        raise NotImplementedError(
+            f"torchtpu: aten.{op} of a {dt} tensor is not supported on tpu (CPU computes it "
+            f"with {dt} rounding at every step; float32/float64 are supported, or set "
+            f"torch.tpu.enable_cpu_fallback = True)")
+
+
+@lower(aten.grid_sampler_3d.default)
+def grid_sampler_3d(inp, grid, interpolation_mode, padding_mode, align_corners):
+    """``F.grid_sample`` on (N, C, D, H, W) with a (N, Do, Ho, Wo, 3) grid (bilinear or
+    nearest), float32/float64."""
+    if interpolation_mode == 2:
+        raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
+    _gs_float_only("grid_sampler_3d", inp)
+    ct = _ct(inp)
+    return _grid_sample(cast(inp, ct), cast(grid, ct), interpolation_mode, padding_mode,
+                        align_corners)
+
+
+def _grid_sampler_backward(g, inp, grid, interpolation_mode, padding_mode, align_corners,
+                           output_mask):
+    _gs_float_only(f"grid_sampler_{inp.ndim - 2}d_backward", inp)
+    ct = _ct(inp)
+    _, vjp = _jax().vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode,
+                                                  align_corners), cast(inp, ct), cast(grid, ct))
+    gi, gg = vjp(cast(g, ct))
+    return tuple(o if m else _empty() for o, m in zip((gi, gg), output_mask))
+
+
+def grid_sampler_2d_backward(g, inp, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    """Gradients of ``grid_sampler_2d`` w.r.t. input and grid (``jax.vjp`` of the JAX
+    forward; nearest gives a zero grid gradient, clipped coordinates a zero one, as CPU)."""
+    return _grid_sampler_backward(g, inp, grid, interpolation_mode, padding_mode,
+                                  align_corners, output_mask)
+
+
+def grid_sampler_3d_backward(g, inp, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    """Gradients of ``grid_sampler_3d`` w.r.t. input and grid."""
+    return _grid_sampler_backward(g, inp, grid, interpolation_mode, padding_mode,
+                                  align_corners, output_mask)
+
+
+_masked_op(aten.grid_sampler_2d_backward.default, grid_sampler_2d_backward)
+_masked_op(aten.grid_sampler_3d_backward.default, grid_sampler_3d_backward)
