@@ -1080,7 +1080,7 @@ def _make_plan(op):
             return LoweredPlan(op, sig, table[f], Signature(f))
     d = _decomposition(op)
     if d is not None:
-        return DecompPlan(op, d)
+        return DecompPlan(op, _out_names_adapted(op, sig, d))
     if sig.mutated:
         f = functional_variant(op)
         if f is not None and (f in table or _decomposition(f) is not None):
@@ -1118,6 +1118,54 @@ class _MutableViaFunctional:
         if len(ret) == 1:
             return vals[ret[0]]
         return tuple(vals[i] for i in ret) if ret else None
+
+
+def _out_names_adapted(op, sig, fn):
+    """``fn`` (a decomposition of ``op``) called with ``op``'s out argument names.
+
+    ``torch._decomp``'s ``out_wrapper("grad_input")`` functions take ``out=``; PyTorch
+    renames it to the schema's name only for the first of several overloads registered
+    with one function (``reflection_pad1d_backward.grad_input`` then gets an unexpected
+    ``grad_input`` keyword).  Some decompositions of ``.out``/``.grad_input`` overloads
+    take no out argument at all: their result is copied into the given outputs.
+    """
+    import inspect
+
+    outs = [sig.names[i] for i in sig.out_args]
+    if not outs:
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    if all(o in params for o in outs) or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn
+    if len(outs) == 1 and "out" in params:
+        name = outs[0]
+
+        def renamed(*args, **kwargs):
+            if name in kwargs:
+                kwargs["out"] = kwargs.pop(name)
+            return fn(*args, **kwargs)
+
+        return renamed
+    if "out" in params:
+        return fn
+
+    def copied(*args, **kwargs):
+        targets = [kwargs.pop(o, None) for o in outs]
+        res = fn(*args, **kwargs)
+        if res is NotImplemented or any(t is None for t in targets):
+            return res
+        single = isinstance(res, torch.Tensor)
+        for t, r in zip(targets, (res,) if single else res):
+            if tuple(t.shape) != tuple(r.shape):
+                t.resize_(r.shape)
+            t.copy_(r)
+        return targets[0] if single else tuple(targets)
+
+    return copied
 
 
 _DECOMPS = None

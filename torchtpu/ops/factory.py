@@ -309,3 +309,11 @@ _out_factory(aten.linspace.out, aten.linspace.default)
 _out_factory(aten.logspace.out, aten.logspace.default)
 _out_factory(aten.randperm.generator_out, aten.randperm.generator)
 _out_factory(aten.randperm.out, aten.randperm.default)
+
+
+@lower(aten._efficientzerotensor.default)
+def _efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """The zero tensor autograd and ``torch.func`` use for gradients known to be zero
+    (``torch.func.hessian``...): a plain zero-filled tensor of ``size``/``dtype`` (CPU's
+    is a ZeroTensor that shares no storage; as values they are the same)."""
+    return jnp().zeros(tuple(size), npdt(_dt(dtype)))

@@ -551,3 +551,87 @@ def trace(x):
     if not (dt.is_floating_point or dt.is_complex):
         x = x.astype(j.int64)
     return j.trace(x)
+
+
+# ------------------------------------------------------------ lstsq / eig (issue 8)
+
+from torchtpu.ops.decomp_overrides import decomp  # noqa: E402
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+@decomp(aten.linalg_lstsq.default, aten.linalg_lstsq.out)
+def linalg_lstsq(A, B, rcond=None, *, driver=None):
+    """``torch.linalg.lstsq`` with CPU's outputs for each LAPACK driver (default
+    ``gelsy``), computed from an SVD of ``A`` (batch dims broadcast):
+
+    * solution (..., n, k): the minimum-norm least-squares solution, singular values at
+      most ``rcond * max(s)`` dropped (``rcond`` default: eps(dtype) * max(m, n));
+    * residuals (..., k): squared residual norms when m > n and the driver is not
+      ``gelsy`` (``gelsd``/``gelss``: only if every matrix has rank n — read on the host,
+      a sync point as on CPU); else empty;
+    * rank: (...) int64, empty for ``gels``;
+    * singular_values (..., min(m, n)) for ``gelsd``/``gelss``, else empty.
+
+    ``gels`` assumes full rank as LAPACK does; ``gelsy``'s pivoted-QR rank estimate is
+    the SVD count here (they agree unless a singular value sits at the cutoff).
+    """
+    drv = driver or "gelsy"
+    if drv not in _LSTSQ_DRIVERS:
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of "
+                           "(gels, gelsy, gelsd, gelss)")
+    if A.dim() < 2:
+        raise RuntimeError(f"torch.linalg.lstsq: input must have at least 2 dimensions.")
+    vector = B.dim() == A.dim() - 1
+    Bm = B.unsqueeze(-1) if vector else B
+    m, n = A.shape[-2:]
+    batch = torch.broadcast_shapes(A.shape[:-2], Bm.shape[:-2])
+    A_ = A.expand(batch + A.shape[-2:])
+    B_ = Bm.expand(batch + Bm.shape[-2:])
+    real = A.real.dtype if A.is_complex() else A.dtype
+    if rcond is None:
+        rcond = torch.finfo(real).eps * max(m, n)
+    U, S, Vh = torch.linalg.svd(A_, full_matrices=False)
+    smax = S.amax(-1, keepdim=True) if S.shape[-1] else S
+    keep = S > rcond * smax
+    inv = torch.where(keep, 1 / torch.where(keep, S, torch.ones_like(S)), torch.zeros_like(S))
+    X = Vh.mH @ (inv.to(A.dtype).unsqueeze(-1) * (U.mH @ B_))
+    rank = keep.sum(-1)
+    empty = A.new_empty(0, dtype=real)
+    residuals = empty
+    if m > n and drv != "gelsy":
+        full = True
+        if drv in ("gelsd", "gelss"):
+            full = bool((rank == n).all().item())
+        if full:
+            r = A_ @ X - B_
+            residuals = (r * r.conj()).real.sum(-2) if r.is_complex() else (r * r).sum(-2)
+    if vector:
+        X = X.squeeze(-1)
+    rank_out = rank if drv != "gels" else A.new_empty(0, dtype=torch.int64)
+    sv = S if drv in ("gelsd", "gelss") else empty
+    return X, residuals, rank_out, sv
+
+
+@lower(aten.linalg_eig.default)
+def linalg_eig(A):
+    """Eigenvalues and right eigenvectors of a square (batched) matrix, complex
+    (``complex64`` for float32/complex64 input, ``complex128`` for float64/complex128),
+    eigenvectors of unit norm, as LAPACK ``geev`` (CPU's kernel) returns them.
+
+    XLA implements the general eigendecomposition only on its CPU platform: on GPU/TPU
+    this raises NotImplementedError (enable the CPU fallback to run it on the host).
+    """
+    from torchtpu._device import runtime
+
+    if runtime.platform() != "cpu":
+        raise NotImplementedError(
+            f"torchtpu: aten.linalg_eig (torch.linalg.eig) has no XLA implementation on the "
+            f"{runtime.platform()} platform (XLA's general eigensolver is CPU-only); set "
+            f"torch.tpu.enable_cpu_fallback = True to run it on the host CPU")
+    j = jnp()
+    if A.size == 0:
+        cdt = j.result_type(A.dtype, j.complex64)
+        return j.zeros(A.shape[:-1], cdt), j.zeros(A.shape, cdt)
+    w, v = runtime.jax().numpy.linalg.eig(A)
+    return w, v

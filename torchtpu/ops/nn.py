@@ -1236,3 +1236,579 @@ def renorm(x, p, dim, maxnorm):
     mx = j.asarray(maxnorm, npdt(ct))
     factor = j.where(nrm > mx, mx / (nrm + 1e-7), j.ones_like(nrm))
     return cast(x, ct) * factor
+
+
+# ------------------------------------------------ padding / pooling backward (issue 8)
+
+
+def _pad_source(n, left, right, mode):
+    """Input index each output position of a reflect/replicate pad copies (one dim)."""
+    i = np.arange(-left, n + right)
+    if mode == "replicate":
+        return np.clip(i, 0, n - 1)
+    i = np.abs(i)
+    return np.where(i > n - 1, 2 * (n - 1) - i, i)
+
+
+def _pad_backward(g, x, padding, mode):
+    """Gradient of a reflect/replicate pad: each input element sums the gradients of the
+    output positions that copy it, in row-major output order with a rounding after each
+    add in the tensor's dtype — CPU's ``cpu_padding_backward`` loop, so half types match
+    it bit for bit."""
+    j = jnp()
+    nd = len(padding) // 2
+    lead = x.shape[:x.ndim - nd]
+    sp = x.shape[x.ndim - nd:]
+    src = None
+    for d in range(nd):
+        left, right = padding[2 * (nd - 1 - d)], padding[2 * (nd - 1 - d) + 1]
+        s_d = _pad_source(sp[d], left, right, mode)
+        stride = int(np.prod(sp[d + 1:], dtype=np.int64))
+        src = s_d * stride if src is None else np.add.outer(src, s_d * stride)
+    src = np.asarray(src).reshape(-1)          # input flat index of each output position
+    n_in = int(np.prod(sp, dtype=np.int64))
+    order = np.argsort(src, kind="stable")     # outputs grouped by input, ascending
+    counts = np.bincount(src, minlength=n_in)
+    K = int(counts.max()) if counts.size else 0
+    n_out = src.size
+    table = np.full((n_in, max(K, 1)), n_out, np.int64)   # n_out: a zero gradient
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    for k in range(K):
+        has = counts > k
+        table[has, k] = order[starts[has] + k]
+    gg = g.reshape(lead + (n_out,))
+    gg = j.concatenate([gg, j.zeros(lead + (1,), g.dtype)], axis=-1)
+    ct = npdt(_ct(x))
+    acc = j.zeros(lead + (n_in,), g.dtype)
+    for k in range(K):
+        acc = (acc.astype(ct) + j.take(gg, j.asarray(table[:, k]), axis=-1).astype(ct)
+               ).astype(g.dtype)
+    return acc.reshape(x.shape)
+
+
+@lower(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+       aten.replication_pad3d_backward.default)
+def replication_pad_backward(g, x, padding):
+    """Gradient of ``F.pad(x, padding, mode="replicate")`` (negative padding crops)."""
+    return _pad_backward(g, x, padding, "replicate")
+
+
+@lower(aten.reflection_pad1d_backward.default, aten.reflection_pad2d_backward.default,
+       aten.reflection_pad3d_backward.default)
+def reflection_pad_backward(g, x, padding):
+    """Gradient of ``F.pad(x, padding, mode="reflect")``."""
+    return _pad_backward(g, x, padding, "reflect")
+
+
+@lower(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(g, x, indices):
+    """Gradient of ``adaptive_max_pool2d``: ``g`` added at the argmax ``indices``."""
+    return _max_pool_backward(g, x, 2, indices)
+
+
+@lower(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(g, x, indices):
+    """Gradient of ``adaptive_max_pool3d``: ``g`` added at the argmax ``indices``."""
+    return _max_pool_backward(g, x, 3, indices)
+
+
+# ------------------------------------------------------------------ CTC loss (issue 8)
+
+
+def _ctc_padded_targets(targets, target_lengths):
+    """(N, Lmax) int targets of each batch element (from the padded 2-D or the
+    concatenated 1-D layout) and the static lengths; padding positions hold index 0."""
+    j = jnp()
+    lens = [int(v) for v in target_lengths]
+    lmax = max(lens) if lens else 0
+    if targets.ndim == 2:
+        idx = np.array([[min(k, max(targets.shape[1] - 1, 0)) for k in range(lmax)]
+                        for _ in lens], np.int64).reshape(len(lens), lmax)
+        rows = j.asarray(np.arange(len(lens))[:, None])
+        padded = targets[rows, j.asarray(idx)] if lmax and targets.shape[1] else \
+            j.zeros((len(lens), lmax), targets.dtype)
+    else:
+        offs = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        idx = np.array([[min(o + k, max(targets.shape[0] - 1, 0)) for k in range(lmax)]
+                        for o in offs], np.int64).reshape(len(lens), lmax)
+        padded = j.take(targets, j.asarray(idx)) if lmax and targets.shape[0] else \
+            j.zeros((len(lens), lmax), targets.dtype)
+    return padded.astype(npdt(torch.int64)), lens, lmax
+
+
+def _ctc_lse(*xs):
+    """log(sum(exp(xs))) as CPU's CTC kernel: max-shifted, -inf when all are -inf, with
+    zero (not NaN) gradients through the -inf case."""
+    j = jnp()
+    lax_ = lax()
+    m = xs[0]
+    for x in xs[1:]:
+        m = j.maximum(m, x)
+    m = lax_.stop_gradient(j.where(j.isneginf(m), 0, m))
+    s = sum(j.exp(x - m) for x in xs)
+    pos = s > 0
+    return j.where(pos, j.log(j.where(pos, s, 1)) + m, -j.inf)
+
+
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank):
+    """Negative log-likelihood (N,) and log_alpha (N, T, 2*Lmax+1) of CTC in log space
+    (a ``lax.scan`` of the alpha recursion over time; steps past an element's input
+    length keep its alpha)."""
+    j = jnp()
+    lax_ = lax()
+    lp = log_probs if log_probs.ndim == 3 else log_probs[:, None, :]
+    T, N, C = lp.shape
+    tg, lens, lmax = _ctc_padded_targets(targets, target_lengths)
+    S = 2 * lmax + 1
+    s_idx = np.arange(S)
+    # extended labels: blank at even positions, targets at odd ones
+    ext = j.where(j.asarray(s_idx % 2 == 0)[None, :], blank,
+                  j.take(tg, j.asarray(np.maximum(s_idx - 1, 0) // 2), axis=1)
+                  if lmax else blank)
+    ext = j.broadcast_to(ext, (N, S)).astype(npdt(torch.int64))
+    ext_m2 = j.concatenate([j.full((N, 2), -1, ext.dtype), ext[:, :-2]], axis=1) if S > 2 \
+        else j.full((N, S), -1, ext.dtype)
+    skip_ok = (ext != blank) & (ext != ext_m2) & j.asarray(s_idx >= 2)[None, :]
+    valid_s = j.asarray(s_idx[None, :] < 2 * np.asarray(lens)[:, None] + 1)
+    neg = j.asarray(-j.inf, lp.dtype)
+    emit = j.take_along_axis(lp, j.broadcast_to(ext[None], (T, N, S)), axis=2)  # (T, N, S)
+    a0 = j.where(j.asarray(s_idx < 2)[None, :] & valid_s, emit[0], neg)
+    tin = j.asarray(np.asarray([int(v) for v in input_lengths]))
+
+    def step(alpha, inp):
+        t, e = inp
+        a1 = j.concatenate([j.full((N, 1), neg), alpha[:, :-1]], axis=1)
+        a2 = j.concatenate([j.full((N, 2), neg), alpha[:, :-2]], axis=1)[:, :S]
+        a2 = j.where(skip_ok, a2, neg)
+        new = j.where(valid_s, _ctc_lse(alpha, a1, a2) + e, neg)
+        new = j.where((t < tin)[:, None], new, alpha)
+        return new, new
+
+    alpha_T, alphas = lax_.scan(step, a0, (j.arange(1, T), emit[1:]))
+    log_alpha = j.concatenate([a0[None], alphas], axis=0)  # (T, N, S)
+    last = j.asarray(2 * np.asarray(lens))
+    end1 = j.take_along_axis(alpha_T, last[:, None], axis=1)[:, 0]
+    end2 = j.take_along_axis(alpha_T, j.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
+    end2 = j.where(last > 0, end2, neg)
+    nll = -_ctc_lse(end1, end2)
+    nll = j.where(tin > 0, nll, j.where(last > 0, j.inf, 0.0))
+    return nll, j.transpose(log_alpha, (1, 0, 2))
+
+
+def _ctc_ct(log_probs):
+    dt = tdtype(log_probs)
+    if dt not in (torch.float32, torch.float64):
+        raise RuntimeError(f'"ctc_loss_cpu" not implemented for \'{dt}\''.replace(
+            "torch.float16", "Half").replace("torch.bfloat16", "BFloat16"))
+    return dt
+
+
+@lower(aten._ctc_loss.default)
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """CTC loss per batch element: (neg_log_likelihood (N,), log_alpha (N, T, 2*Lmax+1)),
+    as CPU's ``_ctc_loss`` (targets padded (N, S) or concatenated (sum(target_lengths),);
+    the ``zero_infinity`` zeroing and the reductions happen in ``ctc_loss`` above)."""
+    _ctc_ct(log_probs)
+    return _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank)
+
+
+@lower(aten._ctc_loss_backward.default)
+def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths,
+                       neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+    """Gradient of :func:`_ctc_loss` w.r.t. ``log_probs`` as CPU computes it:
+    ``(exp(lp) - exp(log(alpha*beta) + nll - lp)) * grad`` for ``t < input_length``
+    (the gradient through a ``log_softmax`` input, PyTorch's convention), 0 after; 0 for an
+    infinite loss under ``zero_infinity``, NaN for one without.  The alpha-beta term is
+    the derivative of the forward recursion (``jax.vjp``)."""
+    jax = _jax()
+    j = jnp()
+    _ctc_ct(log_probs)
+    T, N = log_probs.shape[0], (log_probs.shape[1] if log_probs.ndim == 3 else 1)
+    _, vjp = jax.vjp(lambda lp: _ctc_forward(lp, targets, input_lengths, target_lengths,
+                                             blank)[0], log_probs)
+    g = grad.reshape(N) if grad.ndim else j.broadcast_to(grad, (N,))
+    dnll = vjp(j.ones((N,), log_probs.dtype))[0]  # = -exp(lcab + nll - lp)
+    lp3 = log_probs if log_probs.ndim == 3 else log_probs[:, None, :]
+    d3 = dnll if dnll.ndim == 3 else dnll[:, None, :]
+    tin = j.asarray(np.asarray([int(v) for v in input_lengths]))
+    active = (j.arange(T)[:, None] < tin[None, :])[:, :, None]
+    res = j.where(active, (j.exp(lp3) + d3) * g[None, :, None], 0)
+    inf = j.isinf(neg_log_likelihood.reshape(N))[None, :, None]
+    res = j.where(inf & active, 0.0 if zero_infinity else j.nan, res)
+    return res.reshape(log_probs.shape)
+
+
+def _ctc_backward_meta(grad, log_probs, *args, **kwargs):
+    return torch.empty_like(log_probs)
+
+
+_ATEN_IMPL.impl("_ctc_loss_backward", _ctc_backward_meta, "Meta")
+
+
+def _lengths_list(v):
+    return [int(i) for i in v.tolist()] if isinstance(v, torch.Tensor) else list(v)
+
+
+@decomp(aten._ctc_loss.Tensor)
+def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0,
+                     zero_infinity=False):
+    """``_ctc_loss`` with length tensors: read them on the host (a sync point, as CPU's
+    kernel reads them) and run the int-list overload."""
+    return aten._ctc_loss.default(log_probs, targets, _lengths_list(input_lengths),
+                                  _lengths_list(target_lengths), blank, zero_infinity)
+
+
+@decomp(aten._ctc_loss_backward.Tensor)
+def _ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_lengths,
+                              neg_log_likelihood, log_alpha, blank, zero_infinity=False):
+    """``_ctc_loss_backward`` with length tensors (read on the host, as CPU does)."""
+    return aten._ctc_loss_backward.default(
+        grad, log_probs, targets, _lengths_list(input_lengths), _lengths_list(target_lengths),
+        neg_log_likelihood, log_alpha, blank, zero_infinity)
+
+
+# ------------------------------------------------- antialiased bilinear resize (issue 8)
+
+
+def _aa_scale(n_in, n_out, align_corners, scale):
+    if align_corners:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n_in / n_out
+
+
+def _aa_weights(n_in, n_out, align_corners, scale, ft):
+    """(n_out, n_in) weights of PyTorch's antialiased linear resampling along one dim
+    (``_compute_indices_min_size_weights_aa``: a triangle filter widened by the
+    downscale factor, each row normalized to sum 1), computed in ``ft`` as CPU does."""
+    sc = ft(_aa_scale(n_in, n_out, align_corners, scale))
+    support = sc if sc >= 1.0 else ft(1.0)
+    invscale = ft(1.0) / sc if sc >= 1.0 else ft(1.0)
+    max_size = int(math.ceil(support)) * 2 + 1
+    W = np.zeros((n_out, n_in), ft)
+    for i in range(n_out):
+        center = ft(sc * ft(i + 0.5))
+        xmin = max(int(center - support + ft(0.5)), 0)
+        xsize = min(int(center + support + ft(0.5)), n_in) - xmin
+        xsize = min(max(xsize, 0), max_size)
+        w = np.array([max(ft(1.0) - abs(ft((ft(j + xmin) - center + ft(0.5)) * invscale)), ft(0))
+                      for j in range(xsize)], ft)
+        total = ft(w.sum(dtype=ft)) if xsize else ft(0)
+        if total != 0:
+            w = (w / total).astype(ft)
+        W[i, xmin:xmin + xsize] = w
+    return W
+
+
+def _upsample_aa(x, output_size, align_corners, scales):
+    """Separable antialiased bilinear resize of the last two dims (width first, then
+    height; a dim whose size does not change is left as is, as CPU's kernel)."""
+    j = jnp()
+    ft = _np_ct(x)
+    y = x
+    for i in reversed(range(2)):
+        ax = x.ndim - 2 + i
+        n_in, n_out = x.shape[ax], output_size[i]
+        if n_in == n_out and scales[i] in (None, 1.0) and not (align_corners and n_out == 1):
+            continue
+        W = j.asarray(_aa_weights(n_in, n_out, align_corners, scales[i], ft))
+        y = j.moveaxis(j.tensordot(y, W, axes=([ax], [1]), precision=highest()), -1, ax)
+    return y
+
+
+@lower(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    """``F.interpolate(x, mode="bilinear", antialias=True)`` on (N, C, H, W); half types
+    compute in float32."""
+    return _upsample_aa(_f(x), tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lower(aten._upsample_bilinear2d_aa_backward.default)
+def _upsample_bilinear2d_aa_backward(g, output_size, input_size, align_corners, scales_h=None,
+                                     scales_w=None):
+    """Gradient of :func:`_upsample_bilinear2d_aa` (the transposed resampling)."""
+    ct = _ct(g)
+    x0 = jnp().zeros(tuple(input_size), npdt(ct))
+    _, vjp = _jax().vjp(
+        lambda a: _upsample_aa(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
+    return vjp(cast(g, ct))[0]
+
+
+# ------------------------------------------------ upsampling backward, 1-D/3-D (issue 8)
+
+
+def _nearest_exact_index(n_in, n_out, scale, ft):
+    """Source index of ``nearest-exact``: ``min(floor((o + 0.5) * scale), n_in - 1)``."""
+    o = np.arange(n_out)
+    sc = ft(1.0 / scale) if scale is not None and scale > 0 else ft(n_in) / ft(n_out)
+    src = np.floor(((o.astype(ft) + ft(0.5)) * sc).astype(ft)).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def _upsample_nearest_exact(x, output_size, scales):
+    y = x
+    for i in range(len(output_size)):
+        ax = x.ndim - len(output_size) + i
+        idx = _nearest_exact_index(x.shape[ax], output_size[i], scales[i], np.float32)
+        y = jnp().take(y, jnp().asarray(idx), axis=ax)
+    return y
+
+
+def _cubic_weights(t, A=-0.75):
+    """PyTorch's cubic convolution coefficients of the 4 taps around a source point."""
+    def c1(x):
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def c2(x):
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+
+    return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+
+
+def _upsample_bicubic(x, output_size, align_corners, scales):
+    """Bicubic resize of the last two dims as PyTorch's kernel (A = -0.75, taps clamped
+    to the border); width then height."""
+    j = jnp()
+    ft = _np_ct(x)
+    y = x
+    for i in reversed(range(2)):
+        ax = x.ndim - 2 + i
+        n_in, n_out = x.shape[ax], output_size[i]
+        o = np.arange(n_out).astype(ft)
+        if align_corners:
+            sc = ft((n_in - 1) / (n_out - 1)) if n_out > 1 else ft(0)
+            src = (sc * o).astype(ft)
+        else:
+            sc = ft(1.0 / scales[i]) if scales[i] is not None and scales[i] > 0 else \
+                ft(ft(n_in) / ft(n_out))
+            src = (sc * (o + ft(0.5)) - ft(0.5)).astype(ft)
+        i0 = np.floor(src).astype(np.int64)
+        t = (src - i0.astype(ft)).astype(ft)
+        ws = _cubic_weights(t)
+        shape = [1] * x.ndim
+        shape[ax] = -1
+        acc = None
+        for k in range(4):
+            idx = np.clip(i0 - 1 + k, 0, n_in - 1)
+            term = j.asarray(ws[k].astype(ft)).reshape(shape) * j.take(y, j.asarray(idx), axis=ax)
+            acc = term if acc is None else acc + term
+        y = acc
+    return y
+
+
+def _resize_vjp(f, g, input_size):
+    ct = _ct(g)
+    x0 = jnp().zeros(tuple(input_size), npdt(ct))
+    _, vjp = _jax().vjp(f, x0)
+    return vjp(cast(g, ct))[0]
+
+
+@lower(aten.upsample_nearest1d_backward.default)
+def upsample_nearest1d_backward(g, output_size, input_size, scales=None):
+    """Gradient of ``upsample_nearest1d``: sums over the outputs copying each input."""
+    return _resize_vjp(lambda a: _upsample_nearest(a, tuple(output_size), (scales,)), g,
+                       input_size)
+
+
+@lower(aten.upsample_nearest3d_backward.default)
+def upsample_nearest3d_backward(g, output_size, input_size, scales_d=None, scales_h=None,
+                                scales_w=None):
+    """Gradient of ``upsample_nearest3d``."""
+    return _resize_vjp(lambda a: _upsample_nearest(a, tuple(output_size),
+                                                   (scales_d, scales_h, scales_w)), g, input_size)
+
+
+@lower(aten._upsample_nearest_exact1d_backward.default)
+def _upsample_nearest_exact1d_backward(g, output_size, input_size, scales=None):
+    """Gradient of ``nearest-exact`` 1-D resizing."""
+    return _resize_vjp(lambda a: _upsample_nearest_exact(a, tuple(output_size), (scales,)), g,
+                       input_size)
+
+
+@lower(aten._upsample_nearest_exact2d_backward.default)
+def _upsample_nearest_exact2d_backward(g, output_size, input_size, scales_h=None, scales_w=None):
+    """Gradient of ``nearest-exact`` 2-D resizing."""
+    return _resize_vjp(lambda a: _upsample_nearest_exact(a, tuple(output_size),
+                                                         (scales_h, scales_w)), g, input_size)
+
+
+@lower(aten._upsample_nearest_exact3d_backward.default)
+def _upsample_nearest_exact3d_backward(g, output_size, input_size, scales_d=None, scales_h=None,
+                                       scales_w=None):
+    """Gradient of ``nearest-exact`` 3-D resizing."""
+    return _resize_vjp(lambda a: _upsample_nearest_exact(
+        a, tuple(output_size), (scales_d, scales_h, scales_w)), g, input_size)
+
+
+@lower(aten.upsample_linear1d_backward.default)
+def upsample_linear1d_backward(g, output_size, input_size, align_corners, scales=None):
+    """Gradient of ``upsample_linear1d``."""
+    return _resize_vjp(lambda a: _upsample_linear(a, tuple(output_size), align_corners,
+                                                  (scales,)), g, input_size)
+
+
+@lower(aten.upsample_trilinear3d_backward.default)
+def upsample_trilinear3d_backward(g, output_size, input_size, align_corners, scales_d=None,
+                                  scales_h=None, scales_w=None):
+    """Gradient of ``upsample_trilinear3d``."""
+    return _resize_vjp(lambda a: _upsample_linear(a, tuple(output_size), align_corners,
+                                                  (scales_d, scales_h, scales_w)), g, input_size)
+
+
+@lower(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(g, output_size, input_size, align_corners, scales_h=None,
+                                scales_w=None):
+    """Gradient of ``upsample_bicubic2d``."""
+    return _resize_vjp(lambda a: _upsample_bicubic(a, tuple(output_size), align_corners,
+                                                   (scales_h, scales_w)), g, input_size)
+
+
+# ------------------------------------------------------------ grid sampling (issue 8)
+
+
+def _gs_unnormalize(c, size, align_corners):
+    return (c + 1) / 2 * (size - 1) if align_corners else ((c + 1) * size - 1) / 2
+
+
+def _gs_clip(c, size):
+    """clip to [0, size-1] with CPU's gradient (0 at and beyond the limits)."""
+    j = jnp()
+    lim = size - 1
+    return j.where(c <= 0, j.zeros_like(c), j.where(c >= lim, j.full_like(c, lim), c))
+
+
+def _gs_reflect(c, twice_low, twice_high):
+    j = jnp()
+    if twice_low == twice_high:
+        return j.zeros_like(c)
+    mn = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    c = c - mn
+    c = j.where(c < 0, -c, c)
+    extra = j.fmod(c, span)
+    flips = j.floor(c / span)
+    even = j.fmod(flips, 2) == 0
+    return j.where(even, extra + mn, span - extra + mn)
+
+
+def _gs_coords(c, size, padding_mode, align_corners):
+    """PyTorch's ``compute_coordinates``: padding 0 zeros, 1 border, 2 reflection."""
+    if padding_mode == 1:
+        return _gs_clip(c, size)
+    if padding_mode == 2:
+        if align_corners:
+            c = _gs_reflect(c, 0, 2 * (size - 1))
+        else:
+            c = _gs_reflect(c, -1, 2 * size - 1)
+        return _gs_clip(c, size)
+    return c
+
+
+def _gs_gather(inp, idx, nd):
+    """Values of ``inp`` (N, C, *S) at integer coords ``idx`` (list of nd arrays (N, *O)),
+    zero outside: (N, C, *O)."""
+    j = jnp()
+    N, C = inp.shape[:2]
+    sp = inp.shape[2:]
+    ok = None
+    flat = None
+    for d in range(nd):
+        i = idx[d]
+        good = (i >= 0) & (i < sp[d])
+        ok = good if ok is None else ok & good
+        ic = j.clip(i, 0, sp[d] - 1).astype(npdt(torch.int64))
+        flat = ic if flat is None else flat * sp[d] + ic
+    osh = flat.shape[1:]
+    vals = j.take_along_axis(inp.reshape(N, C, -1), flat.reshape(N, 1, -1), axis=2)
+    vals = vals.reshape((N, C) + osh)
+    return j.where(ok[:, None], vals, 0)
+
+
+def _grid_sample(inp, grid, mode, padding_mode, align_corners):
+    """``grid_sampler_2d/3d`` forward in JAX (bilinear 0, nearest 1, bicubic 2), computed
+    as PyTorch's CPU kernels; differentiable w.r.t. input and grid with their gradients."""
+    j = jnp()
+    nd = inp.ndim - 2
+    sp = inp.shape[2:]
+    # grid's last dim is (x, y[, z]) for dims (W, H[, D])
+    raw = [grid[..., nd - 1 - d] for d in range(nd)]
+    if mode == 2:
+        c = [_gs_unnormalize(raw[d], sp[d], align_corners) for d in range(nd)]
+        f = [j.floor(v) for v in c]
+        t = [v - fl for v, fl in zip(c, f)]
+        wy, wx = _cubic_weights(t[0]), _cubic_weights(t[1])
+        out = 0
+        for a in range(4):
+            for b in range(4):
+                ty = _gs_coords(f[0] - 1 + a, sp[0], padding_mode, align_corners)
+                tx = _gs_coords(f[1] - 1 + b, sp[1], padding_mode, align_corners)
+                v = _gs_gather(inp, [ty.astype(npdt(torch.int64)), tx.astype(npdt(torch.int64))], 2)
+                out = out + v * (wy[a] * wx[b])[:, None]
+        return out
+    c = [_gs_coords(_gs_unnormalize(raw[d], sp[d], align_corners), sp[d], padding_mode,
+                    align_corners) for d in range(nd)]
+    if mode == 1:
+        return _gs_gather(inp, [j.round(v).astype(npdt(torch.int64)) for v in c], nd)
+    lo = [j.floor(v) for v in c]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=nd):
+        w = 1
+        idx = []
+        for d in range(nd):
+            hi = lo[d] + 1
+            w = w * ((c[d] - lo[d]) if corner[d] else (hi - c[d]))
+            idx.append((lo[d] + corner[d]).astype(npdt(torch.int64)))
+        out = out + _gs_gather(inp, idx, nd) * w[:, None]
+    return out
+
+
+def _gs_float_only(op, inp):
+    """CPU runs half-type grid sampling in the half type, one rounding per operation (and
+    accumulates gradients in it); computing in float32 differs by more than bfloat16's
+    tolerance (coordinates round to other pixels), so those cases are not supported."""
+    dt = tdtype(inp)
+    if dt in (torch.float16, torch.bfloat16):
+        raise NotImplementedError(
+            f"torchtpu: aten.{op} of a {dt} tensor is not supported on tpu (CPU computes it "
+            f"with {dt} rounding at every step; float32/float64 are supported, or set "
+            f"torch.tpu.enable_cpu_fallback = True)")
+
+
+@lower(aten.grid_sampler_3d.default)
+def grid_sampler_3d(inp, grid, interpolation_mode, padding_mode, align_corners):
+    """``F.grid_sample`` on (N, C, D, H, W) with a (N, Do, Ho, Wo, 3) grid (bilinear or
+    nearest), float32/float64."""
+    if interpolation_mode == 2:
+        raise RuntimeError("grid_sampler(): bicubic interpolation only supports 4D input")
+    _gs_float_only("grid_sampler_3d", inp)
+    ct = _ct(inp)
+    return _grid_sample(cast(inp, ct), cast(grid, ct), interpolation_mode, padding_mode,
+                        align_corners)
+
+
+def _grid_sampler_backward(g, inp, grid, interpolation_mode, padding_mode, align_corners,
+                           output_mask):
+    _gs_float_only(f"grid_sampler_{inp.ndim - 2}d_backward", inp)
+    ct = _ct(inp)
+    _, vjp = _jax().vjp(lambda a, b: _grid_sample(a, b, interpolation_mode, padding_mode,
+                                                  align_corners), cast(inp, ct), cast(grid, ct))
+    gi, gg = vjp(cast(g, ct))
+    return tuple(o if m else _empty() for o, m in zip((gi, gg), output_mask))
+
+
+def grid_sampler_2d_backward(g, inp, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    """Gradients of ``grid_sampler_2d`` w.r.t. input and grid (``jax.vjp`` of the JAX
+    forward; nearest gives a zero grid gradient, clipped coordinates a zero one, as CPU)."""
+    return _grid_sampler_backward(g, inp, grid, interpolation_mode, padding_mode,
+                                  align_corners, output_mask)
+
+
+def grid_sampler_3d_backward(g, inp, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    """Gradients of ``grid_sampler_3d`` w.r.t. input and grid."""
+    return _grid_sampler_backward(g, inp, grid, interpolation_mode, padding_mode,
+                                  align_corners, output_mask)
+
+
+_masked_op(aten.grid_sampler_2d_backward.default, grid_sampler_2d_backward)
+_masked_op(aten.grid_sampler_3d_backward.default, grid_sampler_3d_backward)

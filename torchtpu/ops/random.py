@@ -341,3 +341,127 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
         _, out = runtime.jax().lax.top_k(logp + g, num_samples)
     out = out.astype(npdt(torch.int64))
     return out.reshape(probs.shape[:-1] + (num_samples,))
+
+
+# ------------------------------------------------ gamma / dirichlet / poisson (issue 8)
+# torch.distributions Gamma, Beta, Dirichlet, Poisson sample with these.  The draws follow
+# JAX's generator (not CPU's stream); the deterministic parts (clamping, the
+# reparameterization gradient) are CPU's.
+
+
+# Meta kernels PyTorch lacks (the executor reads output shapes/dtypes from them).
+_META_LIB = torch.library.Library("aten", "IMPL")
+
+
+def _meta_like_broadcast(a, b):
+    return torch.empty(torch.broadcast_shapes(a.shape, b.shape), dtype=a.dtype, device="meta")
+
+
+_META_LIB.impl("_standard_gamma_grad", _meta_like_broadcast, "Meta")
+_META_LIB.impl("_sample_dirichlet", lambda a, generator=None: torch.empty_like(a), "Meta")
+
+
+def _tiny(dtype: torch.dtype):
+    return float(torch.finfo(dtype).tiny)
+
+
+@lower(aten._standard_gamma.default, random=True)
+def _standard_gamma(alpha, generator=None, *, key):
+    """Gamma(alpha, 1) draws of ``alpha``'s shape and dtype, clamped below at the dtype's
+    smallest normal number, as CPU's ``_standard_gamma`` (so ``log`` of a draw is finite).
+    Half types draw in float32 (CUDA's accumulate type)."""
+    dt = tdtype(alpha)
+    _check_float("_standard_gamma", dt)
+    ct = _sample_dtype(dt)
+    g = _jr().gamma(prng_key(key), alpha.astype(ct), tuple(alpha.shape), ct)
+    return jnp().maximum(g, jnp().asarray(_tiny(dt), ct)).astype(npdt(dt))
+
+
+@lower(aten._sample_dirichlet.default, random=True)
+def _sample_dirichlet(alpha, generator=None, *, key):
+    """Dirichlet(alpha) draws over the last dim: Gamma(alpha) draws normalized, computed
+    from log-gamma draws in float64 (no underflow for tiny concentrations), each value
+    clamped below at the dtype's smallest normal number, as CPU's ``_sample_dirichlet``."""
+    j = jnp()
+    dt = tdtype(alpha)
+    _check_float("_sample_dirichlet", dt)
+    f64 = npdt(torch.float64)
+    lg = _jr().loggamma(prng_key(key), alpha.astype(f64), tuple(alpha.shape), f64)
+    lse = runtime.jax().nn.logsumexp(lg, axis=-1, keepdims=True)
+    out = j.exp(lg - lse)
+    return j.maximum(out, j.asarray(_tiny(dt), f64)).astype(npdt(dt))
+
+
+@lower(aten.poisson.default, random=True)
+def poisson(rate, generator=None, *, key):
+    """Poisson(rate) counts as floats of ``rate``'s dtype (0 where rate is 0)."""
+    j = jnp()
+    dt = tdtype(rate)
+    _check_float("poisson", dt)
+    ct = _sample_dtype(dt)
+    lam = rate.astype(ct)
+    n = _jr().poisson(prng_key(key), lam, tuple(rate.shape), dtype=npdt(torch.int64))
+    return j.where(lam > 0, n, 0).astype(npdt(dt))
+
+
+@lower(aten._standard_gamma_grad.default)
+def _standard_gamma_grad(alpha, x):
+    """d x / d alpha of a Gamma(alpha) draw ``x`` (implicit reparameterization,
+    ``-(d/dalpha cdf(x; alpha)) / pdf(x; alpha)``), with CPU's approximation:
+    a Taylor series for x < 0.8, Rice's saddle point expansion for alpha > 8, else a
+    bivariate rational fit; computed in float64 as CPU's kernel."""
+    jax = runtime.jax()
+    j = jnp()
+    dt = tdtype(alpha)
+    f64 = npdt(torch.float64)
+    a = alpha.astype(f64)
+    x = x.astype(f64)
+    # Taylor series (x < 0.8)
+    numer = j.ones_like(x)
+    denom = a
+    s1 = numer / denom
+    s2 = numer / (denom * denom)
+    for i in range(1, 6):
+        numer = numer * (-x / i)
+        denom = denom + 1
+        s1 = s1 + numer / denom
+        s2 = s2 + numer / (denom * denom)
+    pxa = j.power(x, a)
+    pdf = j.power(x, a - 1) * j.exp(-x)
+    cdf = pxa * s1
+    cdf_a = (j.log(x) - jax.scipy.special.digamma(a)) * cdf - pxa * s2
+    small = -cdf_a / pdf
+    small = j.where(j.isnan(small), 0.0, small)
+    # Rice saddle point (alpha > 8)
+    near = (0.9 * a <= x) & (x <= 1.1 * a)
+    n1 = 1 + 24 * a * (1 + 12 * a)
+    n2 = 1440 * (a * a) + 6 * x * (53 - 120 * x) - 65 * x * x / a + a * (107 + 3600 * x)
+    near_v = n1 * n2 / (1244160 * (a * a) * (a * a))
+    den = j.sqrt(8 * a)
+    t2 = den / (a - x)
+    t3 = j.power(x - a - a * j.log(x / a), -1.5)
+    t23 = j.where(x < a, t2 - t3, t2 + t3)
+    t1 = j.log(x / a) * t23 - j.sqrt(2 / a) * (a + x) / ((a - x) * (a - x))
+    stirling = 1 + 1 / (12 * a) * (1 + 1 / (24 * a))
+    far_v = -stirling * (x * t1) / den
+    large = j.where(near, near_v, far_v)
+    # bivariate rational approximation
+    u = j.log(x / a)
+    v = j.log(a)
+    c = np.array(_GAMMA_GRAD_COEF)
+    cv = [c[0, i] + u * (c[1, i] + u * c[2, i]) for i in range(8)]
+    p = cv[0] + v * (cv[1] + v * (cv[2] + v * cv[3]))
+    q = cv[4] + v * (cv[5] + v * (cv[6] + v * cv[7]))
+    mid = j.exp(p / q)
+    out = j.where(x < 0.8, small, j.where(a > 8.0, large, mid))
+    return out.astype(npdt(dt))
+
+
+_GAMMA_GRAD_COEF = (
+    (0.16009398, -0.094634809, 0.025146376, -0.0030648343,
+     1, 0.32668115, 0.10406089, 0.0014179084),
+    (0.53487893, 0.1298071, 0.065735949, -0.0015649758,
+     0.16639465, 0.020070113, -0.0035938915, -0.00058392623),
+    (0.040121004, -0.0065914022, -0.0026286047, -0.0013441777,
+     0.017050642, -0.0021309326, 0.00085092367, -1.5247877e-07),
+)

@@ -751,3 +751,148 @@ def histc(x, bins=100, min=0, max=0):
     inside = (xf >= lo_t) & (xf <= hi_t)
     counts = j.zeros((bins,), np.int64).at[j.where(inside, idx, 0)].add(inside.astype(np.int64))
     return counts.astype(x.dtype)
+
+
+# ------------------------------------------------------------ segment_reduce (issue 8)
+
+
+def _segments(data, lengths, offsets, axis):
+    """Segment layout of ``segment_reduce``: data as (B, N, I) (B the dims before ``axis``,
+    I those after), per-position segment ids (B, N) (S where a position is in no segment,
+    so segment ops drop it) and segment lengths (B, S)."""
+    j = jnp()
+    if offsets is not None:
+        bounds = offsets.reshape(-1, offsets.shape[-1]).astype(npdt(torch.int64))
+        starts, ends = bounds[:, :-1], bounds[:, 1:]
+    else:
+        lens = lengths.reshape(-1, lengths.shape[-1]).astype(npdt(torch.int64))
+        ends = j.cumsum(lens, axis=-1)
+        starts = ends - lens
+    b, s = starts.shape
+    n = data.shape[axis]
+    x = data.reshape((b, n, -1))
+    pos = j.arange(n)
+    member = (pos[None, None, :] >= starts[:, :, None]) & (pos[None, None, :] < ends[:, :, None])
+    ids = j.where(member.any(1), j.argmax(member, axis=1), s)
+    return x, ids, ends - starts, s
+
+
+def _seg_op(fn, x, ids, s):
+    """``fn`` (a jax.ops.segment_* reduction) per batch row: (B, N, I) -> (B, S, I)."""
+    jax = _jax()
+    return jax.vmap(lambda xb, ib: fn(xb, ib, num_segments=s))(x, ids)
+
+
+def _jax():
+    from torchtpu._device import runtime
+
+    return runtime.jax()
+
+
+def _check_lengths(data, lengths, axis, unsafe):
+    from torchtpu.ops import _checks
+
+    if lengths is None or unsafe:
+        return
+    j = jnp()
+    _checks.check(j.any(lengths < 0), RuntimeError, "lengths contains negative value!")
+    _checks.check(j.any(j.sum(lengths, axis=-1) != data.shape[axis]), RuntimeError,
+                  "segment_reduce(): Expected all rows of lengths along axis to sum to "
+                  "data.size(lengths.dim()-1) when !unsafe.")
+
+
+@lower(aten.segment_reduce.default)
+def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    """``torch.segment_reduce``: reduce consecutive segments of ``data`` along ``axis``
+    (given by ``lengths`` (..., S) or ``offsets`` (..., S+1); the dims before ``axis`` are
+    batch dims of both).  As CPU's kernel: ``initial`` joins every reduction (mean:
+    ``(initial + sum) / length``); an empty segment is ``initial``, else the reduction's
+    identity (``mean``: NaN); max/min propagate NaN.  Half types compute in float32."""
+    jax = _jax()
+    j = jnp()
+    axis = axis % data.ndim
+    if indices is not None:
+        raise RuntimeError("segment_reduce(): indices based reduction is not supported yet.")
+    _check_lengths(data, lengths, axis, unsafe)
+    dt = tdtype(data)
+    ct = npdt(opmath(dt))
+    x, ids, lens, s = _segments(data.astype(ct), lengths, offsets, axis)
+    cnt = lens[:, :, None]
+    init = None if initial is None else cast(initial, opmath(dt))
+    if reduce in ("sum", "mean"):
+        out = _seg_op(jax.ops.segment_sum, x, ids, s)
+        if init is not None:
+            out = out + init
+        if reduce == "mean":
+            div = out / j.where(cnt > 0, cnt, 1).astype(ct)
+            empty = init if init is not None else j.asarray(j.nan, ct)
+            out = j.where(cnt > 0, div, empty)
+    elif reduce in ("max", "min"):
+        fn = jax.ops.segment_max if reduce == "max" else jax.ops.segment_min
+        out = _seg_op(fn, x, ids, s)
+        if init is not None:
+            out = (j.maximum if reduce == "max" else j.minimum)(out, init)
+        else:
+            out = j.where(cnt > 0, out, j.asarray(-j.inf if reduce == "max" else j.inf, ct))
+        has_nan = _seg_op(jax.ops.segment_sum, j.isnan(x).astype(j.int32), ids, s) > 0
+        out = j.where(has_nan, j.asarray(j.nan, ct), out)
+    elif reduce == "prod":
+        out = _seg_op(jax.ops.segment_prod, x, ids, s)
+        if init is not None:
+            out = out * init
+    else:
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    return out.reshape(data.shape[:axis] + (s,) + data.shape[axis + 1:])
+
+
+@lower(aten._segment_reduce_backward.default)
+def _segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0,
+                             initial=None):
+    """Gradient of :func:`segment_reduce` w.r.t. ``data``, CPU's rules: sum/mean spread the
+    segment's gradient (mean: divided by the length); max/min give it to every element
+    equal to the result (or NaN), a positive gradient divided by the number of ties;
+    prod: ``grad * output / x``, or ``grad * initial * (product of the others)`` where
+    ``x`` is 0 or NaN.  Elements in no segment get 0."""
+    jax = _jax()
+    j = jnp()
+    axis = axis % data.ndim
+    dt = tdtype(data)
+    ct = npdt(opmath(dt))
+    x, ids, lens, s = _segments(data.astype(ct), lengths, offsets, axis)
+    b = x.shape[0]
+    g = grad.astype(ct).reshape(b, s, -1)
+    o = output.astype(ct).reshape(b, s, -1)
+    valid = (ids < s)[:, :, None]
+    take = j.minimum(ids, s - 1)[:, :, None]
+    g_e = j.where(valid, j.take_along_axis(g, take, axis=1), 0)
+    o_e = j.take_along_axis(o, take, axis=1)
+
+    def per_elem(v):  # (B, S, I) segment values -> (B, N, I) at each element
+        return j.take_along_axis(v, take, axis=1)
+
+    if reduce == "sum":
+        r = g_e
+    elif reduce == "mean":
+        n_e = per_elem(j.broadcast_to(lens[:, :, None], g.shape)).astype(ct)
+        r = g_e / j.where(n_e > 0, n_e, 1)
+    elif reduce in ("max", "min"):
+        tie = j.isnan(x) | (x == o_e)
+        ties = per_elem(_seg_op(jax.ops.segment_sum, tie.astype(j.int32), ids, s))
+        r = j.where(tie, g_e, 0)
+        r = j.where(tie & (ties >= 2) & (g_e > 0), g_e / ties.astype(ct), r)
+    elif reduce == "prod":
+        zero, nan = x == 0, j.isnan(x)
+        p = per_elem(_seg_op(jax.ops.segment_prod, j.where(zero | nan, 1, x), ids, s))
+        zeros = per_elem(_seg_op(jax.ops.segment_sum, zero.astype(j.int32), ids, s))
+        nans = per_elem(_seg_op(jax.ops.segment_sum, nan.astype(j.int32), ids, s))
+        other_zeros = zeros - zero.astype(j.int32)
+        other_nans = nans - nan.astype(j.int32)
+        init = 1 if initial is None else cast(initial, opmath(dt))
+        excl = j.where(other_nans > 0, j.asarray(j.nan, ct),
+                       j.where(other_zeros > 0, j.asarray(0, ct), p * init))
+        r = j.where(zero | nan, g_e * excl, g_e * o_e / j.where(zero | nan, 1, x))
+    else:
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    r = j.where(valid, r, 0)
+    return r.reshape(data.shape)
