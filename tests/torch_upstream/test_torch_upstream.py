@@ -66,6 +66,9 @@ def test_upstream_file(name):
                     f"TORCHTPU_TORCH_TESTS_DIR")
     env = dict(os.environ)
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = "privateuse1"
+    # these files run most op signatures once (loops over shapes and dtypes): the quick
+    # compile tier (torchtpu.eager.tiers) pays off there
+    env.setdefault("TORCHTPU_COMPILE_TIERS", "1")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     with tempfile.TemporaryDirectory() as tmp:
