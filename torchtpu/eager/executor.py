@@ -760,6 +760,13 @@ def to_jax(t: torch.Tensor):
 PENDING_CHECKS: list = []  # (flags array or Lazy, [(exc, msg)], op) not verified yet
 
 
+def dispatched(outputs) -> None:
+    """Record the results of an executable dispatched outside the per-op path (a
+    torch.compile graph): ``torch.tpu.synchronize()`` waits for the latest ones."""
+    global LAST_OUTPUTS
+    LAST_OUTPUTS = outputs
+
+
 def report_device_checks(flags, info, where) -> None:
     """Queue device-side checks computed by an executable that is not a per-op one (a
     torch.compile graph): ``flags`` is a bool[n] array (or a DeferAndFuse ``Lazy``),

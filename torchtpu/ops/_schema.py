@@ -101,7 +101,8 @@ def call_lowering(lowering, op, largs, out_meta, key=None):
     rebuilt arguments ``largs`` (schema order, functional arguments only).
 
     ``out_meta``: ``(size, stride, dtype)`` per output as PyTorch's meta kernel computes
-    it (a ``Tensor[]`` result counts one entry per element).  ``key``: uint32[4] key data
+    it (a ``Tensor[]`` result counts one entry per element; ``None`` for an output that
+    is not computed).  ``key``: uint32[4] key data
     for random lowerings.  Returns ``(outputs, checks)``: one array per output, cast to
     the meta dtype (raises ``RuntimeError`` if a lowering returns another shape: an
     internal error, never a silently different result), and the device-side checks
@@ -114,7 +115,11 @@ def call_lowering(lowering, op, largs, out_meta, key=None):
         res = (res,)
     res = flatten(res)
     fixed = []
-    for (size, _stride, dt), r in zip(out_meta, res):
+    for meta, r in zip(out_meta, res):
+        if meta is None:  # an output PyTorch does not produce (an optional result)
+            fixed.append(None)
+            continue
+        size, _stride, dt = meta
         want = runtime.to_np_dtype(dt)
         if r.dtype != want:
             r = r.astype(want)
