@@ -230,7 +230,31 @@ def test_small_llama_forward_matches_cpu():
     tpu = copy.deepcopy(cpu).to("tpu")
     ids = torch.randint(0, 100, (2, 10))
     with torch.no_grad():
-        ref = cpu(ids).logits
+        ref = cpu(ids, use_cache=False).logits
         f = torch.compile(tpu, backend="tpu")
-        out = f(ids.to("tpu")).logits
+        out = f(ids.to("tpu"), use_cache=False).logits
+    _close(out, ref, 1e-4)
+
+
+def test_tensor_constant_in_graph():
+    # torch.tensor(..., device="tpu") inside a compiled function: a lifted constant
+    def f(x):
+        return x * torch.tensor([1.0, -2.0, 3.0], device=x.device) + 1
+
+    x = torch.randn(2, 3)
+    _close(torch.compile(f, backend="tpu")(x.to("tpu")), f(x))
+
+
+def test_llama_forward_with_dynamic_cache_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = torch.randint(0, 100, (1, 7))
+    with torch.no_grad():
+        ref = cpu(ids).logits
+        out = torch.compile(tpu, backend="tpu")(ids.to("tpu")).logits
     _close(out, ref, 1e-4)

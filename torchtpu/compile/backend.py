@@ -19,16 +19,30 @@ M = _metrics.METRICS
 _ids = itertools.count()
 
 
+# Ops FakeTensorMode must see whole: a constant (torch.tensor(...) in a graph) is a real
+# tensor lifted into the fake world by lift_fresh; its "decomposition" to alias would hand
+# the real tensor to a fake kernel.
+_KEEP = {"aten::lift_fresh", "aten::lift_fresh_copy"}
+
+
 @functools.lru_cache(maxsize=None)
 def decompositions() -> dict:
-    """The decompositions AOTAutograd applies: torchtpu's decomposition set (the same
-    one eager consults, ``ops.decomp_overrides.decompositions()``) minus the ops the
-    lowering table has (those stay whole: one lowering instead of its pieces)."""
+    """The decompositions AOTAutograd applies: torchtpu's decomposition set (the same one
+    eager consults, ``ops.decomp_overrides.decompositions()``) over PyTorch's Core ATen
+    decompositions (``torch._decomp.core_aten_decompositions()``: ops such as
+    ``new_ones`` that eager never receives because PyTorch decomposes them above the
+    backend, but that AOTAutograd's trace keeps), minus the ops the lowering table has
+    (those stay whole: one lowering instead of its pieces)."""
+    from torch._decomp import core_aten_decompositions
+
     from torchtpu import ops
     from torchtpu.ops import decomp_overrides
 
     table = ops.table()
-    return {op: fn for op, fn in decomp_overrides.decompositions().items() if op not in table}
+    d = dict(core_aten_decompositions())
+    d.update(decomp_overrides.decompositions())
+    return {op: fn for op, fn in d.items()
+            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP}
 
 
 def _compiler(kind):
