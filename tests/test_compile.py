@@ -258,3 +258,16 @@ def test_llama_forward_with_dynamic_cache_matches_cpu():
         ref = cpu(ids).logits
         out = torch.compile(tpu, backend="tpu")(ids.to("tpu")).logits
     _close(out, ref, 1e-4)
+
+
+def test_shape_change_recompiles_once_per_shape_with_dynamic_false():
+    def f(x):
+        return torch.relu(x) * 2
+
+    g = torch.compile(f, backend="tpu", dynamic=False)
+    torchtpu.reset_metrics()
+    for n in (3, 5, 3, 5):
+        x = torch.randn(n, 4)
+        _close(g(x.to("tpu")), f(x))
+    m = torchtpu.metrics()["compile"]
+    assert m["graphs_compiled"] == 2 and m["recompiles"] == 1, m

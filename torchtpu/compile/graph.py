@@ -131,6 +131,13 @@ def check_graph(gm) -> None:
     (nor a view / uninitialized-memory / host meaning), before anything is compiled."""
     table = ops.table()
     for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            if isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and any(
+                    not isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride())):
+                raise NotImplementedError(
+                    "torchtpu.compile: dynamic shapes (symbolic sizes) are not supported yet; "
+                    "use torch.compile(..., dynamic=False) (one executable per shape)")
         if n.op != "call_function":
             continue
         t = n.target
