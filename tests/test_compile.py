@@ -271,3 +271,19 @@ def test_shape_change_recompiles_once_per_shape_with_dynamic_false():
         _close(g(x.to("tpu")), f(x))
     m = torchtpu.metrics()["compile"]
     assert m["graphs_compiled"] == 2 and m["recompiles"] == 1, m
+
+
+def test_automatic_dynamic_shapes_give_cpu_results():
+    # default dynamic=None: after a shape change Dynamo marks the dimension dynamic; the
+    # graph then has symbolic sizes and we build one executable per concrete shape
+    def f(x):
+        return torch.softmax(x.view(x.shape[0], -1) * 2, dim=-1).sum(1)
+
+    g = torch.compile(f, backend="tpu")
+    torchtpu.reset_metrics()
+    for n in (3, 5, 7, 5):
+        x = torch.randn(n, 2, 3)
+        _close(g(x.to("tpu")), f(x))
+    m = torchtpu.metrics()["compile"]
+    # one static graph (n=3), one symbolic graph (n=5, 7): executables for 3, 5 and 7
+    assert m["graphs_compiled"] == 2 and m["executables"] == 3 and m["cache_hits"] == 1, m

@@ -126,23 +126,57 @@ class _Unsupported(NotImplementedError):
     pass
 
 
-def check_graph(gm) -> None:
-    """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
-    (nor a view / uninitialized-memory / host meaning), before anything is compiled."""
-    table = ops.table()
+_SYM_OPS = {aten.sym_size.int: lambda v, d: v.shape[d],
+            aten.sym_stride.int: lambda v, d: v.stride()[d],
+            aten.sym_numel.default: lambda v: v.numel(),
+            aten.sym_storage_offset.default: lambda v: v.storage_offset()}
+
+
+def _is_sym_fn(t) -> bool:
+    """Size arithmetic on SymInts in a dynamic-shape graph (``operator.mul``,
+    ``torch.sym_max``...): evaluated on the concrete sizes of the call."""
+    return getattr(t, "__module__", None) in ("_operator", "operator") or \
+        getattr(t, "__name__", "").startswith("sym_")
+
+
+def _is_symbolic(gm) -> bool:
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             v = n.meta.get("val")
             if isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and any(
                     not isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride())):
-                raise NotImplementedError(
-                    "torchtpu.compile: dynamic shapes (symbolic sizes) are not supported yet; "
-                    "use torch.compile(..., dynamic=False) (one executable per shape)")
+                return True
+    return False
+
+
+def _concrete_metas(gm, placeholders, args) -> dict:
+    """``{node: fake value}`` for a graph with symbolic sizes, re-propagated with fake
+    tensors of the call's concrete inputs (one executable per concrete shape)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    saved = {n: n.meta.get("val") for n in gm.graph.nodes}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+             for a in args[: len(placeholders)]]
+    try:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+        return {n: n.meta.get("val") for n in gm.graph.nodes}
+    finally:
+        for n, v in saved.items():
+            n.meta["val"] = v
+
+
+def check_graph(gm) -> None:
+    """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
+    (nor a view / uninitialized-memory / host meaning), before anything is compiled."""
+    table = ops.table()
+    for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
         t = n.target
         if not isinstance(t, torch._ops.OpOverload):
-            if t is operator.getitem:
+            if t is operator.getitem or _is_sym_fn(t):
                 continue
             raise NotImplementedError(
                 f"torchtpu.compile: graph node {n.name} calls {t}, which has no lowering "
@@ -152,6 +186,8 @@ def check_graph(gm) -> None:
             continue  # runs on the host with PyTorch's CPU kernel
         fe = foreach_element_op(t) if t not in table else None
         if fe is not None and fe in table:
+            continue
+        if t in _SYM_OPS:
             continue
         if t in table or t in _EMPTY or t is aten.copy_.default or t is aten._unsafe_view.default \
                 or t is aten.lift_fresh_copy.default or _sig(t).is_view:
@@ -209,6 +245,7 @@ class GraphExecutable:
                     f"graph")
         self.cache: dict = {}
         self.check_info: list = []
+        self.symbolic = _is_symbolic(gm)
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
@@ -280,7 +317,11 @@ class GraphExecutable:
         key = tuple(key)
         ex = self.cache.get(key)
         if ex is None:
-            ex = self._compile(key, arrays, host_vals, keys, env, host_in, sdatas, index)
+            self._args = args
+            try:
+                ex = self._compile(key, arrays, host_vals, keys, env, host_in, sdatas, index)
+            finally:
+                self._args = None
             self.cache[key] = ex
         else:
             c["cache_hits"] += 1
@@ -303,6 +344,10 @@ class GraphExecutable:
         jax = runtime.jax()
         register_pytree()
         c = M.compile
+        if self.symbolic:
+            meta = _concrete_metas(self.gm, self.placeholders, self._args)
+        else:
+            meta = {n: n.meta.get("val") for n in self.nodes}
         table = ops.table()
         slot_dtypes = [sd.dtype for sd in sdatas]
         nodes = self.nodes
@@ -376,8 +421,14 @@ class GraphExecutable:
                 if t is operator.getitem:
                     env[n] = env[n.args[0]][n.args[1]]
                     continue
-                val = n.meta["val"]
                 a, kw = _map(n.args, env), _map(n.kwargs, env)
+                if not isinstance(t, torch._ops.OpOverload):  # SymInt arithmetic
+                    env[n] = t(*a, **kw)
+                    continue
+                if t in _SYM_OPS:
+                    env[n] = _SYM_OPS[t](meta[n.args[0]], *a[1:])
+                    continue
+                val = meta[n]
                 if t is aten.copy_.default:
                     dst, src = a[0], a[1]
                     j, spec = dst[1], dst[2]
@@ -497,7 +548,7 @@ class GraphExecutable:
                     res.append(env[o])
                     continue
                 v = out_env[o]
-                fake = o.meta["val"]
+                fake = meta[o]
                 if isinstance(v, list):
                     raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
                 _, j, spec = v
