@@ -246,6 +246,12 @@ class GraphExecutable:
         self.cache: dict = {}
         self.check_info: list = []
         self.symbolic = _is_symbolic(gm)
+        # per-call host work, precomputed: the host nodes in order, and the host values
+        # the executable reads
+        self.host_calls = [n for n in self.nodes if n.op == "call_function" and n in self.host]
+        self.host_feed = [n for n in self.nodes
+                          if (n in self.host or n.op in ("placeholder", "get_attr"))
+                          and _used_on_device(n, self.host)]
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
@@ -294,9 +300,7 @@ class GraphExecutable:
             index = state.current_device
         # host part: CPU nodes with PyTorch's CPU kernels; copy_ into inputs waits
         late_copies = []
-        for n in self.nodes:
-            if n.op != "call_function" or n not in self.host:
-                continue
+        for n in self.host_calls:
             a, kw = _map(n.args, env), _map(n.kwargs, env)
             if n.target is aten.copy_.default and n.args[0].op == "placeholder":
                 late_copies.append((a[0], a[1]))
@@ -304,14 +308,12 @@ class GraphExecutable:
                 continue
             env[n] = n.target(*a, **kw)
         host_vals = []
-        for n in self.nodes:
-            if n in self.host or n.op in ("placeholder", "get_attr"):
-                v = env.get(n)
-                if isinstance(v, torch.Tensor) and v.device.type == "cpu" and _used_on_device(
-                        n, self.host):
-                    host_in.append(n)
-                    host_vals.append(np.array(v.detach().numpy(), copy=True))
-                    key.append(("h", tuple(v.shape), v.dtype))
+        for n in self.host_feed:
+            v = env.get(n)
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                host_in.append(n)
+                host_vals.append(np.array(v.detach().numpy(), copy=True))
+                key.append(("h", tuple(v.shape), v.dtype))
         keys = [state.rng(index).next_key_data() for _ in self.random]
         key.append(index)
         key = tuple(key)

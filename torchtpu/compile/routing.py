@@ -68,12 +68,16 @@ def _on_registry(mod) -> None:
 
 
 def _on_trace_rules(mod) -> None:
-    """Dynamo must never trace torchtpu itself, nor JAX under it: our PrivateUse1 kernels
+    """Dynamo must never trace torchtpu's runtime, nor JAX under it: our PrivateUse1 kernels
     are Python frames that run inside compiled functions' eager regions (graph breaks),
     and Dynamo's frame hook sees every frame they call."""
     import importlib.util
 
-    for name in ("torchtpu", "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
+    # torchtpu's runtime packages only: models in torchtpu.bench / torchtpu.demo are
+    # user code that Dynamo must trace
+    for name in ("torchtpu._device", "torchtpu._tensor", "torchtpu.eager", "torchtpu.ops",
+                 "torchtpu.compile", "torchtpu._metrics", "torchtpu._public",
+                 "jax", "jaxlib", "ml_dtypes", "opt_einsum"):
         if importlib.util.find_spec(name) is not None:
             mod.add(name)
 
