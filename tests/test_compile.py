@@ -287,3 +287,15 @@ def test_automatic_dynamic_shapes_give_cpu_results():
     m = torchtpu.metrics()["compile"]
     # one static graph (n=3), one symbolic graph (n=5, 7): executables for 3, 5 and 7
     assert m["graphs_compiled"] == 2 and m["executables"] == 3 and m["cache_hits"] == 1, m
+
+
+def test_eager_ops_under_dynamos_frame_hook():
+    # PyTorch 2.13 skips torch.nn's own frames, so model.compile() on an nn.Sequential
+    # runs it eagerly with Dynamo's frame hook active: our kernels (and JAX under them)
+    # must not be traced by Dynamo (they were: a jnp.transpose TypeError)
+    torch.manual_seed(4)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    tpu.compile()
+    x = torch.randn(5, 8)
+    _close(tpu(x.to("tpu")), cpu(x))
