@@ -299,3 +299,21 @@ def test_eager_ops_under_dynamos_frame_hook():
     tpu.compile()
     x = torch.randn(5, 8)
     _close(tpu(x.to("tpu")), cpu(x))
+
+
+def test_default_backend_keeps_cpu_graphs_on_inductor(monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+
+    def fake_compile_fx(gm, example_inputs, **kwargs):  # stands in for Inductor
+        seen.append([t.device.type for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    torchtpu.reset_metrics()
+    x = torch.randn(3)
+    out = torch.compile(lambda a: a * 2 + 1)(x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert seen == [["cpu"]]
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] == 0
