@@ -317,3 +317,14 @@ def test_default_backend_keeps_cpu_graphs_on_inductor(monkeypatch):
     torch.testing.assert_close(out, x * 2 + 1)
     assert seen == [["cpu"]]
     assert torchtpu.metrics()["compile"]["graphs_compiled"] == 0
+
+
+def test_device_side_check_in_a_graph_raises_at_sync():
+    # as eager: an out-of-range index raises IndexError (CPU raises at once)
+    x = torch.arange(5.0)
+    i = torch.tensor([1, 7])
+    with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
+        x[i]
+    f = torch.compile(lambda a, b: a[b] * 2, backend="tpu")
+    with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
+        f(x.to("tpu"), i.to("tpu")).cpu()
