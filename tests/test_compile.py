@@ -328,3 +328,22 @@ def test_device_side_check_in_a_graph_raises_at_sync():
     f = torch.compile(lambda a, b: a[b] * 2, backend="tpu")
     with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
         f(x.to("tpu"), i.to("tpu")).cpu()
+
+
+def test_small_llama_loss_and_gradients_compiled_match_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(cfg)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = torch.randint(0, 100, (2, 10))
+    ref = cpu(ids, labels=ids, use_cache=False).loss
+    ref.backward()
+    out = torch.compile(tpu, backend="tpu")(ids.to("tpu"), labels=ids.to("tpu"),
+                                            use_cache=False).loss
+    out.backward()
+    _close(out, ref, 1e-4)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p.grad, q.grad, 1e-4)

@@ -38,7 +38,7 @@ aten = torch.ops.aten
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 # uninitialized memory: any value is right; zeros
 _EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-          aten.new_empty.default, aten.new_empty_strided.default}
+          aten.new_empty.default, aten.new_empty_strided.default, aten.empty_permuted.default}
 _SIGS: dict = {}
 
 
