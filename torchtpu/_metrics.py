@@ -34,6 +34,14 @@ class Metrics:
             "thread_switch": another thread records; "segment_limit").
         donated_buffers: segment inputs handed to XLA for reuse (in-place updates).
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
+        compile: torch.compile on tpu (``torchtpu.compile``): ``graphs_compiled`` (FX
+            graphs handed to the backend, forward and backward count separately),
+            ``tracing_seconds`` (AOTAutograd inside the backend call, plus Dynamo's own
+            tracing when PyTorch reports it), ``lowering_seconds`` (our FX -> JAX
+            interpretation and StableHLO emission), ``xla_seconds`` (XLA compilation),
+            ``executables`` (one per graph and input layout), ``cache_hits`` (calls that
+            reused an executable), ``graph_calls``, ``recompiles`` (Dynamo compiled a frame
+            again after a guard failed).
     """
 
     def __init__(self):
@@ -63,6 +71,11 @@ class Metrics:
         self.segment_cuts = collections.Counter()
         self.donated_buffers = 0
         self.sync_sites = collections.Counter()
+        self.compile = {
+            "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,
+            "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
+            "recompiles": 0,
+        }
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

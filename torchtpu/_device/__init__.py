@@ -83,6 +83,9 @@ def register() -> None:
 
     _autograd.install()
     autocast.register()
+    from torchtpu.compile import routing
+
+    routing.install()  # torch.compile graphs on tpu tensors -> backend "tpu"
 
 
 def _kernel_for(op):

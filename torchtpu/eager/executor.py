@@ -37,14 +37,14 @@ from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import defer as _defer
 from torchtpu.eager import tiers as _tiers
-from torchtpu.ops import _checks
+from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
+    GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, STATIC, T, T_LIST, Signature, call_lowering,
+)
+from torchtpu.ops._schema import flatten as _flatten
 from torchtpu.ops._util import scalar_type_name
 
 M = _metrics.METRICS
 aten = torch.ops.aten
-
-# argument kinds
-T, OPT_T, T_LIST, OPT_T_LIST, SCALAR, OPT_SCALAR, GEN, STATIC = range(8)
 
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 
@@ -59,76 +59,6 @@ class Config:
 
 
 CONFIG = Config()
-
-
-def _arg_kind(a) -> int:
-    t = a.type
-    s = str(t)
-    if s == "Tensor":
-        return T
-    if s == "Optional[Tensor]":
-        return OPT_T
-    if s == "List[Tensor]":
-        return T_LIST
-    if s == "List[Optional[Tensor]]":
-        return OPT_T_LIST
-    if s == "number" or s == "Scalar":
-        return SCALAR
-    if s in ("Optional[number]", "Optional[Scalar]"):
-        return OPT_SCALAR
-    if s == "Optional[Generator]" or s == "Generator":
-        return GEN
-    return STATIC
-
-
-def _default(a):
-    if a.has_default_value():
-        return a.default_value
-    return None
-
-
-class Signature:
-    """Schema facts of one ``OpOverload`` used on every call (computed once)."""
-
-    def __init__(self, op):
-        sch = op._schema
-        self.op = op
-        self.args = list(sch.arguments)
-        self.names = [a.name for a in self.args]
-        self.kinds = [_arg_kind(a) for a in self.args]
-        self.defaults = [_default(a) for a in self.args]
-        self.kwarg_only = [a.kwarg_only for a in self.args]
-        self.mutated = [
-            i for i, a in enumerate(self.args) if a.alias_info is not None and a.alias_info.is_write
-        ]
-        self.out_args = [i for i in self.mutated if self.kwarg_only[i]]
-        self.nret = len(sch.returns)
-        # the mutated arguments a mutable op returns (by alias set: _amp_update_scale_
-        # mutates two and returns one, _amp_foreach_non_finite_check_and_unscale_ none)
-        self.mutated_returns = [
-            next((i for i in self.mutated
-                  if self.args[i].alias_info.before_set == r.alias_info.before_set), None)
-            if r.alias_info is not None else None
-            for r in sch.returns
-        ] if self.mutated else []
-        if None in self.mutated_returns:
-            self.mutated_returns = self.mutated[: self.nret]
-        # mutated Tensor[] arguments (in-place list ops: one write per element)
-        self.mutated_lists = [i for i in self.mutated if self.kinds[i] in (T_LIST, OPT_T_LIST)]
-        self.is_view = (
-            not self.mutated
-            and any(r.alias_info is not None for r in sch.returns)
-        )
-        self.tensor_idx = [i for i, k in enumerate(self.kinds) if k in (T, OPT_T, T_LIST, OPT_T_LIST)]
-
-    def normalize(self, args, kwargs) -> list:
-        vals = list(args)
-        n = len(vals)
-        if n < len(self.args):
-            for i in range(n, len(self.args)):
-                name = self.names[i]
-                vals.append(kwargs[name] if name in kwargs else self.defaults[i])
-        return vals
 
 
 # ------------------------------------------------------------------ errors and helpers
@@ -151,18 +81,6 @@ def describe(vals) -> str:
         else:
             parts.append(repr(v))
     return ", ".join(parts)
-
-
-def _flatten(vals) -> list:
-    """``vals`` with its list/tuple entries spliced in (Tensor[] arguments and results are
-    one write or one output per element)."""
-    out = []
-    for v in vals:
-        if isinstance(v, (list, tuple)):
-            out.extend(v)
-        else:
-            out.append(v)
-    return out
 
 
 def _iter_tensors(vals):
@@ -696,26 +614,11 @@ class LoweredPlan:
         def traced(arrays, dyn):
             dyn_it = iter(dyn)
             largs = [_rebuild(item, arrays, dyn_it) for item in layout]
-            kw = {"key": next(dyn_it)} if lowering.random else {}
-            with _checks.Tracing() as tr:
-                res = lowering.fn(*largs[:nf], **kw)
-            check_info[:] = [(exc, msg) for _, exc, msg in tr.checks]
-            flags = (jax.numpy.stack([jax.numpy.any(b) for b, _, _ in tr.checks]),) \
-                if tr.checks else ()
-            if not isinstance(res, (tuple, list)):
-                res = (res,)
-            res = _flatten(res)  # a Tensor[] result: one entry per element
-            fixed = []
-            for (size, stride, dt), r in zip(out_meta, res):
-                want = runtime.to_np_dtype(dt)
-                if r.dtype != want:
-                    r = r.astype(want)
-                if tuple(r.shape) != tuple(size):
-                    raise RuntimeError(
-                        f"torchtpu internal error: the lowering of {op} returned shape "
-                        f"{tuple(r.shape)} where PyTorch computes {size}"
-                    )
-                fixed.append(r)
+            key = next(dyn_it) if lowering.random else None
+            fixed, checks = call_lowering(lowering, op, largs[:nf], out_meta, key)
+            check_info[:] = [(exc, msg) for _, exc, msg in checks]
+            flags = (jax.numpy.stack([jax.numpy.any(b) for b, _, _ in checks]),) \
+                if checks else ()
             if mutated:
                 cur = {}
                 for slot, spec, r in zip(writes, write_specs, fixed):
@@ -862,6 +765,23 @@ def to_jax(t: torch.Tensor):
 
 
 PENDING_CHECKS: list = []  # (flags array or Lazy, [(exc, msg)], op) not verified yet
+
+
+def dispatched(outputs) -> None:
+    """Record the results of an executable dispatched outside the per-op path (a
+    torch.compile graph): ``torch.tpu.synchronize()`` waits for the latest ones."""
+    global LAST_OUTPUTS
+    LAST_OUTPUTS = outputs
+
+
+def report_device_checks(flags, info, where) -> None:
+    """Queue device-side checks computed by an executable that is not a per-op one (a
+    torch.compile graph): ``flags`` is a bool[n] array (or a DeferAndFuse ``Lazy``),
+    ``info`` the ``(exception type, message)`` per flag, ``where`` what to name in the
+    error.  They are verified at the next sync point, like a per-op executable's."""
+    PENDING_CHECKS.append((flags, info, where))
+    if len(PENDING_CHECKS) > 256:
+        check_pending()
 
 
 def check_pending() -> None:
@@ -1174,18 +1094,9 @@ _DECOMPS = None
 def _decomposition(op):
     global _DECOMPS
     if _DECOMPS is None:
-        from torch._decomp import decomposition_table
-
         from torchtpu.ops import decomp_overrides
 
-        # PyTorch's decompositions proper; torch._refs entries lower to prims, which
-        # would dispatch straight back to the op they implement.
-        _DECOMPS = {
-            op: fn
-            for op, fn in decomposition_table.items()
-            if not getattr(fn, "__module__", "").startswith("torch._refs")
-        }
-        _DECOMPS.update(decomp_overrides.table())
+        _DECOMPS = decomp_overrides.decompositions()
     return _DECOMPS.get(op)
 
 

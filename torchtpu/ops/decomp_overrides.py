@@ -20,7 +20,31 @@ def decomp(*ops):
 
 
 def table() -> dict:
+    """Our own decompositions only (see :func:`decompositions` for the full set)."""
     return _TABLE
+
+
+_ALL = None
+
+
+def decompositions() -> dict:
+    """Every decomposition torchtpu uses, ``{OpOverload: fn}``: PyTorch's
+    ``torch._decomp.decomposition_table`` proper (its ``torch._refs`` entries lower to
+    prims, which would dispatch straight back to the op they implement) updated with
+    ours.  The eager executor consults it after the lowering table; torch.compile hands
+    the entries the lowering table lacks to AOTAutograd.  Computed once."""
+    global _ALL
+    if _ALL is None:
+        from torch._decomp import decomposition_table
+
+        d = {
+            op: fn
+            for op, fn in decomposition_table.items()
+            if not getattr(fn, "__module__", "").startswith("torch._refs")
+        }
+        d.update(_TABLE)
+        _ALL = d
+    return _ALL
 
 
 @decomp(aten.equal.default)

@@ -1,0 +1,349 @@
+"""torch.compile on tpu (backend "tpu", routing of the default backend), against CPU."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torchtpu
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(a, b, tol=1e-5):
+    torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=tol, atol=tol)
+
+
+class MLP(nn.Module):
+    def __init__(self, p=0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.fc2 = nn.Linear(32, 32)
+        self.fc3 = nn.Linear(32, 5)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = self.drop(torch.tanh(self.fc2(x)))
+        return self.fc3(x)
+
+
+def _train(model, xs, ys, compile_kw):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    fwd = torch.compile(model, **compile_kw) if compile_kw is not None else model
+    for x, y in zip(xs, ys):
+        loss = nn.functional.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return loss
+
+
+def test_mlp_training_step_matches_cpu_and_does_not_recompile():
+    torch.manual_seed(0)
+    cpu = MLP()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    xs = [torch.randn(8, 12) for _ in range(3)]
+    ys = [torch.randint(0, 5, (8,)) for _ in range(3)]
+    ref = _train(cpu, xs, ys, None)
+    torchtpu.reset_metrics()
+    model = tpu
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    fwd = torch.compile(model, backend="tpu")
+
+    @torch.compile(backend="tpu")
+    def opt_step():
+        opt.step()
+
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        loss = nn.functional.cross_entropy(fwd(x.to("tpu")), y.to("tpu"))
+        loss.backward()
+        opt_step()
+        opt.zero_grad()
+        if i == 0:
+            first = torchtpu.metrics()["compile"]
+    after = torchtpu.metrics()["compile"]
+    _close(loss, ref, 1e-4)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p, q, 1e-4)
+    assert first["graphs_compiled"] >= 2  # forward and backward (and the optimizer)
+    assert after["graphs_compiled"] == first["graphs_compiled"]
+    assert after["executables"] == first["executables"]
+    assert after["recompiles"] == 0
+    assert after["cache_hits"] > first["cache_hits"]
+    assert after["xla_seconds"] > 0 and after["lowering_seconds"] > 0
+    assert after["tracing_seconds"] > 0
+
+
+def test_fullgraph_function():
+    def f(x, y):
+        return torch.softmax(x @ y.t() * 0.5, dim=-1).sum(0) + x.mean()
+
+    x, y = torch.randn(4, 6), torch.randn(3, 6)
+    out = torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu"), y.to("tpu"))
+    _close(out, f(x, y))
+
+
+def test_module_compile_method():
+    torch.manual_seed(1)
+    cpu = MLP()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    tpu.compile(backend="tpu")
+    x = torch.randn(3, 12)
+    torchtpu.reset_metrics()
+    _close(tpu(x.to("tpu")), cpu(x))
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] >= 1
+
+
+def test_graph_break_runs_eager_pieces(eager_mode):
+    def f(x):
+        y = torch.sin(x) * 2
+        s = y.sum().item()  # graph break: a host read
+        return torch.cos(y) + s
+
+    x = torch.randn(5)
+    torchtpu.reset_metrics()
+    out = torch.compile(f, backend="tpu")(x.to("tpu"))
+    _close(out, f(x))
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] >= 2
+
+
+def test_compiled_graph_is_one_op_to_defer_and_fuse():
+    x = torch.randn(6)
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        t = x.to("tpu") * 3  # pending in the segment
+        torchtpu.reset_metrics()
+        out = torch.compile(lambda a: torch.exp(a) + 1, backend="tpu")(t)
+        m = torchtpu.metrics()
+        assert m["host_syncs_total"] == 0, m["host_syncs"]
+        assert m["segment_cuts"].get("compiled_graph", 0) >= 1
+        _close(out, torch.exp(x * 3) + 1)
+
+
+def test_batchnorm_training_mutates_running_stats():
+    torch.manual_seed(2)
+    cpu = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU())
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torch.compile(tpu, backend="tpu")
+    for _ in range(2):
+        x = torch.randn(10, 6)
+        ref = cpu(x)
+        out = f(x.to("tpu"))
+        _close(out, ref)
+    bn_c, bn_t = cpu[1], tpu[1]
+    _close(bn_t.running_mean, bn_c.running_mean)
+    _close(bn_t.running_var, bn_c.running_var)
+    assert int(bn_t.num_batches_tracked.cpu()) == 2
+
+
+def test_batchnorm_inference_graph_mutates_running_stats():
+    # no autograd: AOTAutograd keeps the input mutation (copy_) inside the graph
+    torch.manual_seed(3)
+    cpu = nn.BatchNorm1d(4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    f = torch.compile(tpu, backend="tpu")
+    x = torch.randn(7, 4)
+    with torch.no_grad():
+        ref = cpu(x)
+        out = f(x.to("tpu"))
+    _close(out, ref)
+    _close(tpu.running_mean, cpu.running_mean)
+    _close(tpu.running_var, cpu.running_var)
+
+
+def test_dropout_masks_change_per_call_and_replay_after_manual_seed():
+    model = MLP(p=0.5).to("tpu")
+    f = torch.compile(model, backend="tpu")
+    x = torch.randn(16, 12).to("tpu")
+
+    def run():
+        torch.manual_seed(123)
+        a = f(x).cpu()
+        b = f(x).cpu()
+        return a, b
+
+    a1, b1 = run()
+    a2, b2 = run()
+    assert not torch.equal(a1, b1)  # a new mask each call
+    assert torch.equal(a1, a2) and torch.equal(b1, b2)  # torch.manual_seed replays them
+
+
+def test_dropout_forward_and_backward_masks_agree():
+    x = torch.randn(64, 32).to("tpu").requires_grad_()
+    f = torch.compile(lambda a: nn.functional.dropout(a, 0.5, training=True), backend="tpu")
+    y = f(x)
+    y.sum().backward()
+    yv, g = y.detach().cpu(), x.grad.cpu()
+    # the gradient is 2 where the element was kept and 0 where it was dropped
+    torch.testing.assert_close(g, (yv != 0).float() * 2)
+
+
+def test_default_backend_routes_tpu_graphs():
+    def f(x):
+        return torch.nn.functional.gelu(x) * 3
+
+    x = torch.randn(4, 4)
+    torchtpu.reset_metrics()
+    out = torch.compile(f)(x.to("tpu"))  # no backend: Inductor would fail on tpu
+    _close(out, f(x))
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] == 1
+
+
+def test_explicit_inductor_on_tpu_names_backend_tpu():
+    def f(x):
+        return x + 1
+
+    with pytest.raises(Exception, match='backend="tpu"') as ei:
+        torch.compile(f, backend="inductor")(torch.randn(3).to("tpu"))
+    assert "torch_tpu" not in str(ei.value)
+
+
+def test_op_without_lowering_raises_naming_it(monkeypatch):
+    from torchtpu import ops
+
+    monkeypatch.delitem(ops.LOWERINGS, torch.ops.aten.cos.default)
+    with pytest.raises(Exception) as ei:
+        torch.compile(lambda a: torch.cos(a) + 1, backend="tpu")(torch.randn(3).to("tpu"))
+    err = ei.value
+    chain = []
+    while err is not None:
+        chain.append(err)
+        # Dynamo wraps a backend's error in BackendCompilerFailed(.inner_exception)
+        err = err.__cause__ or getattr(err, "inner_exception", None)
+    assert any(isinstance(e, NotImplementedError) and "aten.cos.default" in str(e)
+               for e in chain), chain
+
+
+def test_small_llama_forward_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = torch.randint(0, 100, (2, 10))
+    with torch.no_grad():
+        ref = cpu(ids, use_cache=False).logits
+        f = torch.compile(tpu, backend="tpu")
+        out = f(ids.to("tpu"), use_cache=False).logits
+    _close(out, ref, 1e-4)
+
+
+def test_tensor_constant_in_graph():
+    # torch.tensor(..., device="tpu") inside a compiled function: a lifted constant
+    def f(x):
+        return x * torch.tensor([1.0, -2.0, 3.0], device=x.device) + 1
+
+    x = torch.randn(2, 3)
+    _close(torch.compile(f, backend="tpu")(x.to("tpu")), f(x))
+
+
+def test_llama_forward_with_dynamic_cache_matches_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = torch.randint(0, 100, (1, 7))
+    with torch.no_grad():
+        ref = cpu(ids).logits
+        out = torch.compile(tpu, backend="tpu")(ids.to("tpu")).logits
+    _close(out, ref, 1e-4)
+
+
+def test_shape_change_recompiles_once_per_shape_with_dynamic_false():
+    def f(x):
+        return torch.relu(x) * 2
+
+    g = torch.compile(f, backend="tpu", dynamic=False)
+    torchtpu.reset_metrics()
+    for n in (3, 5, 3, 5):
+        x = torch.randn(n, 4)
+        _close(g(x.to("tpu")), f(x))
+    m = torchtpu.metrics()["compile"]
+    assert m["graphs_compiled"] == 2 and m["recompiles"] == 1, m
+
+
+def test_automatic_dynamic_shapes_give_cpu_results():
+    # default dynamic=None: after a shape change Dynamo marks the dimension dynamic; the
+    # graph then has symbolic sizes and we build one executable per concrete shape
+    def f(x):
+        return torch.softmax(x.view(x.shape[0], -1) * 2, dim=-1).sum(1)
+
+    g = torch.compile(f, backend="tpu")
+    torchtpu.reset_metrics()
+    for n in (3, 5, 7, 5):
+        x = torch.randn(n, 2, 3)
+        _close(g(x.to("tpu")), f(x))
+    m = torchtpu.metrics()["compile"]
+    # one static graph (n=3), one symbolic graph (n=5, 7): executables for 3, 5 and 7
+    assert m["graphs_compiled"] == 2 and m["executables"] == 3 and m["cache_hits"] == 1, m
+
+
+def test_eager_ops_under_dynamos_frame_hook():
+    # PyTorch 2.13 skips torch.nn's own frames, so model.compile() on an nn.Sequential
+    # runs it eagerly with Dynamo's frame hook active: our kernels (and JAX under them)
+    # must not be traced by Dynamo (they were: a jnp.transpose TypeError)
+    torch.manual_seed(4)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    tpu = copy.deepcopy(cpu).to("tpu")
+    tpu.compile()
+    x = torch.randn(5, 8)
+    _close(tpu(x.to("tpu")), cpu(x))
+
+
+def test_default_backend_keeps_cpu_graphs_on_inductor(monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+
+    def fake_compile_fx(gm, example_inputs, **kwargs):  # stands in for Inductor
+        seen.append([t.device.type for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    torchtpu.reset_metrics()
+    x = torch.randn(3)
+    out = torch.compile(lambda a: a * 2 + 1)(x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert seen == [["cpu"]]
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] == 0
+
+
+def test_device_side_check_in_a_graph_raises_at_sync():
+    # as eager: an out-of-range index raises IndexError (CPU raises at once)
+    x = torch.arange(5.0)
+    i = torch.tensor([1, 7])
+    with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
+        x[i]
+    f = torch.compile(lambda a, b: a[b] * 2, backend="tpu")
+    with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
+        f(x.to("tpu"), i.to("tpu")).cpu()
+
+
+def test_small_llama_loss_and_gradients_compiled_match_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    cpu = transformers.LlamaForCausalLM(cfg)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    ids = torch.randint(0, 100, (2, 10))
+    ref = cpu(ids, labels=ids, use_cache=False).loss
+    ref.backward()
+    out = torch.compile(tpu, backend="tpu")(ids.to("tpu"), labels=ids.to("tpu"),
+                                            use_cache=False).loss
+    out.backward()
+    _close(out, ref, 1e-4)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p.grad, q.grad, 1e-4)

@@ -1,0 +1,102 @@
+"""The Dynamo backend ``"tpu"``: Dynamo -> AOTAutograd -> one JAX executable per graph.
+
+``torch.compile(fn, backend="tpu")`` hands each Dynamo FX graph to :func:`tpu_backend`,
+which runs AOTAutograd (forward and backward partitioned by PyTorch's min-cut
+rematerialization partitioner, functionalized, decomposed to the ops our lowering table
+has) and turns each resulting ATen graph into a :class:`~torchtpu.compile.graph.
+GraphExecutable`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+
+from torchtpu import _metrics
+
+M = _metrics.METRICS
+_ids = itertools.count()
+
+
+# Ops FakeTensorMode must see whole: a constant (torch.tensor(...) in a graph) is a real
+# tensor lifted into the fake world by lift_fresh; its "decomposition" to alias would hand
+# the real tensor to a fake kernel.
+_KEEP = {"aten::lift_fresh", "aten::lift_fresh_copy"}
+
+
+@functools.lru_cache(maxsize=None)
+def decompositions() -> dict:
+    """The decompositions AOTAutograd applies: torchtpu's decomposition set (the same one
+    eager consults, ``ops.decomp_overrides.decompositions()``) over PyTorch's Core ATen
+    decompositions (``torch._decomp.core_aten_decompositions()``: ops such as
+    ``new_ones`` that eager never receives because PyTorch decomposes them above the
+    backend, but that AOTAutograd's trace keeps), minus the ops the lowering table has
+    (those stay whole: one lowering instead of its pieces)."""
+    from torch._decomp import core_aten_decompositions
+
+    from torchtpu import ops
+    from torchtpu.ops import decomp_overrides
+
+    table = ops.table()
+    d = dict(core_aten_decompositions())
+    d.update(decomp_overrides.decompositions())
+    return {op: fn for op, fn in d.items()
+            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP}
+
+
+def _compiler(kind):
+    def compile_graph(gm, example_inputs):
+        from torchtpu.compile.graph import GraphExecutable
+
+        M.compile["graphs_compiled"] += 1
+        ex = GraphExecutable(gm, f"{kind}{next(_ids)}")
+
+        def run(args):
+            return ex(args)
+
+        run._boxed_call = True  # AOTAutograd passes one list of inputs
+        run.graph_executable = ex
+        return run
+
+    return compile_graph
+
+
+def _count_recompile():
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+    except Exception:
+        return
+    if cid is not None and getattr(cid, "frame_compile_id", 0):
+        M.compile["recompiles"] += 1
+
+
+def tpu_backend(gm, example_inputs, **kwargs):
+    """Dynamo backend for graphs on ``tpu`` tensors (``torch.compile(backend="tpu")``).
+
+    ``gm``: Dynamo's FX graph (torch-level ops); ``example_inputs``: its fake inputs.
+    Returns the compiled callable.  Ops without a lowering raise ``NotImplementedError``
+    naming the op when the graph is compiled (``torch._dynamo`` wraps it in a
+    ``BackendCompilerFailed`` whose cause is that error)."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    _count_recompile()
+    t0 = time.perf_counter()
+    c = M.compile
+    before = c["lowering_seconds"] + c["xla_seconds"]
+    backend = aot_autograd(
+        fw_compiler=_compiler("fw"),
+        bw_compiler=_compiler("bw"),
+        inference_compiler=_compiler("inference"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )
+    try:
+        return backend(gm, example_inputs)
+    finally:
+        c["tracing_seconds"] += (time.perf_counter() - t0) - (
+            c["lowering_seconds"] + c["xla_seconds"] - before)

@@ -1,0 +1,583 @@
+"""One AOTAutograd FX graph (ATen ops) -> one ``jax.jit`` executable.
+
+:class:`GraphExecutable` interprets the graph's nodes through the same lowering table
+as eager (``torchtpu.ops``), with the same argument normalization, Scalars and output
+dtype fixing (``torchtpu.ops._schema``), inside one JAX trace.  Tensor values are modelled
+as eager models them: a storage array plus a view spec (``torchtpu._tensor.storage``).
+A view node (``view``, ``t``, ``slice``, ``as_strided``...) costs nothing: its value is its
+base's storage read through the geometry PyTorch's fake tensor gives it, exactly as eager
+reads a view.  A non-view node's result is a new storage, laid out as its fake tensor's
+strides say.
+
+Nodes on CPU tensors whose inputs are all on CPU (an optimizer's ``step`` counters) run on
+the host with PyTorch's CPU kernels before the executable; their values enter it as
+inputs.  Input mutations (``copy_`` into a graph input, e.g. BatchNorm running stats kept
+in the graph by AOTAutograd) are written back to the input's storage after the call.
+Random ops draw one key per node per call from the tpu generator (``state.rng``), passed
+as an input, so masks change between calls and ``torch.manual_seed`` replays them.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+
+import numpy as np
+import torch
+
+from torchtpu import _metrics, ops
+from torchtpu._device import runtime, state
+from torchtpu._tensor import storage as _st
+from torchtpu.ops._scalar import Scalar, register_pytree
+from torchtpu.ops._schema import (
+    GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, T, T_LIST, Signature, call_lowering, flatten,
+)
+
+M = _metrics.METRICS
+aten = torch.ops.aten
+_SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
+# uninitialized memory: any value is right; zeros
+_EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+          aten.new_empty.default, aten.new_empty_strided.default, aten.empty_permuted.default}
+_SIGS: dict = {}
+
+
+def _sig(op) -> Signature:
+    s = _SIGS.get(op)
+    if s is None:
+        s = _SIGS[op] = Signature(op)
+    return s
+
+
+def _fake_tensors(val) -> list:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _is_cpu(val) -> bool:
+    ts = _fake_tensors(val)
+    return bool(ts) and all(t.device.type == "cpu" for t in ts)
+
+
+def _perm(size, stride):
+    """Permutation p with ``r.transpose(p)`` laid out as ``stride`` (dense), None when
+    ``stride`` is contiguous, "nondense" otherwise."""
+    if tuple(stride) == _st.contiguous_strides(size):
+        return None
+    order = sorted(range(len(size)), key=lambda d: (-stride[d], -size[d]))
+    expect = 1
+    for d in reversed(order):
+        if size[d] != 1 and stride[d] != expect:
+            return "nondense"
+        expect *= size[d]
+    return tuple(order)
+
+
+def _spec(fake, sshape, sdtype):
+    """View spec (as ``storage.view_spec``) of fake tensor ``fake`` on a storage array of
+    shape ``sshape`` and torch dtype ``sdtype``."""
+    size = tuple(fake.shape)
+    if fake.is_neg() or fake.is_conj():
+        raise NotImplementedError(
+            "torchtpu.compile: a lazily conjugated/negated view inside a compiled graph")
+    if (size == tuple(sshape) and fake.dtype is sdtype and fake.storage_offset() == 0
+            and fake.is_contiguous()):
+        return (size, fake.dtype)
+    return (size, fake.dtype, tuple(fake.stride()), int(fake.storage_offset()), tuple(sshape),
+            sdtype)
+
+
+_FOREACH: dict = {}
+
+
+def _plain_type(t: str) -> str:
+    return {"List[Tensor]": "Tensor", "List[number]": "number",
+            "List[Scalar]": "Scalar"}.get(t, t)
+
+
+def foreach_element_op(op):
+    """The per-tensor overload a ``_foreach_*`` overload applies element by element
+    (``_foreach_mul.List`` -> ``mul.Tensor``, ``_foreach_pow.ScalarAndTensor`` ->
+    ``pow.Scalar``), matched on argument types with lists made single; None if none."""
+    if op in _FOREACH:
+        return _FOREACH[op]
+    found = None
+    name = op._schema.name.split("::")[1]
+    if name.startswith("_foreach_") and not _sig(op).mutated:
+        pkt = getattr(aten, name[len("_foreach_"):], None)
+        want = [_plain_type(str(a.type)) for a in op._schema.arguments]
+        for ov in (pkt.overloads() if pkt is not None else ()):
+            cand = getattr(pkt, ov)
+            cargs = cand._schema.arguments
+            if any(a.alias_info is not None for a in cargs) or len(cargs) < len(want):
+                continue
+            if [str(a.type) for a in cargs[: len(want)]] == want and all(
+                    a.has_default_value() for a in cargs[len(want):]):
+                found = cand
+                break
+    _FOREACH[op] = found
+    return found
+
+
+class _Unsupported(NotImplementedError):
+    pass
+
+
+_SYM_OPS = {aten.sym_size.int: lambda v, d: v.shape[d],
+            aten.sym_stride.int: lambda v, d: v.stride()[d],
+            aten.sym_numel.default: lambda v: v.numel(),
+            aten.sym_storage_offset.default: lambda v: v.storage_offset()}
+
+
+def _is_sym_fn(t) -> bool:
+    """Size arithmetic on SymInts in a dynamic-shape graph (``operator.mul``,
+    ``torch.sym_max``...): evaluated on the concrete sizes of the call."""
+    return getattr(t, "__module__", None) in ("_operator", "operator") or \
+        getattr(t, "__name__", "").startswith("sym_")
+
+
+def _is_symbolic(gm) -> bool:
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            if isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and any(
+                    not isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride())):
+                return True
+    return False
+
+
+def _concrete_metas(gm, placeholders, args) -> dict:
+    """``{node: fake value}`` for a graph with symbolic sizes, re-propagated with fake
+    tensors of the call's concrete inputs (one executable per concrete shape)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    saved = {n: n.meta.get("val") for n in gm.graph.nodes}
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
+             for a in args[: len(placeholders)]]
+    try:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+        return {n: n.meta.get("val") for n in gm.graph.nodes}
+    finally:
+        for n, v in saved.items():
+            n.meta["val"] = v
+
+
+def check_graph(gm) -> None:
+    """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
+    (nor a view / uninitialized-memory / host meaning), before anything is compiled."""
+    table = ops.table()
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        t = n.target
+        if not isinstance(t, torch._ops.OpOverload):
+            if t is operator.getitem or _is_sym_fn(t):
+                continue
+            raise NotImplementedError(
+                f"torchtpu.compile: graph node {n.name} calls {t}, which has no lowering "
+                f"for the tpu device")
+        val = n.meta.get("val")
+        if _is_cpu(val):
+            continue  # runs on the host with PyTorch's CPU kernel
+        fe = foreach_element_op(t) if t not in table else None
+        if fe is not None and fe in table:
+            continue
+        if t in _SYM_OPS:
+            continue
+        if t in table or t in _EMPTY or t is aten.copy_.default or t is aten._unsafe_view.default \
+                or t is aten.lift_fresh_copy.default or _sig(t).is_view:
+            continue
+        raise NotImplementedError(
+            f"torchtpu: the ATen op '{t}' is not implemented for the tpu device (in a "
+            f"torch.compile graph, node {n.name}); it has no lowering and no decomposition")
+
+
+class GraphExecutable:
+    """A compiled ATen FX graph, called with AOTAutograd's boxed convention.
+
+    ``__call__(args)``: ``args`` the graph inputs (tpu tensors, CPU tensors, ints);
+    returns the list of outputs (tpu tensors with the strides PyTorch's fake tensors give
+    them, sharing storage where the graph's outputs alias).  Raises
+    ``NotImplementedError`` at construction for an op without a lowering.
+    """
+
+    _boxed_call = True
+
+    def __init__(self, gm, name: str):
+        check_graph(gm)
+        self.gm = gm
+        self.name = name
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.get_attrs = [n for n in self.nodes if n.op == "get_attr"]
+        self.output = next(n for n in self.nodes if n.op == "output")
+        table = ops.table()
+        self.host = set()  # nodes computed on the host (CPU tensors)
+        for n in self.nodes:
+            if n.op == "placeholder":
+                if _is_cpu(n.meta.get("val")):
+                    self.host.add(n)
+            elif n.op == "call_function":
+                if n.target is operator.getitem:
+                    if n.args[0] in self.host:
+                        self.host.add(n)
+                elif _is_cpu(n.meta.get("val")):
+                    for a in n.all_input_nodes:
+                        if a not in self.host and _fake_tensors(a.meta.get("val")):
+                            raise NotImplementedError(
+                                f"torchtpu.compile: node {n.name} ({n.target}) moves a tpu "
+                                f"value to the CPU inside a compiled graph")
+                    self.host.add(n)
+        self.random = [n for n in self.nodes if n.op == "call_function"
+                       and n not in self.host and isinstance(n.target, torch._ops.OpOverload)
+                       and n.target in table and table[n.target].random]
+        for n in self.random:
+            sig = _sig(n.target)
+            vals = sig.normalize(n.args, n.kwargs)
+            if any(k == GEN and v is not None for k, v in zip(sig.kinds, vals)):
+                raise NotImplementedError(
+                    f"torchtpu.compile: {n.target} with an explicit generator in a compiled "
+                    f"graph")
+        self.cache: dict = {}
+        self.check_info: list = []
+        self.symbolic = _is_symbolic(gm)
+        # per-call host work, precomputed: the host nodes in order, and the host values
+        # the executable reads
+        self.host_calls = [n for n in self.nodes if n.op == "call_function" and n in self.host]
+        self.host_feed = [n for n in self.nodes
+                          if (n in self.host or n.op in ("placeholder", "get_attr"))
+                          and _used_on_device(n, self.host)]
+
+    # ------------------------------------------------------------------ runtime
+    def __call__(self, *args):
+        from torchtpu.eager import defer, executor
+
+        if len(args) == 1 and isinstance(args[0], list):  # boxed call (a list of inputs)
+            args = args[0]
+        if defer.pending_ops():
+            # the graph is one op to DeferAndFuse: the pending segment is dispatched
+            # (asynchronously) so the graph reads concrete inputs; not a host sync
+            defer.flush("compiled_graph", sync=False)
+        c = M.compile
+        c["graph_calls"] += 1
+        args = list(args) + [getattr(self.gm, n.target) for n in self.get_attrs]
+        env = {}
+        sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
+        index = None
+        tensor_in = []  # per tensor input: (slot, spec)
+        host_in = []
+        for n, a in zip(self.placeholders + self.get_attrs, args):
+            if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+                st = a.untyped_storage()
+                sd = st._tpu
+                if index is None:
+                    index = sd.index
+                elif sd.index != index:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least "
+                        f"two devices, tpu:{index} and tpu:{sd.index}!")
+                j = slot_of.get(st._cdata)
+                if j is None:
+                    j = slot_of[st._cdata] = len(arrays)
+                    arrays.append(sd.get())
+                    sdatas.append(sd)
+                    storages.append(st)
+                spec = _st.view_spec(a, sd)
+                key.append(("t", j, spec))
+                env[n] = ("t", j, spec)
+            elif isinstance(a, torch.Tensor):
+                env[n] = a
+                key.append(("c",))
+            else:
+                env[n] = a
+                key.append(("v", a))
+        if index is None:
+            index = state.current_device
+        # host part: CPU nodes with PyTorch's CPU kernels; copy_ into inputs waits
+        late_copies = []
+        for n in self.host_calls:
+            a, kw = _map(n.args, env), _map(n.kwargs, env)
+            if n.target is aten.copy_.default and n.args[0].op == "placeholder":
+                late_copies.append((a[0], a[1]))
+                env[n] = a[0]
+                continue
+            env[n] = n.target(*a, **kw)
+        host_vals = []
+        for n in self.host_feed:
+            v = env.get(n)
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                host_in.append(n)
+                host_vals.append(np.array(v.detach().numpy(), copy=True))
+                key.append(("h", tuple(v.shape), v.dtype))
+        keys = [state.rng(index).next_key_data() for _ in self.random]
+        key.append(index)
+        key = tuple(key)
+        ex = self.cache.get(key)
+        if ex is None:
+            self._args = args
+            try:
+                ex = self._compile(key, arrays, host_vals, keys, env, host_in, sdatas, index)
+            finally:
+                self._args = None
+            self.cache[key] = ex
+        else:
+            c["cache_hits"] += 1
+        jitted, out_slots, written, check_info, assemble = ex
+        outs = jitted(arrays, host_vals, keys)
+        executor.dispatched(outs)
+        del arrays
+        for dst, src in late_copies:
+            dst.copy_(src)
+        outs = list(outs)
+        if check_info:
+            executor.report_device_checks(outs.pop(), check_info, f"compiled graph {self.name}")
+        n_new = len(out_slots)
+        for j, arr in zip(written, outs[n_new:]):
+            sdatas[j].arr = arr
+        return assemble(outs[:n_new], storages, env, index)
+
+    # ------------------------------------------------------------------ build
+    def _compile(self, key, arrays, host_vals, keys, env0, host_in, sdatas, index):
+        jax = runtime.jax()
+        register_pytree()
+        c = M.compile
+        if self.symbolic:
+            meta = _concrete_metas(self.gm, self.placeholders, self._args)
+        else:
+            meta = {n: n.meta.get("val") for n in self.nodes}
+        table = ops.table()
+        slot_dtypes = [sd.dtype for sd in sdatas]
+        nodes = self.nodes
+        host = self.host
+        random_pos = {n: i for i, n in enumerate(self.random)}
+        result = {}  # filled by the trace: output storage slots, written inputs, checks
+        n_inputs = len(arrays)
+
+        def fn(arrays, host_vals, keys):
+            jnp = jax.numpy
+            storages = list(arrays)  # slot -> array (inputs first, then new storages)
+            sdt = list(slot_dtypes)
+            env = {}
+            for n in self.placeholders + self.get_attrs:
+                v = env0[n]
+                env[n] = v
+            for n, hv in zip(host_in, host_vals):
+                env[n] = ("c", hv)
+            written = {}
+            checks = []
+
+            def read(v):
+                if isinstance(v, tuple) and v and v[0] == "t":
+                    return _st.read_view(storages[v[1]], v[2])
+                if isinstance(v, tuple) and v and v[0] == "c":
+                    return v[1]
+                raise AssertionError(v)
+
+            def new_storage(r, fake):
+                size, stride = tuple(fake.shape), tuple(fake.stride())
+                p = _perm(size, stride)
+                if p == "nondense":
+                    p = None
+                    fake = torch.empty_strided(size, _st.contiguous_strides(size),
+                                               dtype=fake.dtype, device="meta")
+                if p is not None:
+                    r = jnp.transpose(r, p)
+                storages.append(r)
+                sdt.append(fake.dtype)
+                j = len(storages) - 1
+                return ("t", j, _spec(fake, r.shape, fake.dtype))
+
+            def arg(v, kind, default, static):
+                if kind in (T, OPT_T):
+                    if v is None:
+                        return None
+                    if isinstance(v, tuple) and v and v[0] in ("t", "c"):
+                        return read(v)
+                    if isinstance(v, (bool, int, float, complex)):
+                        kd = type(v) if type(v) in _SCALAR_NP else float
+                        return Scalar(jnp.asarray(v, _SCALAR_NP[kd]), kd)
+                    raise NotImplementedError(f"torchtpu.compile: tensor argument {v!r}")
+                if kind in (T_LIST, OPT_T_LIST):
+                    return [None if x is None else read(x) for x in v]
+                if kind in (SCALAR, OPT_SCALAR):
+                    if v is None or static or v is default:
+                        return v
+                    if isinstance(v, tuple) and v and v[0] in ("t", "c"):
+                        raise NotImplementedError(
+                            "torchtpu.compile: a tensor passed as a Scalar argument")
+                    kd = type(v) if type(v) in _SCALAR_NP else float
+                    return Scalar(jnp.asarray(v, _SCALAR_NP[kd]), kd)
+                if kind == GEN:
+                    return None
+                return v
+
+            for n in nodes:
+                if n.op != "call_function" or n in host:
+                    continue
+                t = n.target
+                if t is operator.getitem:
+                    env[n] = env[n.args[0]][n.args[1]]
+                    continue
+                a, kw = _map(n.args, env), _map(n.kwargs, env)
+                if not isinstance(t, torch._ops.OpOverload):  # SymInt arithmetic
+                    env[n] = t(*a, **kw)
+                    continue
+                if t in _SYM_OPS:
+                    env[n] = _SYM_OPS[t](meta[n.args[0]], *a[1:])
+                    continue
+                val = meta[n]
+                if t is aten.copy_.default:
+                    dst, src = a[0], a[1]
+                    j, spec = dst[1], dst[2]
+                    r = read(src) if not isinstance(src, (int, float, bool)) else jnp.asarray(src)
+                    r = jnp.broadcast_to(r.astype(runtime.to_np_dtype(val.dtype)), tuple(val.shape))
+                    storages[j] = _st.write_view(storages[j], spec, r)
+                    if j < n_inputs:
+                        written[j] = True
+                    env[n] = dst
+                    continue
+                if t in _EMPTY:
+                    env[n] = new_storage(jnp.zeros(tuple(val.shape),
+                                                   runtime.to_np_dtype(val.dtype)), val)
+                    continue
+                if t is aten._unsafe_view.default or t is aten.lift_fresh_copy.default:
+                    env[n] = new_storage(read(a[0]).reshape(tuple(val.shape)), val)
+                    continue
+                low = table.get(t)
+                sig = _sig(t)
+                if low is None and foreach_element_op(t) is not None:
+                    # _foreach_*: the element op's lowering, once per list element
+                    fe = foreach_element_op(t)
+                    flow, fsig = table[fe], _sig(fe)
+                    vals = sig.normalize(a, kw)
+                    n_el = next(len(v) for v, k in zip(vals, sig.kinds) if k == T_LIST)
+                    lists = [k == T_LIST or str(sig.args[i].type) in (
+                        "List[Scalar]", "List[number]") for i, k in enumerate(sig.kinds)]
+                    vs = []
+                    for e in range(n_el):
+                        ev = [v[e] if is_list else v for v, is_list in zip(vals, lists)]
+                        ev += fsig.defaults[len(ev):]
+                        largs = [arg(v, k, d, flow.static_scalars)
+                                 for v, k, d in zip(ev, fsig.kinds, fsig.defaults)]
+                        f = val[e]
+                        res, ch = call_lowering(flow, fe, largs,
+                                                [(tuple(f.shape), tuple(f.stride()), f.dtype)])
+                        checks.extend(ch)
+                        vs.append(new_storage(res[0], f))
+                    env[n] = vs
+                    continue
+                if low is None and sig.is_view:
+                    base = a[0]
+                    j = base[1]
+                    sshape = storages[j].shape
+                    if isinstance(val, torch.Tensor):
+                        env[n] = ("t", j, _spec(val, sshape, sdt[j]))
+                    else:
+                        env[n] = [("t", j, _spec(f, sshape, sdt[j])) for f in val]
+                    continue
+                vals = sig.normalize(a, kw)
+                largs = [arg(v, k, d, low.static_scalars)
+                         for v, k, d in zip(vals, sig.kinds, sig.defaults)]
+                fakes = val if isinstance(val, (list, tuple)) else [val]
+                fakes = flatten(fakes)
+                out_meta = [None if f is None or not isinstance(f, torch.Tensor)
+                            else (tuple(f.shape), tuple(f.stride()), f.dtype) for f in fakes]
+                k = keys[random_pos[n]] if low.random else None
+                try:
+                    res, ch = call_lowering(low, t, largs, out_meta, k)
+                except (TypeError, ValueError) as e:
+                    raise RuntimeError(
+                        f"torchtpu.compile: lowering {t} failed in graph node {n.name}: {e}"
+                    ) from e
+                checks.extend(ch)
+                vs = [None if r is None else new_storage(r, f) for r, f in zip(res, fakes)]
+                if isinstance(val, torch.Tensor):
+                    env[n] = vs[0]
+                elif isinstance(val, list):
+                    env[n] = vs
+                else:
+                    env[n] = tuple(vs)
+            outs = flatten(list(self.output.args[0]))
+            out_slots = []
+            for o in outs:
+                v = env.get(o) if isinstance(o, torch.fx.Node) else None
+                if isinstance(v, tuple) and v and v[0] == "t" and v[1] >= n_inputs \
+                        and v[1] not in out_slots:
+                    out_slots.append(v[1])
+            wr = sorted(written)
+            result["out_slots"] = out_slots
+            result["written"] = wr
+            result["checks"] = [(exc, msg) for _, exc, msg in checks]
+            result["env"] = {o: env.get(o) for o in outs if isinstance(o, torch.fx.Node)}
+            result["sdt"] = sdt
+            flags = (jnp.stack([jnp.any(b) for b, _, _ in checks]),) if checks else ()
+            return tuple(storages[j] for j in out_slots) + tuple(storages[j] for j in wr) + flags
+
+        from jax.sharding import SingleDeviceSharding
+
+        jitted = jax.jit(fn, out_shardings=SingleDeviceSharding(runtime.jax_device(index)))
+        t0 = time.perf_counter()
+        lowered = jitted.lower(arrays, host_vals, keys)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        c["lowering_seconds"] += t1 - t0
+        c["xla_seconds"] += t2 - t1
+        c["executables"] += 1
+        M.compiles += 1
+        M.compile_seconds += t2 - t0
+        out_slots = result["out_slots"]
+        slot_pos = {j: i for i, j in enumerate(out_slots)}
+        out_env = result["env"]
+        sdt = result["sdt"]
+        output = self.output
+        host_nodes = host
+
+        def assemble(new_arrays, in_storages, env, index):
+            made = {}
+            res = []
+            for o in output.args[0]:
+                if not isinstance(o, torch.fx.Node):
+                    res.append(o)
+                    continue
+                if o in host_nodes or o.op in ("placeholder", "get_attr") and not (
+                        isinstance(out_env.get(o), tuple)):
+                    res.append(env[o])
+                    continue
+                v = out_env[o]
+                fake = meta[o]
+                if isinstance(v, list):
+                    raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
+                _, j, spec = v
+                if j in slot_pos:
+                    st = made.get(j)
+                    if st is None:
+                        arr = new_arrays[slot_pos[j]]
+                        st = made[j] = _st.new_storage(tuple(arr.shape), sdt[j], index, arr)
+                else:
+                    st = in_storages[j]
+                res.append(_st.tensor_on(st, tuple(fake.shape), tuple(fake.stride()),
+                                         int(fake.storage_offset()), fake.dtype))
+            return res
+
+        check_info = result["checks"]
+        return (compiled, out_slots, result["written"], check_info, assemble)
+
+
+def _used_on_device(n, host) -> bool:
+    return any(u not in host for u in n.users if u.op == "call_function")
+
+
+def _map(a, env):
+    if isinstance(a, torch.fx.Node):
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_map(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _map(v, env) for k, v in a.items()}
+    return a
