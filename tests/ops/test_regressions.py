@@ -460,3 +460,54 @@ def test_transformer_encoder_layer_inference_fast_path(norm_first, activation):
         c = layer(x, src_key_padding_mask=pad)
         t = copy.deepcopy(layer).to("tpu")(x.to("tpu"), src_key_padding_mask=pad.to("tpu"))
     torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fill_value", [None, 7])
+def test_nonzero_static_of_empty_input_is_all_fill_rows(fill_value):
+    """OpInfo sweep: nonzero_static of a [5, 0, 5] input gave zeros, not fill_value rows."""
+    kw = {} if fill_value is None else {"fill_value": fill_value}
+
+    def run(d):
+        x = torch.randn(5, 0, 5, generator=torch.Generator().manual_seed(0)).to(d)
+        return [torch.nonzero_static(x, size=n, **kw).cpu() for n in (0, 1, 3, 10)]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("fn", ["unique", "unique_consecutive"])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_unique_dim_of_input_with_a_zero_sized_dim(fn, dim):
+    """OpInfo sweep: unique(dim=1) of a [5, 0, 5] input raised a numpy reshape error; the
+    other dims must raise PyTorch's RuntimeError."""
+    def run(d):
+        x = torch.ones(5, 0, 5, device=d)
+        try:
+            out = getattr(torch, fn)(x, dim=dim, return_inverse=True, return_counts=True)
+        except RuntimeError as e:
+            return str(e)
+        return [o.cpu() for o in out]
+
+    c, t = both(run)
+    if isinstance(c, str):
+        assert t == c
+    else:
+        for a, b in zip(c, t):
+            torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (0, 0, 0), (2, 0), (0, 3)])
+def test_searchsorted_batched_with_empty_dims(shape):
+    """OpInfo sweep: searchsorted of [0, 0] sorted sequences raised ZeroDivisionError."""
+    def run(d):
+        g = torch.Generator().manual_seed(0)
+        s = torch.randn(shape, generator=g).sort(-1).values.to(d)
+        v = torch.randn(shape, generator=g).to(d)
+        w = torch.randn(shape[:-1] + (4,), generator=g).to(d)
+        return [torch.searchsorted(s, v).cpu(), torch.searchsorted(s, w, right=True).cpu(),
+                torch.searchsorted(s, v, out_int32=True).cpu()]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        torch.testing.assert_close(b, a)
