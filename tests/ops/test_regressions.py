@@ -511,3 +511,56 @@ def test_searchsorted_batched_with_empty_dims(shape):
     c, t = both(run)
     for a, b in zip(c, t):
         torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("kw", [{}, {"range": (-2.0, 2.0)}, {"density": True}, {"weight": True},
+                                {"weight": True, "density": True}])
+@pytest.mark.parametrize("bins", [1, 7, "edges"])
+def test_histogram_vs_cpu(kw, bins):
+    """torch.histogram (bin count or edge tensor; weights, density, range) was missing."""
+    def run(d):
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(200, generator=g) * 3).to(d)
+        w = torch.rand(200, generator=g).to(d)
+        b = torch.linspace(-4, 5, 8, device=d) if bins == "edges" else bins
+        args = {k: (w if k == "weight" else v) for k, v in kw.items()
+                if not (k == "range" and bins == "edges")}
+        return [t.cpu() for t in torch.histogram(x, b, **args)]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("case", ["constant", "empty", "descending_edges", "bins0",
+                                  "reversed_range", "inf_range", "inf_data", "dtype"])
+def test_histogram_edge_cases_and_errors(case):
+    def run(d):
+        x = torch.tensor([2.0, 2.0], device=d)
+        try:
+            if case == "constant":
+                out = torch.histogram(x, 3)
+            elif case == "empty":
+                out = torch.histogram(torch.tensor([], device=d), 3)
+            elif case == "descending_edges":
+                out = torch.histogram(x, torch.tensor([3.0, 1.0], device=d))
+            elif case == "bins0":
+                out = torch.histogram(x, 0)
+            elif case == "reversed_range":
+                out = torch.histogram(x, 3, range=(2.0, 1.0))
+            elif case == "inf_range":
+                out = torch.histogram(x, 3, range=(1.0, float("inf")))
+            elif case == "inf_data":
+                out = torch.histogram(torch.tensor([1.0, float("inf")], device=d), 3)
+            else:
+                out = torch.histogram(x, torch.tensor([1.0, 3.0], dtype=torch.float64, device=d))
+        except RuntimeError as e:
+            return str(e)
+        return [o.cpu() for o in out]
+
+    c, t = both(run)
+    if isinstance(c, str):
+        assert t == c
+    else:
+        for a, b in zip(c, t):
+            torch.testing.assert_close(b, a)
