@@ -242,3 +242,38 @@ def test_tie_indices_checked_for_validity_not_equality():
     e = op(x, stable=True)
     actual, diff = tie_index_check(op, s, swap_tied(e), e)
     assert diff is None and not torch.equal(actual[1], e[1])
+
+
+@pytest.mark.parametrize("oid", ["new_zeros", "randint_like", "empty_like", "arange", "linspace"])
+def test_factory_samples_pinning_cpu_or_naming_no_device(oid):
+    """A sample that pins ``device='cpu'`` (its meta twin shows 'cpu' too) must give a CPU
+    result even on a tpu input, as on CPU PyTorch; a sample with no tensor and no device
+    (``arange(2)``) runs with tpu as the default device and must give a tpu result.  The
+    full sweep once reported both as "result on cpu, expected tpu"."""
+    from torchtpu.conformance.opinfo import _meta_guides, get_opinfo, run_sample, sample_inputs
+
+    op = get_opinfo(oid)
+    samples = sample_inputs(op, DTYPE)
+    guides = _meta_guides(op, DTYPE, len(samples))
+    pinned = [i for i, s in enumerate(samples) if str(s.kwargs.get("device")) == "cpu"
+              and guides[i] is not None and str(guides[i][2].get("device")) == "cpu"]
+    bare = [i for i, s in enumerate(samples) if not s.kwargs and not isinstance(s.input, torch.Tensor)]
+    assert pinned or bare
+    for i in pinned + bare:
+        r = run_sample(op, samples[i], DTYPE, index=i, guide=guides[i])
+        assert r.status == "pass", (i, r.sample, r.detail)
+
+
+def test_pinned_cpu_factory_result_must_be_on_cpu():
+    """The harness fails a backend that ignores ``device='cpu'`` on a tpu input."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from torchtpu.conformance.opinfo import result_device, to_device
+
+    x = torch.ones(3)
+    s = SampleInput(x, args=((2,),), kwargs={"device": "cpu"})
+    moved = to_device(s.input), to_device(s.args), to_device(s.kwargs, guide={"device": "cpu"})
+    assert result_device(SampleInput(moved[0], args=moved[1], kwargs=moved[2])) == ("cpu", False)
+    moved_kw = to_device(s.kwargs, guide={"device": "meta"})
+    assert result_device(SampleInput(moved[0], args=moved[1], kwargs=moved_kw)) == ("tpu", False)
+    assert result_device(SampleInput(2, args=(), kwargs={})) == ("tpu", True)

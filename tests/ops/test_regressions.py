@@ -460,3 +460,107 @@ def test_transformer_encoder_layer_inference_fast_path(norm_first, activation):
         c = layer(x, src_key_padding_mask=pad)
         t = copy.deepcopy(layer).to("tpu")(x.to("tpu"), src_key_padding_mask=pad.to("tpu"))
     torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fill_value", [None, 7])
+def test_nonzero_static_of_empty_input_is_all_fill_rows(fill_value):
+    """OpInfo sweep: nonzero_static of a [5, 0, 5] input gave zeros, not fill_value rows."""
+    kw = {} if fill_value is None else {"fill_value": fill_value}
+
+    def run(d):
+        x = torch.randn(5, 0, 5, generator=torch.Generator().manual_seed(0)).to(d)
+        return [torch.nonzero_static(x, size=n, **kw).cpu() for n in (0, 1, 3, 10)]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("fn", ["unique", "unique_consecutive"])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_unique_dim_of_input_with_a_zero_sized_dim(fn, dim):
+    """OpInfo sweep: unique(dim=1) of a [5, 0, 5] input raised a numpy reshape error; the
+    other dims must raise PyTorch's RuntimeError."""
+    def run(d):
+        x = torch.ones(5, 0, 5, device=d)
+        try:
+            out = getattr(torch, fn)(x, dim=dim, return_inverse=True, return_counts=True)
+        except RuntimeError as e:
+            return str(e)
+        return [o.cpu() for o in out]
+
+    c, t = both(run)
+    if isinstance(c, str):
+        assert t == c
+    else:
+        for a, b in zip(c, t):
+            torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (0, 0, 0), (2, 0), (0, 3)])
+def test_searchsorted_batched_with_empty_dims(shape):
+    """OpInfo sweep: searchsorted of [0, 0] sorted sequences raised ZeroDivisionError."""
+    def run(d):
+        g = torch.Generator().manual_seed(0)
+        s = torch.randn(shape, generator=g).sort(-1).values.to(d)
+        v = torch.randn(shape, generator=g).to(d)
+        w = torch.randn(shape[:-1] + (4,), generator=g).to(d)
+        return [torch.searchsorted(s, v).cpu(), torch.searchsorted(s, w, right=True).cpu(),
+                torch.searchsorted(s, v, out_int32=True).cpu()]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("kw", [{}, {"range": (-2.0, 2.0)}, {"density": True}, {"weight": True},
+                                {"weight": True, "density": True}])
+@pytest.mark.parametrize("bins", [1, 7, "edges"])
+def test_histogram_vs_cpu(kw, bins):
+    """torch.histogram (bin count or edge tensor; weights, density, range) was missing."""
+    def run(d):
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(200, generator=g) * 3).to(d)
+        w = torch.rand(200, generator=g).to(d)
+        b = torch.linspace(-4, 5, 8, device=d) if bins == "edges" else bins
+        args = {k: (w if k == "weight" else v) for k, v in kw.items()
+                if not (k == "range" and bins == "edges")}
+        return [t.cpu() for t in torch.histogram(x, b, **args)]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("case", ["constant", "empty", "descending_edges", "bins0",
+                                  "reversed_range", "inf_range", "inf_data", "dtype"])
+def test_histogram_edge_cases_and_errors(case):
+    def run(d):
+        x = torch.tensor([2.0, 2.0], device=d)
+        try:
+            if case == "constant":
+                out = torch.histogram(x, 3)
+            elif case == "empty":
+                out = torch.histogram(torch.tensor([], device=d), 3)
+            elif case == "descending_edges":
+                out = torch.histogram(x, torch.tensor([3.0, 1.0], device=d))
+            elif case == "bins0":
+                out = torch.histogram(x, 0)
+            elif case == "reversed_range":
+                out = torch.histogram(x, 3, range=(2.0, 1.0))
+            elif case == "inf_range":
+                out = torch.histogram(x, 3, range=(1.0, float("inf")))
+            elif case == "inf_data":
+                out = torch.histogram(torch.tensor([1.0, float("inf")], device=d), 3)
+            else:
+                out = torch.histogram(x, torch.tensor([1.0, 3.0], dtype=torch.float64, device=d))
+        except RuntimeError as e:
+            return str(e)
+        return [o.cpu() for o in out]
+
+    c, t = both(run)
+    if isinstance(c, str):
+        assert t == c
+    else:
+        for a, b in zip(c, t):
+            torch.testing.assert_close(b, a)

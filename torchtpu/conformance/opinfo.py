@@ -59,7 +59,12 @@ cannot stop the sweep.  ``--jobs 0`` runs in-process (debugging; no timeout).
 Inputs move to ``tpu`` with their strides and storage offsets (the whole storage is
 copied); the sample function is also run for the ``meta`` device, and a tensor it leaves
 on the CPU there (CPU scalar operands, ``tensor_split`` indices) stays on the CPU, as in
-PyTorch's own device tests.
+PyTorch's own device tests.  A ``device='cpu'`` keyword that the ``meta`` twin shows as
+``'cpu'`` too was pinned by the sample function (``new_zeros(..., device='cpu')`` on a
+device input): it stays, and the result must be on the CPU.  A sample with neither a
+tensor nor a device argument (``arange(2)``) runs with ``tpu`` as the default device
+(``torch.device('tpu')`` context) and its result must be on ``tpu``
+(:func:`result_device`).
 
 Library use: :func:`select_opinfos`, :func:`sample_inputs`, :func:`run_sample`,
 :func:`check_op`, :func:`sweep`, :func:`summarize`; the test suite uses
@@ -69,6 +74,7 @@ Library use: :func:`select_opinfos`, :func:`sample_inputs`, :func:`run_sample`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -385,6 +391,42 @@ def _meta_guides(op, dtype, n: int, seed: int = 0) -> list:
     if len(metas) != n:
         return [None] * n
     return [(m.input, tuple(m.args), dict(m.kwargs)) for m in metas]
+
+
+def _on_device(obj, device: str) -> bool:
+    """Whether ``obj`` (a sample's input, args or kwargs after :func:`to_device`) holds a
+    tensor on ``device`` or names ``device`` as a device argument."""
+    if isinstance(obj, torch.Tensor):
+        return obj.device.type == device
+    if isinstance(obj, torch.device):
+        return obj.type == device
+    if isinstance(obj, str):
+        return obj.split(":")[0] == device
+    if isinstance(obj, (list, tuple)):
+        return any(_on_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return any(_on_device(o, device) for o in obj.values())
+    return False
+
+
+def result_device(dev_sample, device: str = DEVICE) -> tuple[str, bool]:
+    """Where a result that CPU PyTorch puts on the CPU must be for the moved sample
+    ``dev_sample``, and whether the call must run under ``torch.device(device)``.
+
+    * A ``device=`` keyword that stays on the CPU after :func:`to_device` was pinned there
+      by the sample function (its ``meta`` twin shows ``'cpu'`` too: ``new_zeros(...,
+      device='cpu')``, ``randint_like(..., device='cpu')``, which test a result on another
+      device than the input's): the result must be on the CPU, as on CPU PyTorch and CUDA.
+    * A sample with neither a tensor nor a device argument (``torch.arange(2)``): nothing
+      can move, so the call runs with ``device`` as the default device (what a user does
+      with ``torch.set_default_device``) and the result must be on ``device``.
+    * Otherwise the result must be on ``device``."""
+    kw = dev_sample.kwargs.get("device") if isinstance(dev_sample.kwargs, dict) else None
+    if kw is not None and _is_cpu_device(kw):
+        return "cpu", False
+    touches = any(_on_device(o, device) for o in
+                  (dev_sample.input, tuple(dev_sample.args), dict(dev_sample.kwargs)))
+    return device, not touches
 
 
 def _clone(obj):
@@ -819,16 +861,18 @@ def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[
         except Exception:
             break
 
+    out_device, default_device = result_device(dev_sample, device)
     torch.manual_seed(seed)
     try:
-        actual = _call(op, dev_sample)
+        with (torch.device(device) if default_device else contextlib.nullcontext()):
+            actual = _call(op, dev_sample)
         actual_cpu = process(_to_cpu(actual))
         input_after = _to_cpu(dev_sample.input)
     except Exception as exc:
         status, cause, detail = classify_exception(exc)
         return SampleResult(index, status, cause, detail, sample=desc, random=rnd)
 
-    diff = _device_diff(actual, expected, device)
+    diff = _device_diff(actual, expected, out_device)
     if diff is None and not rnd:
         actual_cpu, diff = tie_index_check(op, sample, actual_cpu, expected, atol, rtol)
     if diff is None:

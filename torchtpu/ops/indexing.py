@@ -578,9 +578,14 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
 
 @lower(aten.nonzero_static.default)
 def nonzero_static(x, size, fill_value=-1):
+    """Indices of the non-zero elements of ``x`` as an int64 ``(size, x.ndim)`` tensor:
+    the first ``size`` in row-major order, rows past the count filled with
+    ``fill_value`` (PyTorch ``nonzero_static``; an empty ``x`` gives all fill rows)."""
     j = jnp()
     if x.ndim == 0:
         return j.full((size, 0), fill_value, npdt(torch.int64))
+    if x.size == 0:  # jnp.nonzero ignores fill_value for an empty input (returns zeros)
+        return j.full((size, x.ndim), fill_value, npdt(torch.int64))
     idx = j.nonzero(x, size=size, fill_value=fill_value)
     return j.stack([i.astype(npdt(torch.int64)) for i in idx], axis=1)
 
@@ -620,8 +625,9 @@ def _searchsorted(seq, values, right, side, sorter, out_int32):
     if s.ndim == 1:
         return j.searchsorted(s, v, side=how).astype(out_dt)
     lead = s.shape[:-1]
-    s2 = s.reshape(-1, s.shape[-1])
-    v2 = v.reshape(s2.shape[0], -1)
+    nlead = int(np.prod(lead, dtype=np.int64))
+    s2 = s.reshape(nlead, s.shape[-1])
+    v2 = v.reshape(nlead, v.shape[-1])
     r = jax.vmap(lambda a, b: j.searchsorted(a, b, side=how))(s2, v2)
     return r.reshape(v.shape).astype(out_dt) if lead else r.astype(out_dt)
 
@@ -743,9 +749,16 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
 
 def _unique_dim_np(a, dim, consecutive):
     dim = _dim(dim, a.ndim)
+    if a.size == 0:  # PyTorch's checks for empty inputs (aten/src/ATen/native/Unique.cpp)
+        if sum(d == 0 for d in a.shape) > 1:
+            raise RuntimeError("Number of zero sized dimensions is more than one, so unique "
+                               "cannot be applied ")
+        if a.shape[dim] != 0:
+            raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so "
+                               "unique cannot be applied")
     moved = np.moveaxis(a, dim, 0)
     n = moved.shape[0]
-    rows = moved.reshape(n, -1)
+    rows = moved.reshape(n, int(np.prod(moved.shape[1:], dtype=np.int64)))
     if n == 0:
         return a, np.zeros((0,), np.int64), np.zeros((0,), np.int64)
     if consecutive:

@@ -896,3 +896,72 @@ def _segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=N
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
     r = j.where(valid, r, 0)
     return r.reshape(data.shape)
+
+
+def _histogram_from_edges(x, edges, weight, density):
+    """PyTorch's 1-D ``histogramdd`` kernel: element ``v`` falls in bin
+    ``upper_bound(edges, v) - 1`` (the last edge into the last bin); elements outside
+    ``[edges[0], edges[-1]]`` and NaNs are skipped; ``density`` divides by the total and by
+    the bin widths."""
+    j = jnp()
+    nb = edges.shape[0] - 1
+    xf = x.reshape(-1)
+    pos = j.searchsorted(edges, xf, side="right") - 1
+    pos = j.where(xf == edges[-1], nb - 1, pos)
+    inside = (xf >= edges[0]) & (xf <= edges[-1])
+    w = j.ones_like(xf) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = j.zeros((nb,), x.dtype).at[j.where(inside, pos, 0)].add(
+        j.where(inside, w, j.zeros_like(w)))
+    if density:
+        hist = hist / j.sum(hist) / (edges[1:] - edges[:-1])
+    return hist, edges
+
+
+@lower(aten.histogram.bin_ct, dynamic_shape=True)
+def histogram_bin_ct(x, bins=100, range=None, weight=None, density=False):
+    """``torch.histogram(x, bins: int, range=, weight=, density=)``: ``bins`` equal-width
+    bins over ``range`` or the data's [min, max] (an empty range widened by 0.5 on each
+    side, as numpy; [0, 1] for an empty input); edges by PyTorch's linspace.  Returns
+    ``(hist, bin_edges)`` in the input's dtype; RuntimeErrors as CPU (bins <= 0, a
+    non-finite or reversed range).  Runs on concrete arrays (the edges depend on the
+    data's range: a sync point)."""
+    from torchtpu.ops.factory import _halfway
+
+    j = jnp()
+    if bins <= 0:
+        raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {bins} for dimension 0")
+    xf = x.reshape(-1)
+    if range is not None or xf.size:
+        lo, hi = ((float(range[0]), float(range[1])) if range is not None
+                  else (float(j.min(xf)), float(j.max(xf))))
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise RuntimeError(f"torch.histogramdd: dimension 0's range [{lo:g}, {hi:g}] is "
+                               f"not finite")
+        if lo > hi:
+            raise RuntimeError(f"torch.histogramdd: min should not exceed max, but got min "
+                               f"{lo:g} max {hi:g} for dimension 0")
+    else:
+        lo, hi = 0.0, 1.0
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    ct = x.dtype
+    edges = _halfway(lo, hi, bins + 1, ct)
+    return _histogram_from_edges(x, edges, weight, density)
+
+
+@lower(aten.histogram.bins_tensor, dynamic_shape=True)
+def histogram_bins_tensor(x, bins, weight=None, density=False):
+    """``torch.histogram(x, bins: Tensor, weight=, density=)``: the given (ascending) bin
+    edges; see :func:`histogram_bin_ct`."""
+    if bins.dtype != x.dtype:
+        raise RuntimeError(
+            f"torch.histogramdd: input tensor and bins tensors should have the same dtype, "
+            f"but got input with dtype {_dt_name(x.dtype)} and bins for dimension 0 with "
+            f"dtype {_dt_name(bins.dtype)}")
+    return _histogram_from_edges(x, bins.reshape(-1), weight, density)
+
+
+def _dt_name(dt):
+    import numpy as np
+
+    return {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}.get(np.dtype(dt), str(dt))

@@ -14,6 +14,7 @@ import math
 import torch
 
 from torchtpu.ops import aten, lower
+from torchtpu.ops._scalar import Scalar
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote, tdtype,
                                 to_float_compute)
 from torchtpu._device import runtime
@@ -231,3 +232,170 @@ def _spherical_j0(x):
 
 
 _unary(aten.special_spherical_bessel_j0.default, _spherical_j0)
+
+
+# ------------------------------------------------------------------ orthogonal polynomials
+#
+# ``torch.special.*_polynomial_*(x, n)``: PyTorch's CPU kernels (aten/src/ATen/native/Math.h)
+# truncate ``n`` to int64 (NaN, +-inf and out-of-range floats give a negative ``n``, as the
+# x86 conversion does), take the special cases in this order: ``n < 0`` -> 0, the values
+# at the interval ends, a trigonometric closed form inside the interval for larger ``n``,
+# ``n`` = 0 and 1, and else run the three-term recurrence in the compute dtype (stopping
+# once the value is NaN).  The recurrence here is a ``while_loop`` up to the largest ``n``
+# of the elements that need it, each element frozen after its own ``n``.
+
+
+def _poly_n(n, dt):
+    """``n`` as int64 the way ``static_cast<int64_t>`` does on x86 (invalid -> negative)."""
+    j = jnp()
+    if isinstance(n, Scalar):
+        n = n.value
+    if not hasattr(n, "dtype"):
+        n = j.asarray(n)
+    if j.issubdtype(n.dtype, j.integer) or n.dtype == bool:
+        return n.astype(npdt(torch.int64))
+    nf = n.astype(j.float64) if n.dtype == j.float64 else n.astype(j.float32)
+    ok = j.isfinite(nf) & (j.abs(nf) < 2.0 ** 63)
+    return j.where(ok, j.trunc(j.where(ok, nf, 0)), -1).astype(npdt(torch.int64))
+
+
+def _poly(x, n, q1, step, k0, cases):
+    """Shared driver: ``x`` and the int64 ``n`` broadcast; ``q1``: the value at n = 1;
+    ``step(k, p, q)``: the next value; the loop runs ``k = k0 .. k0 + n - 2``;
+    ``cases(x, n, nf)``: ``[(mask, value), ...]`` in PyTorch's priority order, ahead of
+    n = 0 and n = 1."""
+    j = jnp()
+    lx = lax()
+    xc, _ = _bin(x, n)
+    ni = _poly_n(n, xc.dtype)
+    xc, ni = j.broadcast_arrays(xc, ni)
+    dt = xc.dtype
+    nf = ni.astype(dt)
+    pre = [(ni < 0, j.zeros_like(xc))] + cases(xc, ni, nf)
+    pre += [(ni == 0, j.ones_like(xc)), (ni == 1, q1(xc))]
+    taken = j.zeros(xc.shape, bool)
+    for m, _ in pre:
+        taken = taken | m
+    loop = ~taken
+    last = k0 + ni - 2  # the last k of the recurrence
+    kmax = j.max(j.where(loop, last, k0 - 1), initial=k0 - 1)
+
+    def cond(s):
+        k, p, q = s
+        return (k <= kmax) & j.any(loop & (k <= last) & ~j.isnan(q))
+
+    def body(s):
+        k, p, q = s
+        r = step(k.astype(dt), xc, p, q)
+        upd = loop & (k <= last) & ~j.isnan(q)
+        return k + 1, j.where(upd, q, p), j.where(upd, r, q)
+
+    init = (j.asarray(k0, npdt(torch.int64)), j.ones_like(xc), q1(xc))
+    _, _, out = lx.while_loop(cond, body, init)
+    for m, v in reversed(pre):
+        out = j.where(m, v, out)
+    return out
+
+
+def _even(n):
+    return n % 2 == 0
+
+
+def _cheb_cases(kind, shifted, trig_n):
+    """End-point and trigonometric cases of the Chebyshev polynomials T, U, V, W (shifted:
+    on [0, 1], argument ``y = 2x - 1``)."""
+    def cases(x, n, nf):
+        j = jnp()
+        one = j.ones_like(x)
+        sgn = j.where(_even(n), 1.0, -1.0).astype(x.dtype)
+        y = (x + x - 1) if shifted else x
+        # end points: T(1)=1, T(-1)=(-1)^n; U: (n+1)(+-1)^n; V(1)=1, V(-1)=(-1)^n(2n+1);
+        # W(1)=2n+1, W(-1)=(-1)^n
+        top = {"t": one, "u": nf + 1, "v": one, "w": nf + nf + 1}[kind]
+        bot = {"t": sgn, "u": sgn * (nf + 1), "v": sgn * (nf + nf + 1), "w": sgn}[kind]
+        if shifted:
+            ends = [(x == 1, top), (x == 0, bot)]
+        else:
+            pos_or_even = (x > 0) | _even(n) if kind in ("t", "u") else (x > 0)
+            ends = [(j.abs(x) == 1, j.where(pos_or_even, top, bot))]
+        a = j.arccos(j.where(j.abs(y) < 1, y, 0))
+        inside = (n > trig_n) & (j.abs(y) < 1)
+        if kind == "t":
+            val = j.cos(nf * a)
+        elif kind == "u":
+            s = j.sin(a)
+            val = j.where(s != 0, j.sin((nf + 1) * a) / j.where(s != 0, s, 1),
+                          (nf + 1) * j.cos((nf + 1) * a) / y)
+        elif kind == "v":
+            h = a / 2
+            val = j.where(j.sin(h) != 1, j.cos((nf + 0.5) * a) / j.cos(h), sgn * (nf + nf + 1))
+        else:
+            h = a / 2
+            alt = sgn if shifted else j.where(y > 0, nf + nf + 1, sgn)
+            val = j.where(j.cos(h) != 1, j.sin((nf + 0.5) * a) / j.sin(h), alt)
+        return ends + [(inside, val.astype(x.dtype))]
+    return cases
+
+
+def _lower_cheb(op, kind, shifted, trig_n):
+    q1 = {"t": lambda y: y, "u": lambda y: y + y, "v": lambda y: y + y - 1,
+          "w": lambda y: y + y + 1}[kind]
+    if shifted:
+        first = lambda x: q1(x + x - 1)  # noqa: E731
+        step = lambda k, x, p, q: ((x + x - 1) + (x + x - 1)) * q - p  # noqa: E731
+    else:
+        first = q1
+        step = lambda k, x, p, q: (x + x) * q - p  # noqa: E731
+    lower(op)(lambda x, n: _poly(x, n, first, step, 2, _cheb_cases(kind, shifted, trig_n)))
+
+
+for _kind, _tn in (("t", 6), ("u", 8), ("v", 8), ("w", 8)):
+    _lower_cheb(getattr(aten, f"special_chebyshev_polynomial_{_kind}").default, _kind, False, _tn)
+for _kind, _tn in (("t", 6), ("u", 6), ("v", 6), ("w", 4)):
+    _lower_cheb(getattr(aten, f"special_shifted_chebyshev_polynomial_{_kind}").default, _kind,
+                True, _tn)
+
+
+def _hermite_limit(dt):
+    return 512 if dt == jnp().float64 else 128
+
+
+@lower(aten.special_hermite_polynomial_h.default)
+def hermite_polynomial_h(x, n):
+    """Physicists' Hermite H_n: ``H_{k+1} = 2x H_k - 2k H_{k-1}``; NaN past n = 128
+    (float32) / 512 (float64), as PyTorch."""
+    j = jnp()
+    # PyTorch's loop variable k runs 2, 4, ..., 2n-2: here k = 1 .. n-1 and 2k.
+    return _poly(x, n, lambda x: x + x, lambda k, x, p, q: (x + x) * q - (k + k) * p, 1,
+                 lambda x, n, nf: [(n > _hermite_limit(x.dtype), j.full_like(x, j.nan))])
+
+
+@lower(aten.special_hermite_polynomial_he.default)
+def hermite_polynomial_he(x, n):
+    """Probabilists' Hermite He_n: ``He_{k+1} = x He_k - k He_{k-1}``; NaN past the same
+    limits as H."""
+    j = jnp()
+    return _poly(x, n, lambda x: x, lambda k, x, p, q: x * q - k * p, 1,
+                 lambda x, n, nf: [(n > _hermite_limit(x.dtype), j.full_like(x, j.nan))])
+
+
+@lower(aten.special_laguerre_polynomial_l.default)
+def laguerre_polynomial_l(x, n):
+    """Laguerre L_n: ``L_{k+1} = ((2k + 1 - x) L_k - k L_{k-1}) / (k + 1)``; 1 at x = 0."""
+    j = jnp()
+    return _poly(x, n, lambda x: 1 - x,
+                 lambda k, x, p, q: (((k + k) + (1 - x)) * q - k * p) / (k + 1), 1,
+                 lambda x, n, nf: [(j.abs(x) == 0, j.ones_like(x))])
+
+
+@lower(aten.special_legendre_polynomial_p.default)
+def legendre_polynomial_p(x, n):
+    """Legendre P_n: ``P_{k+1} = ((2k + 1) x P_k - k P_{k-1}) / (k + 1)``; P_n(1) = 1,
+    P_n(-1) = (-1)^n."""
+    j = jnp()
+
+    def cases(x, n, nf):
+        end = j.where((x > 0) | _even(n), 1.0, -1.0).astype(x.dtype)
+        return [(j.abs(x) == 1, end)]
+    return _poly(x, n, lambda x: x, lambda k, x, p, q: ((k + k + 1) * x * q - k * p) / (k + 1),
+                 1, cases)
