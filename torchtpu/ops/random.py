@@ -28,6 +28,13 @@ def prng_key(key):
     return runtime.jax().random.wrap_key_data(key, impl="rbg")
 
 
+def threefry_key(key):
+    """Traced: a JAX ``threefry2x32`` key from the same uint32[4] key data, for the few
+    JAX samplers that accept no other key implementation (``jax.random.poisson``).  The
+    key data is a hash of (seed, offset), so its first two words are a key as good."""
+    return runtime.jax().random.wrap_key_data(key[:2], impl="threefry2x32")
+
+
 def _jr():
     return runtime.jax().random
 
@@ -400,7 +407,7 @@ def poisson(rate, generator=None, *, key):
     _check_float("poisson", dt)
     ct = _sample_dtype(dt)
     lam = rate.astype(ct)
-    n = _jr().poisson(prng_key(key), lam, tuple(rate.shape), dtype=npdt(torch.int64))
+    n = _jr().poisson(threefry_key(key), lam, tuple(rate.shape), dtype=npdt(torch.int64))
     return j.where(lam > 0, n, 0).astype(npdt(dt))
 
 
