@@ -227,3 +227,13 @@ def test_index_put_with_incompatible_shapes_raises(eager_mode):
         return (a,)
 
     _same_values(ok)
+
+
+def test_data_dependent_op_out_on_cpu_raises_as_cuda():
+    # PyTorch's test_nonzero (test_shape_ops.py): out= on another device raises on CUDA
+    t = torch.tensor([[0, 1], [2, 0]], device="tpu")
+    with pytest.raises(RuntimeError, match="on the same device"):
+        torch.nonzero(t, out=torch.empty([], dtype=torch.long))
+    out = torch.empty(0, dtype=torch.long, device="tpu")
+    torch.nonzero(t, out=out)
+    assert torch.equal(out.cpu(), torch.nonzero(t.cpu()))

@@ -692,6 +692,9 @@ class LoweredPlan:
         outs = [_st.wrap(runtime.jax().device_put(r, runtime.jax_device(index)), index) for r in res]
         if self.sig.out_args:
             targets = [vals[i] for i in self.sig.out_args]
+            for o in targets:  # as CUDA: out= on another device is an error, not a copy
+                if o.device.type != "tpu":
+                    raise device_mismatch(self.op, torch.device("tpu", index), o.device)
             for o, r in zip(targets, outs):
                 if tuple(o.shape) != tuple(r.shape):
                     o.resize_(r.shape)
