@@ -564,3 +564,13 @@ def test_histogram_edge_cases_and_errors(case):
     else:
         for a, b in zip(c, t):
             torch.testing.assert_close(b, a)
+
+
+def test_float_to_uint8_goes_through_int64_as_cpu():
+    # c10's static_cast_with_inter_type: float -> uint8 wraps through int64 on CPU and CUDA
+    x = torch.tensor([-1.0, 300.0, -3.7, 255.9, 0.5])
+    for src in (x, x.double(), x.bfloat16()):
+        assert torch.equal(src.to("tpu").to(torch.uint8).cpu(), src.to(torch.uint8))
+    z = torch.zeros(2, dtype=torch.uint8, device="tpu")
+    z.copy_(torch.tensor([-1.0, -5.0]))
+    assert torch.equal(z.cpu(), torch.tensor([-1.0, -5.0]).to(torch.uint8))

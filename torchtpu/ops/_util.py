@@ -54,6 +54,11 @@ def cast(x, dtype: torch.dtype):
     if isinstance(x, (bool, int, float, complex)):
         return jnp().asarray(x, dtype=d)
     if x.dtype != d:
+        if dtype is torch.uint8 and jnp().issubdtype(x.dtype, jnp().inexact):
+            # PyTorch converts floating values to uint8 through int64 (c10's
+            # static_cast_with_inter_type), so CPU and CUDA agree: -1.0 -> 255, 300.0 -> 44
+            x = (jnp().real(x) if jnp().issubdtype(x.dtype, jnp().complexfloating) else x)
+            return x.astype(jnp().int64).astype(d)
         return x.astype(d)
     return x
 
