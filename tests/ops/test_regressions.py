@@ -574,3 +574,25 @@ def test_float_to_uint8_goes_through_int64_as_cpu():
     z = torch.zeros(2, dtype=torch.uint8, device="tpu")
     z.copy_(torch.tensor([-1.0, -5.0]))
     assert torch.equal(z.cpu(), torch.tensor([-1.0, -5.0]).to(torch.uint8))
+
+
+def test_transfers_preserve_layout_as_cpu():
+    # Tensor.to keeps a dense tensor's strides (preserve_format) across devices, and
+    # honours memory_format, as CPU's clone and CUDA's copies do
+    t = torch.arange(12.0).view(3, 4).t()
+    a = t.to("tpu")
+    assert a.stride() == t.clone().stride() and torch.equal(a.cpu(), t)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        a.view(-1)
+    b = torch.arange(12.0, device="tpu").view(3, 4).t()
+    assert b.cpu().stride() == t.stride() and torch.equal(b.cpu(), t)
+    w = torch.randn(4, 3, 3, 3)
+    cl = w.to(memory_format=torch.channels_last)
+    for x in (w.to("tpu", memory_format=torch.channels_last), cl.to("tpu")):
+        assert x.stride() == cl.stride() and torch.equal(x.cpu(), w)
+        assert x.cpu().stride() == cl.stride()
+    m = torch.nn.Conv2d(3, 4, 3).to("tpu", memory_format=torch.channels_last)
+    assert m.weight.is_contiguous(memory_format=torch.channels_last)
+    nd = torch.randn(5, 6)[:, ::2]  # not dense: contiguous copy, as CPU
+    assert nd.to("tpu").stride() == nd.clone().stride()
+    assert t.to("tpu", torch.float64).stride() == t.to(torch.float64).stride()

@@ -284,6 +284,10 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
             raise RuntimeError(f"_to_copy: cannot copy from {x.device} to {dst}")
         if dtype is not None and dtype != x.dtype:
             x = x.to(dtype)
+        strides = _result_strides(x, memory_format)
+        if strides is not None:  # a permuted layout (channels_last, a transpose...)
+            out = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=dst)
+            return out.copy_(x.contiguous())
         return to_device(x, _check_index(dst.index))
     if dst.type == "cpu":  # tpu -> host
         from torchtpu.eager import executor as ex
@@ -291,6 +295,9 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
         host = _host_tensor(ex.to_numpy(x, "to_cpu"), x)
         if dtype is not None and dtype != host.dtype:
             host = host.to(dtype)
+        strides = _result_strides(x, memory_format)
+        if strides is not None:
+            host = torch.empty_strided(host.shape, strides, dtype=host.dtype).copy_(host)
         if pin_memory:
             host = host.pin_memory()
         return host
@@ -312,6 +319,19 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
             ops.table()[aten._to_copy.default],
         )
     return _TO_COPY_PLAN((x,), {"dtype": dtype, "memory_format": memory_format})
+
+
+def _result_strides(x: torch.Tensor, memory_format) -> tuple | None:
+    """The strides PyTorch's ``_to_copy`` gives a copy of ``x`` under ``memory_format``
+    (``preserve_format`` keeps a dense tensor's strides: a transposed or channels_last
+    tensor stays so across devices), or None when they are the contiguous ones."""
+    if x.dim() < 2:
+        return None
+    mf = torch.preserve_format if memory_format is None else memory_format
+    if mf is torch.preserve_format and x.is_contiguous():
+        return None  # the common case, without a meta call
+    strides = torch.empty_like(x, device="meta", memory_format=mf).stride()
+    return None if strides == _st.contiguous_strides(tuple(x.shape)) else strides
 
 
 def _host_tensor(arr: np.ndarray, like: torch.Tensor) -> torch.Tensor:
