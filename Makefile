@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-full bench clean conformance-vision
+.PHONY: setup demo test test-full test-upstream bench clean conformance-vision
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,11 @@ test: setup
 
 test-full: setup
 	TORCHTPU_FULL_OPINFO=1 $(PY) -m pytest tests $(ARGS)
+
+# PyTorch's own device-generic test files (../shared/torch_tests) on tpu, against
+# tests/torch_upstream/expected_failures.txt (~40 min on 2 cores: not in `make test`)
+test-upstream: setup
+	TORCHTPU_TORCH_TESTS=1 $(PY) -m pytest tests/torch_upstream $(ARGS)
 
 # torchvision from PyPI does not import beside torch 2.13.0+cpu, so the vision sweep has
 # its own venv: torch 2.14.1 with its matching torchvision 0.29.1 (a CUDA build of torch,
