@@ -199,6 +199,22 @@ def contiguous_strides(size) -> tuple:
     return tuple(reversed(strides))
 
 
+def dense_permutation(size, stride):
+    """The permutation ``p`` with ``r.transpose(p)`` laid out as ``stride`` when ``stride``
+    is dense and non-overlapping (a transpose, channels_last...); None when ``stride`` is
+    contiguous; ``"nondense"`` otherwise.  Results with a permutation are computed in
+    their physical order, so their storage array keeps the tensor's layout."""
+    if tuple(stride) == contiguous_strides(size):
+        return None
+    order = sorted(range(len(size)), key=lambda d: (-stride[d], -size[d]))
+    expect = 1
+    for d in reversed(order):
+        if size[d] != 1 and stride[d] != expect:
+            return "nondense"
+        expect *= size[d]
+    return tuple(order)
+
+
 def empty(size, dtype: torch.dtype, index: int, stride=None) -> torch.Tensor:
     """An uninitialized ``tpu:index`` tensor (``torch.empty`` / ``empty_strided``)."""
     size = tuple(size)

@@ -62,19 +62,6 @@ def _is_cpu(val) -> bool:
     return bool(ts) and all(t.device.type == "cpu" for t in ts)
 
 
-def _perm(size, stride):
-    """Permutation p with ``r.transpose(p)`` laid out as ``stride`` (dense), None when
-    ``stride`` is contiguous, "nondense" otherwise."""
-    if tuple(stride) == _st.contiguous_strides(size):
-        return None
-    order = sorted(range(len(size)), key=lambda d: (-stride[d], -size[d]))
-    expect = 1
-    for d in reversed(order):
-        if size[d] != 1 and stride[d] != expect:
-            return "nondense"
-        expect *= size[d]
-    return tuple(order)
-
 
 def _spec(fake, sshape, sdtype):
     """View spec (as ``storage.view_spec``) of fake tensor ``fake`` on a storage array of
@@ -269,7 +256,6 @@ class GraphExecutable:
         env = {}
         sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
         index = None
-        tensor_in = []  # per tensor input: (slot, spec)
         host_in = []
         for n, a in zip(self.placeholders + self.get_attrs, args):
             if isinstance(a, torch.Tensor) and a.device.type == "tpu":
@@ -380,7 +366,7 @@ class GraphExecutable:
 
             def new_storage(r, fake):
                 size, stride = tuple(fake.shape), tuple(fake.stride())
-                p = _perm(size, stride)
+                p = _st.dense_permutation(size, stride)
                 if p == "nondense":
                     p = None
                     fake = torch.empty_strided(size, _st.contiguous_strides(size),

@@ -188,19 +188,6 @@ def _meta_wrapped(v):
     return torch.empty((), dtype=dt, device="meta")
 
 
-def _perm_for(size, stride):
-    """A permutation p with ``result.transpose(p)`` contiguous for dense ``stride``."""
-    if stride == _st.contiguous_strides(size):
-        return None
-    order = sorted(range(len(size)), key=lambda d: (-stride[d], -size[d]))
-    # check dense non-overlapping
-    expect = 1
-    for d in reversed(order):
-        if size[d] != 1 and stride[d] != expect:
-            return "nondense"
-        expect *= size[d]
-    return tuple(order)
-
 
 class _Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
@@ -604,7 +591,7 @@ class LoweredPlan:
         if self.sig.mutated_lists and len(set(writes)) < len(writes):
             _check_disjoint_writes(self.op, writes, write_specs)
         nf = len(self.fsig.args)
-        perms = [_perm_for(size, stride) for size, stride, _ in out_meta]
+        perms = [_st.dense_permutation(size, stride) for size, stride, _ in out_meta]
         check_info = []  # filled when traced: (exception type, message) per device check
         # (shape, dtype) of each storage slot; never the StorageData themselves, which
         # the compiled function would otherwise keep alive (and their device buffers).
