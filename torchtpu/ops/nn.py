@@ -1160,10 +1160,8 @@ def upsample_nearest2d(x, output_size, scales_h=None, scales_w=None):
 
 @lower(aten.upsample_nearest2d_backward.default)
 def upsample_nearest2d_backward(g, output_size, input_size, scales_h=None, scales_w=None):
-    ct = _ct(g)
-    x0 = jnp().zeros(tuple(input_size), npdt(ct))
-    _, vjp = _jax().vjp(lambda a: _upsample_nearest(a, tuple(output_size), (scales_h, scales_w)), x0)
-    return vjp(cast(g, ct))[0]
+    return _resize_vjp(lambda a: _upsample_nearest(a, tuple(output_size), (scales_h, scales_w)),
+                       g, input_size)
 
 
 @lower(aten.upsample_bilinear2d.default)
@@ -1174,11 +1172,9 @@ def upsample_bilinear2d(x, output_size, align_corners, scales_h=None, scales_w=N
 @lower(aten.upsample_bilinear2d_backward.default)
 def upsample_bilinear2d_backward(g, output_size, input_size, align_corners, scales_h=None,
                                  scales_w=None):
-    ct = _ct(g)
-    x0 = jnp().zeros(tuple(input_size), npdt(ct))
-    _, vjp = _jax().vjp(
-        lambda a: _upsample_linear(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
-    return vjp(cast(g, ct))[0]
+    return _resize_vjp(
+        lambda a: _upsample_linear(a, tuple(output_size), align_corners, (scales_h, scales_w)),
+        g, input_size)
 
 
 
@@ -1526,11 +1522,9 @@ def _upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales
 def _upsample_bilinear2d_aa_backward(g, output_size, input_size, align_corners, scales_h=None,
                                      scales_w=None):
     """Gradient of :func:`_upsample_bilinear2d_aa` (the transposed resampling)."""
-    ct = _ct(g)
-    x0 = jnp().zeros(tuple(input_size), npdt(ct))
-    _, vjp = _jax().vjp(
-        lambda a: _upsample_aa(a, tuple(output_size), align_corners, (scales_h, scales_w)), x0)
-    return vjp(cast(g, ct))[0]
+    return _resize_vjp(
+        lambda a: _upsample_aa(a, tuple(output_size), align_corners, (scales_h, scales_w)),
+        g, input_size)
 
 
 # ------------------------------------------------ upsampling backward, 1-D/3-D (issue 8)
@@ -1596,6 +1590,8 @@ def _upsample_bicubic(x, output_size, align_corners, scales):
 
 
 def _resize_vjp(f, g, input_size):
+    """Gradient of the resampling ``f`` (linear in its input) for the output gradient
+    ``g``, as the vjp at zeros of shape ``input_size``, in ``g``'s compute dtype."""
     ct = _ct(g)
     x0 = jnp().zeros(tuple(input_size), npdt(ct))
     _, vjp = _jax().vjp(f, x0)
