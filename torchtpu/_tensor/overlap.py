@@ -58,7 +58,8 @@ def overlap_status(a: torch.Tensor, b: torch.Tensor) -> int:
     return NO
 
 
-def _tensors(v):
+def iter_tensors(v):
+    """The tensors of one argument value: a Tensor, or the tensors of a list/tuple."""
     if isinstance(v, torch.Tensor):
         yield v
     elif isinstance(v, (list, tuple)):
@@ -93,7 +94,7 @@ def check_writes(op, mutated: list, out_args: list, vals: list, random: bool = F
         NotImplementedError: any other in-place write into a tensor whose elements share
             memory (an expanded tensor): CPU's result depends on its write order.
     """
-    written = [(i, t) for i in mutated for t in _tensors(vals[i])]
+    written = [(i, t) for i in mutated for t in iter_tensors(vals[i])]
     if not written:
         return
     name = op._schema.name.split("::")[-1]
@@ -111,7 +112,7 @@ def check_writes(op, mutated: list, out_args: list, vals: list, random: bool = F
     for j, v in enumerate(vals):
         if j in mutated:
             continue
-        for r in _tensors(v):
+        for r in iter_tensors(v):
             if r.device.type != "tpu" or r.untyped_storage()._cdata not in storages:
                 continue
             for _, w in written:

@@ -83,16 +83,6 @@ def describe(vals) -> str:
     return ", ".join(parts)
 
 
-def _iter_tensors(vals):
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                if isinstance(x, torch.Tensor):
-                    yield x
-
-
 # ------------------------------------------------------------------------ the cache
 
 
@@ -428,7 +418,7 @@ class LoweredPlan:
 
     def _resize_outs(self, vals, shapes):
         inputs = {x.untyped_storage()._cdata for j in self.sig.tensor_idx
-                  if j not in self.writeonly for x in _iter_tensors([vals[j]])}
+                  if j not in self.writeonly for x in _overlap.iter_tensors(vals[j])}
         for i, shape in zip(self.sig.out_args, shapes):
             o = vals[i]
             if tuple(o.shape) != tuple(shape) and o.untyped_storage()._cdata in inputs:
