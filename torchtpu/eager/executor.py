@@ -217,16 +217,21 @@ class _Call:
             self.sdatas.append(sd)
             self.arrays.append(_input_array(sd, writeonly))
         elif self.arrays[j] is None and not writeonly:
-            self.arrays[j] = sd.get()
-        self.key.append((j, _st.view_spec(t, sd)))
+            self.arrays[j] = _input_array(sd, False)
+        if sd.arr is None and not writeonly:
+            # an uninitialized storage (torch.empty) that is read: the executable reads
+            # zeros made inside it, not a zeros array compiled per shape beforehand
+            self.key.append((j, _st.view_spec(t, sd), "uninit"))
+        else:
+            self.key.append((j, _st.view_spec(t, sd)))
 
 
 def _input_array(sd, writeonly):
     """The storage array to pass to an executable: concrete, or (DeferAndFuse) a pending
-    ``Lazy`` value; ``None`` for an uninitialized storage that is only written."""
+    ``Lazy`` value; ``None`` for an uninitialized storage (``torch.empty``)."""
     a = sd.arr
-    if a is None:
-        return None if writeonly else sd.get()
+    if a is None:  # uninitialized: the executable makes the zeros it reads, if any
+        return None
     if a.__class__ is _st.Lazy:
         if a.value is not None:
             sd.resolve(a.value)
@@ -590,7 +595,7 @@ class LoweredPlan:
 
         def traced(arrays, dyn):
             dyn_it = iter(dyn)
-            largs = [_rebuild(item, arrays, dyn_it) for item in layout]
+            largs = [_rebuild(item, arrays, dyn_it, slot_meta) for item in layout]
             key = next(dyn_it) if lowering.random else None
             fixed, checks = call_lowering(lowering, op, largs[:nf], out_meta, key)
             check_info[:] = [(exc, msg) for _, exc, msg in checks]
@@ -706,12 +711,16 @@ def _check_disjoint_writes(op, writes, specs):
         seen.setdefault(slot, []).append(spec)
 
 
-def _rebuild(item, arrays, dyn_it):
+def _rebuild(item, arrays, dyn_it, slot_meta):
     from torchtpu.ops._scalar import Scalar
 
     tag = item[0]
     if tag == "view":
-        return _st.read_view(arrays[item[1]], item[2])
+        arr = arrays[item[1]]
+        if arr is None:  # an uninitialized storage reads as zeros (see _Call.tensor)
+            shape, dtype = slot_meta[item[1]]
+            arr = runtime.jax().numpy.zeros(shape, runtime.to_np_dtype(dtype))
+        return _st.read_view(arr, item[2])
     if tag == "const":
         return item[1]
     if tag == "dyn":
@@ -719,7 +728,7 @@ def _rebuild(item, arrays, dyn_it):
     if tag == "scalar":
         return Scalar(next(dyn_it), item[1])
     if tag == "list":
-        return [_rebuild(x, arrays, dyn_it) for x in item[1]]
+        return [_rebuild(x, arrays, dyn_it, slot_meta) for x in item[1]]
     if tag == "drop":
         return None
     raise AssertionError(tag)
