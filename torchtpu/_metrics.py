@@ -42,6 +42,9 @@ class Metrics:
             ``executables`` (one per graph and input layout), ``cache_hits`` (calls that
             reused an executable), ``graph_calls``, ``recompiles`` (Dynamo compiled a frame
             again after a guard failed).
+        persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
+            ``hits`` (executables loaded instead of compiled), ``misses``,
+            ``seconds_saved`` and ``load_seconds``.
     """
 
     def __init__(self):
@@ -76,6 +79,8 @@ class Metrics:
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0,
         }
+        self.persistent_cache = {"hits": 0, "misses": 0, "seconds_saved": 0.0,
+                                 "load_seconds": 0.0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

@@ -26,6 +26,9 @@ def jax():
     import jax as _jax
 
     _jax.config.update("jax_enable_x64", True)
+    from torchtpu._device import persistent_cache
+
+    persistent_cache.configure(_jax)
     return _jax
 
 
