@@ -451,3 +451,24 @@ def test_memory_stats():
     del x
     assert torch.tpu.memory_allocated() == before
     assert "allocated_bytes.all.current" in torch.tpu.memory_stats()
+
+
+@pytest.mark.parametrize("make", [
+    lambda x, **kw: torch.zeros_like(x, **kw),
+    lambda x, **kw: torch.ones_like(x, **kw),
+    lambda x, **kw: torch.full_like(x, 7, **kw),
+    lambda x, **kw: torch.empty_like(x, **kw).fill_(2),
+    lambda x, **kw: torch.full_like(x, 2.5, dtype=torch.float64, **kw),
+])
+def test_like_factories_honour_device_argument(make):
+    """``zeros_like(x_tpu, device="cpu")`` is a CPU tensor, as with CUDA (it was left on
+    tpu: the OpInfo int64 sweep's full_like/ones_like/zeros_like mismatches)."""
+    base = torch.arange(6).reshape(2, 3)
+    x = base.to(TPU).t()
+    got = make(x, device="cpu")
+    want = make(base.t(), device="cpu")
+    assert got.device.type == "cpu"
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
+    back = make(base.t(), device=TPU)
+    same(back, want)

@@ -979,6 +979,8 @@ def _make_plan(op):
         return HandlerPlan(op, h)
     sig = Signature(op)
     if op in table:
+        if op._schema.name.endswith("_like") and "device" in sig.names:
+            return _LikeOtherDevice(op, sig, LoweredPlan(op, sig, table[op]))
         return LoweredPlan(op, sig, table[op])
     if sig.is_view and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"):
         return ViewPlan(op)
@@ -995,6 +997,28 @@ def _make_plan(op):
         if f is not None and (f in table or _decomposition(f) is not None):
             return _MutableViaFunctional(op, sig, f)
     return UnsupportedPlan(op)
+
+
+class _LikeOtherDevice:
+    """``zeros_like(x_tpu, device="cpu")`` and the other lowered ``*_like`` factories:
+    the result goes to the ``device`` argument, as on CPU/CUDA.  Those ops read only
+    ``x``'s size, strides and dtype, so another device's op runs on an uninitialized
+    stand-in with ``x``'s size and strides (no transfer)."""
+
+    def __init__(self, op, sig, lowered):
+        self.op = op
+        self.sig = sig
+        self.lowered = lowered
+        self.at = sig.names.index("device")
+
+    def __call__(self, args, kwargs):
+        vals = self.sig.normalize(args, kwargs)
+        dev = vals[self.at]
+        if dev is None or torch.device(dev).type == "tpu":
+            return self.lowered(args, kwargs)
+        x = vals[0]
+        stand_in = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=dev)
+        return call_op(self.sig, self.op, [stand_in] + list(vals[1:]))
 
 
 class _MutableViaFunctional:
