@@ -464,3 +464,37 @@ def test_grid_sample_backward_bfloat16_unsupported():
     y = F.grid_sample(x, grid, align_corners=False)
     with pytest.raises(NotImplementedError, match="grid_sampler_2d_backward"):
         y.sum().backward()
+
+
+# ------------------------------------------------------------------ gcd / lcm
+
+
+@pytest.mark.parametrize("fn", [torch.gcd, torch.lcm])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_gcd_lcm_match_cpu_including_wraparound(fn, dtype):
+    """CPU's Euclid in the operands' dtype: |INT64_MIN| and narrow-int products wrap the
+    way its C++ kernel does (lcm of int8 100 and 3 is 44)."""
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dtype == torch.uint8 else -128
+    a = torch.randint(lo, 127, (400,), dtype=dtype, generator=g)
+    b = torch.randint(lo, 127, (400,), dtype=dtype, generator=g)
+    if dtype == torch.int64:
+        a[:3] = torch.tensor([-2**63, 0, -2**63])
+        b[:3] = torch.tensor([2, 0, -2**63])
+    assert torch.equal(fn(a.to(TPU), b.to(TPU)).cpu(), fn(a, b))
+    a2, b2 = a.reshape(20, 20), b[:20]  # broadcasting
+    assert torch.equal(fn(a2.to(TPU), b2.to(TPU)).cpu(), fn(a2, b2))
+    x = a.clone()
+    xt = a.to(TPU)
+    getattr(x, fn.__name__ + "_")(b)
+    getattr(xt, fn.__name__ + "_")(b.to(TPU))
+    assert torch.equal(xt.cpu(), x)
+
+
+@pytest.mark.parametrize("fn", [torch.gcd, torch.lcm])
+def test_gcd_lcm_refuse_floats_as_cpu(fn):
+    with pytest.raises(RuntimeError) as cpu:
+        fn(torch.ones(2), torch.ones(2))
+    with pytest.raises(RuntimeError) as tpu:
+        fn(torch.ones(2, device=TPU), torch.ones(2, device=TPU))
+    assert str(tpu.value) == str(cpu.value)

@@ -227,6 +227,48 @@ def remainder(a, b):
     return j.remainder(x, y)
 
 
+def _int_only(dt: torch.dtype, kernel: str) -> None:
+    if dt.is_floating_point or dt.is_complex or dt is torch.bool:
+        raise RuntimeError(f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
+
+
+def _gcd_values(x, y):
+    """CPU's ``calc_gcd``: Euclid on |x|, |y| with truncated remainders, in the operands'
+    integer dtype (so |INT_MIN| wraps exactly as it does there)."""
+    a, b = jnp().broadcast_arrays(jnp().abs(x), jnp().abs(y))
+
+    def body(ab):
+        a, b = ab
+        nz = a != 0
+        r = lax().rem(b, jnp().where(nz, a, jnp().ones_like(a)))
+        return jnp().where(nz, r, a), jnp().where(nz, a, b)
+
+    a, b = lax().while_loop(lambda ab: jnp().any(ab[0] != 0), body, (a, b))
+    return b
+
+
+@lower(aten.gcd.default)
+def gcd(a, b):
+    dt = promote(a, b)
+    _int_only(dt, "gcd_cpu")
+    return _gcd_values(cast(a, dt), cast(b, dt))
+
+
+@lower(aten.lcm.default)
+def lcm(a, b):
+    """CPU's ``calc_lcm``: ``|(x / gcd) * y|`` in the integer dtype (wrapping), 0 when
+    the gcd is 0."""
+    dt = promote(a, b)
+    _int_only(dt, "lcm_cpu")
+    x, y = jnp().broadcast_arrays(cast(a, dt), cast(b, dt))
+    g = _gcd_values(x, y)
+    nz = g != 0
+    q = lax().div(x, jnp().where(nz, g, jnp().ones_like(g)))
+    if dt.itemsize < 4:  # C++ promotes narrow integers to int before the product and abs
+        q, y = q.astype(npdt(torch.int32)), y.astype(npdt(torch.int32))
+    return jnp().where(nz, jnp().abs(q * y).astype(x.dtype), jnp().zeros_like(x))
+
+
 @lower(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(a, b):
     dt = promote(a, b)
