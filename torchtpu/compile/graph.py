@@ -191,6 +191,8 @@ class GraphExecutable:
     returns the list of outputs (tpu tensors with the strides PyTorch's fake tensors give
     them, sharing storage where the graph's outputs alias).  Raises
     ``NotImplementedError`` at construction for an op without a lowering.
+    ``dump_prefix`` (``TORCHTPU_DUMP_DIR``, :mod:`torchtpu.compile.dump`): each executable
+    built writes its StableHLO text to ``<dump_prefix>[.exeK].stablehlo.mlir``.
     """
 
     _boxed_call = True
