@@ -45,12 +45,18 @@ def decompositions() -> dict:
             if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP}
 
 
-def _compiler(kind):
+def _compiler(kind, dump_prefix=None):
     def compile_graph(gm, example_inputs):
         from torchtpu.compile.graph import GraphExecutable
 
         M.compile["graphs_compiled"] += 1
-        ex = GraphExecutable(gm, f"{kind}{next(_ids)}")
+        prefix = None
+        if dump_prefix is not None:  # TORCHTPU_DUMP_DIR (torchtpu.compile.dump)
+            from torchtpu.compile import dump
+
+            prefix = f"{dump_prefix}.{kind}"
+            dump.write(prefix + ".fx.txt", dump.fx_text(gm))
+        ex = GraphExecutable(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
 
         def run(args):
             return ex(args)
@@ -87,10 +93,15 @@ def tpu_backend(gm, example_inputs, **kwargs):
     t0 = time.perf_counter()
     c = M.compile
     before = c["lowering_seconds"] + c["xla_seconds"]
+    from torchtpu.compile import dump
+
+    prefix = dump.new_prefix()  # None unless TORCHTPU_DUMP_DIR is set
+    if prefix is not None:
+        dump.write(prefix + ".dynamo.fx.txt", dump.fx_text(gm))
     backend = aot_autograd(
-        fw_compiler=_compiler("fw"),
-        bw_compiler=_compiler("bw"),
-        inference_compiler=_compiler("inference"),
+        fw_compiler=_compiler("forward", prefix),
+        bw_compiler=_compiler("backward", prefix),
+        inference_compiler=_compiler("inference", prefix),
         partition_fn=min_cut_rematerialization_partition,
         decompositions=decompositions(),
         keep_inference_input_mutations=True,

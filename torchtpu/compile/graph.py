@@ -191,14 +191,19 @@ class GraphExecutable:
     returns the list of outputs (tpu tensors with the strides PyTorch's fake tensors give
     them, sharing storage where the graph's outputs alias).  Raises
     ``NotImplementedError`` at construction for an op without a lowering.
+    ``dump_prefix`` (``TORCHTPU_DUMP_DIR``, :mod:`torchtpu.compile.dump`): each executable
+    built writes its StableHLO text to ``<dump_prefix>[.exeK].stablehlo.mlir``.
     """
 
     _boxed_call = True
 
-    def __init__(self, gm, name: str):
+    def __init__(self, gm, name: str, dump_prefix: str | None = None):
         check_graph(gm)
         self.gm = gm
         self.name = name
+        # TORCHTPU_DUMP_DIR: "<dir>/graph_NNN.<kind>"; each executable's StableHLO goes to
+        # <prefix>[.exeK].stablehlo.mlir (torchtpu.compile.dump)
+        self.dump_prefix = dump_prefix
         self.nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         self.get_attrs = [n for n in self.nodes if n.op == "get_attr"]
@@ -510,6 +515,14 @@ class GraphExecutable:
         t0 = time.perf_counter()
         lowered = jitted.lower(arrays, host_vals, keys)
         t1 = time.perf_counter()
+        if self.dump_prefix is not None:
+            from torchtpu.compile import dump
+
+            k = len(self.cache)  # executables of this graph built before this one
+            dump.write(f"{self.dump_prefix}{f'.exe{k}' if k else ''}.stablehlo.mlir",
+                       lowered.as_text())
+            t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
+            t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
         c["lowering_seconds"] += t1 - t0
