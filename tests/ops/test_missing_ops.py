@@ -498,3 +498,31 @@ def test_gcd_lcm_refuse_floats_as_cpu(fn):
     with pytest.raises(RuntimeError) as tpu:
         fn(torch.ones(2, device=TPU), torch.ones(2, device=TPU))
     assert str(tpu.value) == str(cpu.value)
+
+
+# ------------------------------------------------------------------ integer convolution
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_integer_convolution_as_cpu(dtype, transposed):
+    """CPU convolves integers exactly (int64 products wrap); its transposed kernels
+    exist for int64 only and raise NotImplementedError for the other integer types."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50, (2, 3, 7, 6), dtype=dtype, generator=g)
+    w = torch.randint(0, 5, (3, 4, 3, 2), dtype=dtype, generator=g)
+    b = torch.randint(0, 5, (4,), dtype=dtype, generator=g)
+    if transposed:
+        f = lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1)  # noqa: E731
+    else:
+        f = lambda x, w, b: F.conv2d(x, w.transpose(0, 1), b, padding=1)  # noqa: E731
+    try:
+        want = f(x, w, b)
+    except NotImplementedError as cpu:
+        with pytest.raises(NotImplementedError) as tpu:
+            f(x.to(TPU), w.to(TPU), b.to(TPU))
+        assert str(tpu.value) == str(cpu)
+        return
+    got = f(x.to(TPU), w.to(TPU), b.to(TPU))
+    assert got.dtype == want.dtype
+    assert torch.equal(got.cpu(), want)

@@ -149,14 +149,18 @@ def _conv_dtype(x, w):
         # CPU's error (its wording varies with the dtypes; the type does not)
         raise RuntimeError(f"expected scalar type {names.get(dt, dt)} but found "
                            f"{names.get(tdtype(w), tdtype(w))}")
-    if not dt.is_floating_point:
+    if dt.is_complex or dt is torch.bool:
         raise NotImplementedError(f"torchtpu: convolution does not support {dt} inputs")
-    return opmath(dt)
+    return opmath(dt) if dt.is_floating_point else dt  # integers: XLA's exact integer conv
 
 
 @lower(aten.convolution_overrideable.default, aten.convolution.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     ct = _conv_dtype(x, w)
+    if transposed and not ct.is_floating_point and ct is not torch.int64:
+        # CPU's transposed kernels have integer variants for int64 only
+        kernel = "slow_conv_transpose3d_out_cpu" if w.ndim == 5 else "slow_conv_transpose2d_out_cpu"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(ct)}\'')
     unbatched = x.ndim == w.ndim - 1
     xx = cast(x, ct)
     if unbatched:
