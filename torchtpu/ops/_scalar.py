@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import math
+
+import torch
 
 from torchtpu._device import runtime
 
@@ -40,3 +43,106 @@ def register_pytree():
     runtime.jax().tree_util.register_pytree_node(
         Scalar, lambda s: ((s.value,), s.kind), lambda kind, ch: Scalar(ch[0], kind)
     )
+
+
+# ----------------------------------------------------------- checked Scalar conversion
+
+# c10's C++ type names, as CPU's "value cannot be converted to type ... without overflow"
+_C_NAMES = {
+    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int",
+    torch.int64: "int64_t", torch.uint16: "uint16_t", torch.uint32: "uint32_t",
+    torch.uint64: "uint64_t", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float", torch.float64: "double",
+    torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>",
+    torch.float8_e4m3fn: "c10::Float8_e4m3fn", torch.float8_e5m2: "c10::Float8_e5m2",
+    torch.float8_e4m3fnuz: "c10::Float8_e4m3fnuz", torch.float8_e5m2fnuz: "c10::Float8_e5m2fnuz",
+}
+_COMPONENT = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _overflows(v, dtype) -> bool:
+    """c10::overflows<To, From>: whether Python number ``v`` does not fit ``dtype``."""
+    if dtype.is_complex:
+        part = _COMPONENT[dtype]
+        if isinstance(v, complex):
+            return _overflows(v.real, part) or _overflows(v.imag, part)
+        return _overflows(v, part)
+    if isinstance(v, complex):
+        return v.imag != 0 or _overflows(v.real, dtype)
+    if dtype.is_floating_point:
+        fi = torch.finfo(dtype)
+        if isinstance(v, float):
+            if math.isnan(v):
+                return False  # every floating type has a NaN
+            if math.isinf(v):
+                return dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz,
+                                 torch.float8_e5m2fnuz)  # no infinity
+        return v < fi.min or v > fi.max
+    ii = torch.iinfo(dtype)
+    if isinstance(v, float):
+        return math.isnan(v) or v < float(ii.min) or v > float(ii.max)
+    if ii.min == 0 and v < 0:  # unsigned: negative ints wrap (two's complement)
+        return -v > ii.max
+    return v < ii.min or v > ii.max
+
+
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+                   torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def check_converts(value, dtype: torch.dtype, numel: int | None = None):
+    """Host side: raise as CPU's checked ``Scalar::to<T>()`` does when ``value`` (a Python
+    number, or a 0-d CPU tensor) cannot be represented in ``dtype`` — ``fill_(300)`` on
+    int8, ``clamp(max=1e6)`` on float16, ``inf`` into float8_e4m3fn.  Bools, bool targets,
+    and tensors on tpu (reading them would be a sync) are not checked.
+
+    ``numel``: for fills, the filled element count.  CPU fills a one-element tensor
+    through an unchecked path for float16/bfloat16/float8 (``x[0] = 1e6`` on float16
+    stores inf), so those are not checked either.
+
+    Returns the value to use: ``value`` itself, except a float equal to 2**63 filled
+    into int64, which passes CPU's check (``(double)INT64_MAX`` is 2**63) and converts
+    to INT64_MIN on x86 (XLA would saturate to INT64_MAX), and a complex number with a
+    zero imaginary part for a real dtype (its real part).
+
+    Raises:
+        RuntimeError: "value cannot be converted to type <C++ type> without overflow".
+    """
+    v = value
+    if isinstance(v, torch.Tensor):
+        if v.device.type != "cpu" or v.numel() != 1:
+            return value
+        v = v.item()
+    if isinstance(v, bool) or v is None:
+        return value
+    if dtype is torch.bool:  # any number converts to bool (nonzero: True)
+        return bool(v) if isinstance(v, complex) else value
+    if numel == 1 and dtype in _REDUCED_FLOATS:
+        if isinstance(v, complex):
+            if v.imag != 0:
+                raise RuntimeError("value cannot be converted to type double without overflow")
+            return v.real
+        return value
+    name = _C_NAMES.get(dtype)
+    if name is not None and _overflows(v, dtype):
+        raise RuntimeError(f"value cannot be converted to type {name} without overflow")
+    if dtype is torch.int64 and isinstance(v, float) and v == 2.0 ** 63:
+        return -(2 ** 63)
+    if isinstance(v, complex) and not dtype.is_complex:
+        return v.real  # the imaginary part is 0 here (else _overflows raised)
+    return value
+
+
+def fits(*positions):
+    """A lowering's ``prepare`` hook: the Scalar arguments at ``positions`` of the
+    normalized argument list must fit the dtype of argument 0 (a tensor), as CPU's
+    checked ``Scalar::to<T>()`` requires (``threshold``, ``hardtanh``, ``leaky_relu``)."""
+
+    def prepare(vals):
+        dt = vals[0].dtype
+        for i in positions:
+            if vals[i] is not None and not isinstance(vals[i], torch.Tensor):
+                vals[i] = check_converts(vals[i], dt)
+        return vals
+
+    return prepare

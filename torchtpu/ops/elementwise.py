@@ -14,7 +14,7 @@ import math
 import torch
 
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._scalar import Scalar
+from torchtpu.ops._scalar import Scalar, check_converts
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
                                 scalar_type_name, tdtype)
 
@@ -66,8 +66,26 @@ def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check
                 y = y * cast(alpha, ct)
         return fn(x, y)
 
-    lower(op)(lowering)
+    lower(op, prepare=_alpha_fits if has_alpha else None)(lowering)
     return lowering
+
+
+def _alpha_fits(vals):
+    """Host side: ``alpha`` must fit the result dtype (``add(int8, int8, alpha=300)``
+    raises on CPU)."""
+    alpha = vals[2]
+    if alpha is not None and not isinstance(alpha, (bool, torch.Tensor)):
+        vals[2] = check_converts(alpha, torch.result_type(vals[0], vals[1]))
+    return vals
+
+
+def _value_fits(vals):
+    """Host side: ``addcmul``/``addcdiv``'s ``value`` must fit the result dtype."""
+    value = vals[3]
+    if value is not None and not isinstance(value, (bool, torch.Tensor)):
+        dt = torch.promote_types(vals[0].dtype, torch.promote_types(vals[1].dtype, vals[2].dtype))
+        vals[3] = check_converts(value, dt)
+    return vals
 
 
 def _alpha_check(dtype: torch.dtype, alpha) -> None:
@@ -465,7 +483,49 @@ def sgn(x):
     return _sign(x)
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor)
+def _fill_fits(vals):
+    """``fill_(300)`` on int8 raises as on CPU (``fill_(tensor(300))`` wraps there)."""
+    vals[1] = check_converts(vals[1], vals[0].dtype, vals[0].numel())
+    return vals
+
+
+def _clamp_fits(vals):
+    """``clamp`` Scalar bounds must fit the result dtype, as CPU checks them."""
+    bounds = [v for v in vals[1:] if v is not None and not isinstance(v, torch.Tensor)]
+    xdt = vals[0].dtype
+    if any(isinstance(b, complex) for b in bounds):
+        # CPU: a floating tensor takes a complex bound's real part when its imaginary
+        # part is 0 (else the bound "cannot be converted to type double"); other
+        # tensors would get a complex result, which clamp refuses
+        if not xdt.is_floating_point:
+            raise NotImplementedError("clamp is not supported for complex types")
+        for i in range(1, len(vals)):
+            b = vals[i]
+            if isinstance(b, complex):
+                if b.imag != 0:
+                    raise RuntimeError("value cannot be converted to type double without overflow")
+                vals[i] = b.real
+        bounds = [v for v in vals[1:] if v is not None and not isinstance(v, torch.Tensor)]
+    if xdt.is_complex:
+        raise NotImplementedError("clamp is not supported for complex types")
+    if bounds:
+        dt = vals[0].dtype
+        for b in bounds:
+            dt = torch.result_type(torch.empty((), dtype=dt, device="meta"), b)
+        for b in bounds:
+            check_converts(b, dt)
+    return vals
+
+
+def _one_bound_fits(vals):
+    """``clamp_min``/``clamp_max`` (CPU kernels of their own): a complex bound raises."""
+    if isinstance(vals[1], complex):
+        raise NotImplementedError("clamp is not supported for complex types")
+    return _clamp_fits(vals)
+
+
+@lower(aten.clamp.Tensor)
+@lower(aten.clamp.default, prepare=_clamp_fits)
 def clamp(x, min=None, max=None):
     dt = promote(*[v for v in (x, min, max) if v is not None])
     ct = opmath(dt)
@@ -527,7 +587,7 @@ def lerp(start, end, weight):
     return j.where(j.abs(w) < 0.5, s + w * (e - s), e - (e - s) * (1 - w))
 
 
-@lower(aten.addcmul.default)
+@lower(aten.addcmul.default, prepare=_value_fits)
 def addcmul(self, t1, t2, value=1):
     dt = promote(self, t1, t2)
     _not_for_bool(dt, "addcmul_cpu_out")
@@ -535,7 +595,7 @@ def addcmul(self, t1, t2, value=1):
     return cast(self, ct) + cast(value, ct) * cast(t1, ct) * cast(t2, ct)
 
 
-@lower(aten.addcdiv.default)
+@lower(aten.addcdiv.default, prepare=_value_fits)
 def addcdiv(self, t1, t2, value=1):
     if not (tdtype(t1).is_floating_point or tdtype(t1).is_complex or tdtype(t2).is_floating_point
             or tdtype(t2).is_complex):  # integer or bool operands (meta misses bool)
@@ -552,7 +612,8 @@ def addcdiv(self, t1, t2, value=1):
     return cast(self, ct) + cast(value, ct) * cast(t1, ct) / cast(t2, ct)
 
 
-@lower(aten.fill.Scalar, aten.fill.Tensor)
+@lower(aten.fill.Tensor)
+@lower(aten.fill.Scalar, prepare=_fill_fits)
 def fill(self, value):
     return jnp().full(self.shape, cast(value, tdtype(self)), npdt(tdtype(self)))
 
@@ -582,12 +643,14 @@ def heaviside(x, values):
     return j.where(x == 0, v, (x > 0).astype(x.dtype))
 
 
-@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+@lower(aten.clamp_min.Tensor)
+@lower(aten.clamp_min.default, prepare=_one_bound_fits)
 def clamp_min(x, min):
     return clamp(x, min, None)
 
 
-@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+@lower(aten.clamp_max.Tensor)
+@lower(aten.clamp_max.default, prepare=_one_bound_fits)
 def clamp_max(x, max):
     return clamp(x, None, max)
 

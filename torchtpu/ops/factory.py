@@ -21,7 +21,7 @@ import torch
 
 from torchtpu.ops import aten, lower
 from torchtpu.ops import decomp_overrides
-from torchtpu.ops._scalar import Scalar
+from torchtpu.ops._scalar import Scalar, check_converts
 from torchtpu.ops._util import cast, jnp, npdt, tdtype
 
 
@@ -119,20 +119,47 @@ def _dt(dtype):
     return as_dtype(dtype) or torch.get_default_dtype()
 
 
-@lower(aten.full.default)
+def _default_dtype_of(value) -> torch.dtype:
+    """The dtype ``torch.full``/``scalar_tensor`` infer from a Python fill value."""
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    if isinstance(value, complex):
+        return torch.complex128 if torch.get_default_dtype() is torch.float64 else torch.complex64
+    return torch.get_default_dtype()
+
+
+def _full_fits(vals):
+    """``torch.full((2,), 300, dtype=torch.int8)`` raises as on CPU."""
+    vals[1] = check_converts(vals[1], vals[2] or _default_dtype_of(vals[1]), math.prod(vals[0]))
+    return vals
+
+
+def _full_like_fits(vals):
+    vals[1] = check_converts(vals[1], vals[2] or vals[0].dtype, vals[0].numel())
+    return vals
+
+
+def _scalar_tensor_fits(vals):
+    vals[0] = check_converts(vals[0], vals[1] or torch.get_default_dtype(), 1)
+    return vals
+
+
+@lower(aten.full.default, prepare=_full_fits)
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     dt = dtype or (torch.get_default_dtype() if fill_value.kind is float else tdtype(fill_value))
     return jnp().full(tuple(size), cast(fill_value, dt), npdt(dt))
 
 
-@lower(aten.full_like.default)
+@lower(aten.full_like.default, prepare=_full_like_fits)
 def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
     dt = dtype or tdtype(x)
     return jnp().full(x.shape, cast(fill_value, dt), npdt(dt))
 
 
-@lower(aten.scalar_tensor.default)
+@lower(aten.scalar_tensor.default, prepare=_scalar_tensor_fits)
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return cast(s, _dt(dtype))
 

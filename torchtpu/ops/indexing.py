@@ -23,7 +23,7 @@ import torch
 
 from torchtpu._device import runtime
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._scalar import Scalar
+from torchtpu.ops._scalar import Scalar, check_converts
 from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, scalar_type_name, tdtype
 
 
@@ -238,9 +238,14 @@ def _prepare_index_put(vals):
     value tensor of shape [3] cannot be broadcast to indexing result of shape [4]")``."""
     vals = _indices_to_device(vals)
     indices = vals[1]
+    x, values = vals[0], vals[2]
+    if isinstance(values, torch.Tensor) and values.dtype != x.dtype:
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got "
+            f"{scalar_type_name(x.dtype)} for the destination and "
+            f"{scalar_type_name(values.dtype)} for the source.")
     if not any(_is_mask(t) for t in indices):
         return vals
-    x, values = vals[0], vals[2]
     _check_masks(x, indices)
     used = [i for i, t in enumerate(indices) if t is not None]
     if len(used) != 1 or not isinstance(values, torch.Tensor):
@@ -509,6 +514,18 @@ def _prepare_index_fill(vals):
     if cplx and not x.dtype.is_complex:
         raise RuntimeError(
             "index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    vals[3] = check_converts(value, x.dtype)  # fill value 300 on int8 raises as on CPU
+    return vals
+
+
+def _masked_fill_fits(vals):
+    """Host side, as CPU's ``value.item()`` then checked ``to<T>()``: a value that does not
+    fit raises; a complex value with zero imaginary part fills a real tensor with its real
+    part."""
+    value = vals[2]
+    if isinstance(value, complex) and value.imag == 0 and not vals[0].dtype.is_complex:
+        value = value.real
+    vals[2] = check_converts(value, vals[0].dtype)
     return vals
 
 
@@ -526,7 +543,7 @@ def index_fill(x, dim, index, value):
 # --------------------------------------------------------------------------- masks
 
 
-@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, prepare=_masked_fill_fits)
 def masked_fill(x, mask, value):
     j = jnp()
     dt = tdtype(x)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from torchtpu.ops import Lowering, LOWERINGS, _checks, aten, lower
+from torchtpu.ops._scalar import fits
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, scalar_type_name,
                                 tdtype, to_float_compute)
 from torchtpu.ops.decomp_overrides import decomp
@@ -840,7 +841,7 @@ def mish_backward(g, x):
     return gg * (t + xx * s * (1 - t * t))
 
 
-@lower(aten.hardtanh.default)
+@lower(aten.hardtanh.default, prepare=fits(1, 2))
 def hardtanh(x, min_val=-1, max_val=1):
     ct = opmath(tdtype(x))
     xx = cast(x, ct)
@@ -858,7 +859,7 @@ def hardtanh_backward(g, x, min_val, max_val):
     return jnp().where((xx <= lo) | (xx >= hi), jnp().zeros_like(gg), gg)
 
 
-@lower(aten.leaky_relu.default)
+@lower(aten.leaky_relu.default, prepare=fits(1))
 def leaky_relu(x, negative_slope=0.01):
     xx = _f(x)
     return jnp().where(xx > 0, xx, xx * cast(negative_slope, _ct(x)))
@@ -934,7 +935,7 @@ def hardsigmoid_backward(g, x):
     return j.where((xx > -3) & (xx < 3), gg / 6, j.zeros_like(gg))
 
 
-@lower(aten.threshold.default)
+@lower(aten.threshold.default, prepare=fits(1, 2))
 def threshold(x, threshold, value):
     ct = opmath(tdtype(x))
     xx = cast(x, ct)
