@@ -32,7 +32,8 @@ test-full: setup
 	TORCHTPU_FULL_OPINFO=1 $(PY) -m pytest tests $(ARGS)
 
 # PyTorch's own device-generic test files (../shared/torch_tests) on tpu, against
-# tests/torch_upstream/expected_failures.txt (~40 min on 2 cores: not in `make test`)
+# tests/torch_upstream/expected_failures.txt (~40 min on 2 cores; `make test` runs only
+# the fast subset in tests/torch_upstream/fast_subset.txt)
 test-upstream: setup
 	TORCHTPU_TORCH_TESTS=1 $(PY) -m pytest tests/torch_upstream $(ARGS)
 

@@ -9,9 +9,18 @@ Without them these tests skip.  A child process keeps the upstream files' global
 
 A test here fails when an upstream test fails that is not on the list, when a listed test
 passes (``XPASS(strict)``: take it off the list), or when a listed id no longer exists.
-``TORCHTPU_TORCH_TESTS=1`` runs them, ``=0`` skips them (default: ``DEFAULT_ON``);
-``TORCHTPU_TORCH_TESTS_ARGS`` adds arguments to the child pytest (``-n 2``, ``-x``, a
-later ``-k`` narrows the selection).
+
+``TORCHTPU_TORCH_TESTS`` picks what runs:
+
+* ``fast`` (the default, what ``make test`` and CI run): the tests listed in
+  ``fast_subset.txt`` (those that took under 3 s each on the loaded 2-core machine in a
+  complete run: a few minutes in all);
+* ``1`` / ``all`` (``make test-upstream``): every test of the three files (~40 min on
+  2 cores: every new shape compiles an executable);
+* ``0``: none.
+
+``TORCHTPU_TORCH_TESTS_ARGS`` adds arguments to the child pytest (``-x``, a later ``-k``
+narrows the selection).
 """
 
 from __future__ import annotations
@@ -29,10 +38,18 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FILES = ["test_view_ops.py", "test_indexing.py", "test_shape_ops.py"]
-TIMEOUT_S = int(os.environ.get("TORCHTPU_TORCH_TESTS_TIMEOUT", "1800"))
-# Opt-in: the three files take ~40 min on 2 cores (each new shape compiles an executable),
-# past `make test`'s budget; `make test-upstream` runs them.
-DEFAULT_ON = False
+TIMEOUT_S = int(os.environ.get("TORCHTPU_TORCH_TESTS_TIMEOUT", "3600"))
+FAST_SUBSET = HERE / "fast_subset.txt"
+
+
+def fast_subset(name: str) -> list[str]:
+    """The node ids of upstream file ``name`` in ``fast_subset.txt``."""
+    ids = []
+    for line in FAST_SUBSET.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith(name + "::"):
+            ids.append(line)
+    return ids
 
 
 def torch_tests_dir() -> Path | None:
@@ -57,13 +74,20 @@ def _summary(out: str) -> str:
 @pytest.mark.parametrize("name", FILES)
 def test_upstream_file(name):
     """Run one upstream file on tpu; every result must match the expected-failure list."""
-    if os.environ.get("TORCHTPU_TORCH_TESTS", "1" if DEFAULT_ON else "0") == "0":
-        pytest.skip("PyTorch's upstream tests are opt-in for now: TORCHTPU_TORCH_TESTS=1")
+    mode = os.environ.get("TORCHTPU_TORCH_TESTS", "fast").strip().lower()
+    if mode == "0":
+        pytest.skip("TORCHTPU_TORCH_TESTS=0")
     folder = torch_tests_dir()
     if folder is None or not (folder / name).is_file():
         pytest.skip(f"PyTorch's {name} not found: no shared/torch_tests beside the clone "
                     f"({REPO.parent / 'shared' / 'torch_tests'}) and no "
                     f"TORCHTPU_TORCH_TESTS_DIR")
+    selection = [name]
+    if mode == "fast":
+        selection = fast_subset(name)
+        if not selection:
+            pytest.skip(f"no test of {name} in fast_subset.txt (TORCHTPU_TORCH_TESTS=1 "
+                        f"runs the whole file)")
     env = dict(os.environ)
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = "privateuse1"
     # these files run most op signatures once (loops over shapes and dtypes): the quick
@@ -76,7 +100,7 @@ def test_upstream_file(name):
         env["TORCHTPU_UPSTREAM_STALE"] = str(stale_file)
         cmd = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"),
                "--rootdir", str(folder), "-p", "torchtpu_upstream_xfail", "-q", "-rfEX",
-               "-k", "PRIVATEUSE1 or TPU", name,
+               "-k", "PRIVATEUSE1 or TPU", *selection,
                *shlex.split(os.environ.get("TORCHTPU_TORCH_TESTS_ARGS", ""))]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
