@@ -493,8 +493,9 @@ def print_tables(out, file=None):
     if train:
         cols = [c for c in COLUMNS if any(c in r["columns"] for r in train)]
         p("| row | " + " | ".join(f"{c} ms (x JAX)" for c in cols)
-          + " | compiled first call s (tracing/lowering/XLA) | our share | recompiles |")
-        p("|---" * (len(cols) + 4) + "|")
+          + " | compiled first call s (tracing/lowering/XLA) | our share | recompiles "
+          "| persistent-cache hits in first call |")
+        p("|---" * (len(cols) + 5) + "|")
         for r in train:
             cells = []
             for c in cols:
@@ -510,9 +511,10 @@ def print_tables(out, file=None):
                 tail = (f"{c['first_call_s']:.1f} ({sp['tracing_seconds']:.1f}/"
                         f"{sp['lowering_seconds']:.1f}/{sp['xla_seconds']:.1f}) | "
                         f"{c['our_share_of_first_call']:.0%} | "
-                        f"{c['recompiles_after_first_step']} in {c['timed_steps_after_first']}")
+                        f"{c['recompiles_after_first_step']} in {c['timed_steps_after_first']}"
+                        f" | {c['persistent_cache_hits_first_call']}")
             else:
-                tail = "- | - | -"
+                tail = "- | - | - | -"
             p(f"| {r['row']} | " + " | ".join(cells) + f" | {tail} |")
         na = {(r["row"], c): v for r in train for c, v in r["columns"].items()
               if isinstance(v, str)}
@@ -566,6 +568,12 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps incl. the first call")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cache-dir", default="fresh",
+                    help="persistent XLA cache of this process: 'fresh' (default: a new empty "
+                         "temporary directory, so first calls compile cold), 'default' (keep "
+                         "TORCHTPU_CACHE_DIR / the default directory), or a path")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads for the whole run (default: PyTorch's)")
     ap.add_argument("--first-call-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.first_call_child:
@@ -576,7 +584,45 @@ def main(argv=None):
     for r in rows:
         if r not in ROWS:
             ap.error(f"unknown row {r!r}; expected {', '.join(ROWS)}")
+    fresh = _set_cache_dir(args.cache_dir)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    import torchtpu
+
     out = {"machine": _machine(), "rows": {}}
+    out["machine"].update(torch_threads=torch.get_num_threads(),
+                          persistent_cache_dir=torchtpu.persistent_cache_directory(),
+                          cache_dir_option=args.cache_dir)
+    try:
+        _run_rows(out, rows, cols, args)
+    finally:
+        if fresh:
+            import shutil
+
+            shutil.rmtree(fresh, ignore_errors=True)
+    out["machine"]["loadavg_end"] = list(os.getloadavg())
+    print_tables(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+def _set_cache_dir(option):
+    """Point this process's persistent cache at ``option`` (see ``--cache-dir``) before
+    torchtpu configures JAX; returns the temporary directory to delete, if any."""
+    from torchtpu._device import runtime
+
+    if option == "default":
+        return None
+    if runtime.jax.cache_info().currsize:
+        raise RuntimeError("--cache-dir: JAX is already configured in this process")
+    path = tempfile.mkdtemp(prefix="torchtpu-bench-cache-") if option == "fresh" else option
+    os.environ["TORCHTPU_CACHE_DIR"] = path
+    return path if option == "fresh" else None
+
+
+def _run_rows(out, rows, cols, args):
     for r in rows:
         t0 = time.perf_counter()
         if r in TRAIN_ROWS:
@@ -588,9 +634,3 @@ def main(argv=None):
             out["rows"][r] = coldwarm_row()
         out["rows"][r]["wall_s"] = time.perf_counter() - t0
         print(f"[{r}: {out['rows'][r]['wall_s']:.0f} s]", file=sys.stderr, flush=True)
-    out["machine"]["loadavg_end"] = list(os.getloadavg())
-    print_tables(out)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
