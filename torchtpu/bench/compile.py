@@ -464,7 +464,8 @@ def coldwarm_row(name="llama", timeout=900):
         for which in ("cold", "warm"):
             t0 = time.perf_counter()
             p = subprocess.run([sys.executable, "-m", "torchtpu.bench", "compile",
-                                "--first-call-child", name], env=env, capture_output=True,
+                                "--first-call-child", name,
+                                "--torch-threads", str(torch.get_num_threads())], env=env, capture_output=True,
                                text=True, timeout=timeout)
             wall = time.perf_counter() - t0
             if p.returncode != 0:
@@ -572,10 +573,14 @@ def main(argv=None):
                     help="persistent XLA cache of this process: 'fresh' (default: a new empty "
                          "temporary directory, so first calls compile cold), 'default' (keep "
                          "TORCHTPU_CACHE_DIR / the default directory), or a path")
-    ap.add_argument("--torch-threads", type=int, default=None,
-                    help="torch.set_num_threads for the whole run (default: PyTorch's)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch.set_num_threads for the whole run (default 1: on a shared, "
+                         "loaded machine PyTorch's spinning intra-op threads made CPU steps "
+                         "10-100x slower; 0 keeps PyTorch's default)")
     ap.add_argument("--first-call-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     if args.first_call_child:
         _first_call_child(args.first_call_child)
         return 0
@@ -585,8 +590,6 @@ def main(argv=None):
         if r not in ROWS:
             ap.error(f"unknown row {r!r}; expected {', '.join(ROWS)}")
     fresh = _set_cache_dir(args.cache_dir)
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
     import torchtpu
 
     out = {"machine": _machine(), "rows": {}}
