@@ -185,10 +185,8 @@ def jax_step(model, batch, loss_of):
     JAX and ``jax.jit``-ed, from ``model``'s trainable parameters (float32, on JAX's
     default device) and ``batch`` (CPU tensors).  Returns ``step()`` -> the loss before the
     update (a JAX scalar, not waited for)."""
-    import numpy as np
-
     jax, jnp = _jnp()
-    params = {n: jnp.asarray(np.array(p.detach())) for n, p in model.named_parameters()}
+    params = {n: jnp.asarray(p.detach().numpy().copy()) for n, p in model.named_parameters()}
     zeros = jax.tree.map(jnp.zeros_like, params)
     state = (params, zeros, jax.tree.map(jnp.zeros_like, params),
              jnp.zeros((), jnp.float32))  # float32: b1 ** t stays float32 under x64
