@@ -3,6 +3,7 @@
     python -m torchtpu.bench compile [--rows mlp,small-mlp,cnn,llama,generate,coldwarm]
                                      [--columns jax,cpu,inductor,strict,defer_and_fuse,compiled]
                                      [--steps N] [--warmup N] [--new-tokens N] [--json PATH]
+                                     [--cache-dir fresh|default|PATH] [--torch-threads 1]
 
 One process (the ``coldwarm`` row starts two child processes).  Rows (issue 10, "Benchmark"):
 
@@ -41,7 +42,12 @@ One process (the ``coldwarm`` row starts two child processes).  Rows (issue 10, 
   fresh process with the cache the first one filled; both seconds, the ratio and the
   persistent-cache hits.
 
-Not a timed test: numbers depend on the machine and its load (reported in the JSON).
+The benchmark process gets a new, empty persistent cache (``--cache-dir fresh``) so its
+first calls compile cold, runs PyTorch's CPU kernels on one thread (``--torch-threads 1``:
+on a shared, loaded machine spinning intra-op threads made CPU PyTorch 10-100x slower),
+and loads torchtpu's C++ helper before timing anything (its once-per-machine build is not
+a compile cost of any column).  Not a timed test: numbers depend on the machine and its
+load (reported in the JSON).  Results: ``docs/bench/compile.md``.
 """
 
 from __future__ import annotations
