@@ -23,7 +23,13 @@ import torch.nn as nn
 import torchtpu
 
 
-def _llama():
+def llama_workload():
+    """The small Llama of the benchmarks: ``(model, batch, loss)``.
+
+    ``model``: a random ``LlamaForCausalLM`` on CPU (vocab 1000, hidden 128, MLP 256,
+    2 layers, 4 heads; ``torch.manual_seed(0)``); ``batch``: ``(input_ids,)``, int64
+    ``(4, 32)``; ``loss(model, input_ids)``: its causal-LM loss (labels = inputs), a
+    float32 scalar on the inputs' device.  Shared with ``torchtpu.bench.compile``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256,
@@ -34,27 +40,35 @@ def _llama():
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, 1000, (4, 32), generator=g)
 
-    def loss_fn(m, dev):
-        x = batch.to(dev)
+    def loss(m, x):
         return m(input_ids=x, labels=x).loss
 
-    return model, loss_fn
+    return model, (batch,), loss
 
 
-def _mlp():
+def mlp_workload(sizes=(784, 1024, 1024, 10), batch=64):
+    """An MLP (``nn.Sequential`` of Linear/ReLU, ``sizes`` features) with cross-entropy:
+    ``(model, (x, y), loss)``; ``x`` float32 ``(batch, sizes[0])``, ``y`` int64 classes.
+    Defaults: the eager benchmark's MLP (784-1024-1024-10, batch 64)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 10))
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
+    model = nn.Sequential(*layers)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
+    x, y = (torch.randn(batch, sizes[0], generator=g),
+            torch.randint(0, sizes[-1], (batch,), generator=g))
 
-    def loss_fn(m, dev):
-        return nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
+    def loss(m, x, y):
+        return nn.functional.cross_entropy(m(x), y)
 
-    return model, loss_fn
+    return model, (x, y), loss
 
 
-def _cnn():
+def cnn_workload():
+    """A small CNN (two 3x3 conv + ReLU + 2x2 max-pool blocks, a Linear) with
+    cross-entropy on 32x32 RGB images: ``(model, (x, y), loss)``, ``x`` float32
+    ``(32, 3, 32, 32)``, ``y`` int64 ``(32,)``."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -64,10 +78,26 @@ def _cnn():
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)
 
-    def loss_fn(m, dev):
-        return nn.functional.cross_entropy(m(x.to(dev)), y.to(dev))
+    def loss(m, x, y):
+        return nn.functional.cross_entropy(m(x), y)
 
-    return model, loss_fn
+    return model, (x, y), loss
+
+
+def _eager_form(workload):
+    """``(model, loss_fn(m, dev))``: the batch moved to ``dev`` at every step."""
+    def make():
+        model, batch, loss = workload()
+
+        def loss_fn(m, dev):
+            return loss(m, *(t.to(dev) for t in batch))
+
+        return model, loss_fn
+
+    return make
+
+
+_llama, _mlp, _cnn = (_eager_form(w) for w in (llama_workload, mlp_workload, cnn_workload))
 
 
 WORKLOADS = {"llama": _llama, "mlp": _mlp, "cnn": _cnn}

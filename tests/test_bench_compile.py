@@ -1,0 +1,115 @@
+"""Smoke test of ``python -m torchtpu.bench compile`` (not a timing test): each row runs
+with tiny step counts, its output has the documented structure, and every column trains
+the same model the same way: its losses (first and last step, same number of AdamW
+steps from the same initial weights) agree with plain PyTorch on CPU; the greedy
+``generate()`` ids of every tpu column equal CPU's."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from torchtpu.bench import compile as bench  # noqa: E402
+
+TPU_COLS = ("jax", "cpu", "strict", "defer_and_fuse", "compiled")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _check_train_row(r, name, cols, steps, warmup):
+    assert r["row"] == name and r["steps"] == steps and r["warmup"] == warmup
+    assert list(r["columns"]) == list(cols)
+    cpu = r["columns"]["cpu"]
+    for col, v in r["columns"].items():
+        assert isinstance(v, dict), (col, v)
+        assert v["ms_per_step"] > 0 and v["first_call_s"] > 0
+        # same weights, same batch, same number of AdamW steps: the same losses as CPU
+        assert v["loss_first"] == pytest.approx(cpu["loss_first"], rel=1e-5), col
+        assert v["loss_last"] == pytest.approx(cpu["loss_last"], rel=1e-4), col
+    assert cpu["loss_last"] < cpu["loss_first"]  # it trains
+    assert set(r["ratio_to_jax"]) == set(cols) and r["ratio_to_jax"]["jax"] == 1.0
+    c = r["columns"]["compiled"]
+    assert set(c["compile_split_s"]) == {"tracing_seconds", "lowering_seconds", "xla_seconds"}
+    assert c["compile_split_s"]["xla_seconds"] > 0 and c["graphs_compiled"] >= 3
+    assert 0 < c["our_share_of_first_call"] <= 1
+    assert c["recompiles_after_first_step"] == 0 and c["executables_after_first_step"] == 0
+    assert c["timed_steps_after_first"] == warmup - 1 + steps
+
+
+@pytest.mark.parametrize("name", ["small-mlp", "cnn", "llama"])
+def test_train_row_columns_agree_with_cpu(name):
+    r = bench.train_row(name, steps=2, warmup=2, columns=TPU_COLS)
+    _check_train_row(r, name, TPU_COLS, 2, 2)
+
+
+def test_train_row_inductor_column():
+    cols = ("cpu", "inductor")
+    r = bench.train_row("small-mlp", steps=1, warmup=1, columns=cols)
+    v = r["columns"]["inductor"]
+    if isinstance(v, str):  # Inductor cannot run here (e.g. no C++ compiler): says why
+        assert v.startswith("n/a: ")
+    else:
+        assert v["loss_last"] == pytest.approx(r["columns"]["cpu"]["loss_last"], rel=1e-4)
+    assert r["ratio_to_jax"] == {}  # no JAX column, no ratios
+
+
+def test_train_row_inductor_without_a_compiler_is_na(monkeypatch):
+    import torch._inductor.config as cfg
+
+    monkeypatch.setattr(cfg.cpp, "cxx", ("no-such-c-compiler-for-the-test",))
+    monkeypatch.setattr(cfg, "fx_graph_cache", False)
+    r = bench.train_row("small-mlp", steps=1, warmup=1, columns=("inductor",))
+    assert isinstance(r["columns"]["inductor"], str)
+    assert r["columns"]["inductor"].startswith("n/a: ")
+
+
+def test_generate_row_ids_equal_cpu_and_no_recompiles():
+    r = bench.generate_row(new_tokens=3, prompt_len=8)
+    assert r["row"] == "generate" and r["new_tokens"] == 3
+    assert list(r["columns"]) == list(bench.GEN_COLUMNS)
+    for col, v in r["columns"].items():
+        assert v["new_tokens"] == 3 and v["tokens_per_s"] > 0, col
+        assert v["ids_match_cpu"], col
+    assert r["columns"]["strict"]["xla_compiles_timed_call"] == 0
+    c = r["columns"]["compiled"]
+    assert c["graphs_compiled"] == 1 and c["recompiles"] == 0
+    assert c["executables_timed_call"] == 0 and c["graph_calls_timed_call"] == 2
+    assert r["ratio_to_strict"]["strict"] == 1.0
+
+
+def test_coldwarm_row_second_process_hits_the_persistent_cache():
+    r = bench.coldwarm_row("small-mlp")
+    cold, warm = r["cold"], r["warm"]
+    assert cold["cache_dir"] == warm["cache_dir"]
+    assert cold["persistent_cache"]["misses"] > 0
+    assert warm["persistent_cache"]["misses"] == 0
+    assert warm["persistent_cache"]["hits"] >= cold["persistent_cache"]["misses"]
+    assert r["warm_over_cold"] == warm["first_call_s"] / cold["first_call_s"]
+
+
+def test_main_writes_json_and_table(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--rows", "small-mlp", "--columns", "jax,compiled", "--steps", "1",
+                           "--warmup", "1", "--cache-dir", "default", "--json", str(path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = json.loads(path.read_text())
+    assert set(out) == {"machine", "rows"} and list(out["rows"]) == ["small-mlp"]
+    assert out["machine"]["torch_threads"] == 1
+    assert list(out["rows"]["small-mlp"]["columns"]) == ["jax", "compiled"]
+    table = capsys.readouterr().out
+    assert "| small-mlp | " in table and "compiled ms (x JAX)" in table
+
+
+def test_unknown_row_is_refused():
+    with pytest.raises(SystemExit):
+        bench.main(["--rows", "resnet"])
