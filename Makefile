@@ -29,7 +29,7 @@ test: setup
 	$(PY) -m pytest tests $(ARGS)
 
 test-full: setup
-	TORCHTPU_FULL_OPINFO=1 $(PY) -m pytest tests $(ARGS)
+	TORCHTPU_FULL_OPINFO=1 TORCHTPU_FULL_TESTS=1 $(PY) -m pytest tests $(ARGS)
 
 # PyTorch's own device-generic test files (../shared/torch_tests) on tpu, against
 # tests/torch_upstream/expected_failures.txt (~40 min on 2 cores; `make test` runs only
