@@ -273,6 +273,34 @@ def test_shape_change_recompiles_once_per_shape_with_dynamic_false():
     assert m["graphs_compiled"] == 2 and m["recompiles"] == 1, m
 
 
+def test_recompile_reasons_name_the_failed_guard():
+    # a new dtype fails the tensor guard of the compiled frame: one recompile, counted
+    # under the reason Dynamo gives for it
+    def f(x):
+        return x * 2 + 1
+
+    g = torch.compile(f, backend="tpu", dynamic=False)
+    torchtpu.reset_metrics()
+    x = torch.arange(6.0).reshape(2, 3)
+    _close(g(x.to("tpu")), f(x))
+    _close(g(x.to("tpu")), f(x))
+    assert torchtpu.metrics()["compile"]["recompile_reasons"] == {}
+    xd = x.double()
+    _close(g(xd.to("tpu")), f(xd))
+    _close(g(xd.to("tpu")), f(xd))
+    m = torchtpu.metrics()["compile"]
+    assert m["recompiles"] == 1, m
+    ((reason, count),) = m["recompile_reasons"].items()
+    assert count == 1
+    assert "dtype" in reason and "'x'" in reason, reason
+    assert not reason.startswith("0/0"), reason
+    # a third dtype fails both cached entries' guards: a second recompile
+    xi = torch.arange(6).reshape(2, 3)
+    _close(g(xi.to("tpu")), f(xi))
+    m = torchtpu.metrics()["compile"]
+    assert m["recompiles"] == 2 and sum(m["recompile_reasons"].values()) == 2, m
+
+
 def test_automatic_dynamic_shapes_give_cpu_results():
     # default dynamic=None: after a shape change Dynamo marks the dimension dynamic; the
     # graph then has symbolic sizes and we build one executable per concrete shape

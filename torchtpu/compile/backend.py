@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import time
 
 from torchtpu import _metrics
@@ -68,15 +69,44 @@ def _compiler(kind, dump_prefix=None):
     return compile_graph
 
 
+_last_recompile = [None]  # CompileContext last counted (one frame compile, one count)
+_COMPILE_ID_PREFIX = re.compile(r"^[!\d/_\[\]]+: ")
+
+
+def recompile_reason() -> str:
+    """The guard failure that made Dynamo compile the current frame again, as Dynamo
+    records it for the compilation in progress (``recompile_reason`` of its metrics
+    context, the first of ``torch._dynamo.guards.get_and_maybe_log_recompilation_reasons``
+    -- the text ``TORCH_LOGS=recompiles`` prints, e.g. ``tensor 'x' dtype mismatch.
+    expected Float, actual Int``), without the failed entry's compile id prefix
+    (``"0/0: "``) and the user stack; ``"unknown"`` when PyTorch gives none."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        ctx = get_metrics_context()
+        text = ctx._metrics.get("recompile_reason") if ctx.in_progress() else None
+    except Exception:  # another PyTorch version: the count still works
+        text = None
+    if not text:
+        return "unknown"
+    text = text.split("\nUser stack trace:")[0].strip()
+    return _COMPILE_ID_PREFIX.sub("", text, count=1) or "unknown"
+
+
 def _count_recompile():
     try:
         from torch._guards import CompileContext
 
+        ctx = CompileContext.try_get()
         cid = CompileContext.current_compile_id()
     except Exception:
         return
-    if cid is not None and getattr(cid, "frame_compile_id", 0):
+    # compile ids restart after torch._dynamo.reset(): the context object tells frame
+    # compiles apart
+    if cid is not None and getattr(cid, "frame_compile_id", 0) and ctx is not _last_recompile[0]:
+        _last_recompile[0] = ctx
         M.compile["recompiles"] += 1
+        M.compile["recompile_reasons"][recompile_reason()] += 1
 
 
 def tpu_backend(gm, example_inputs, **kwargs):
