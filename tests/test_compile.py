@@ -220,6 +220,40 @@ def test_op_without_lowering_raises_naming_it(monkeypatch):
                for e in chain), chain
 
 
+def _inner_errors(err):
+    chain = []
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or getattr(err, "inner_exception", None)
+    return chain
+
+
+@pytest.mark.parametrize("case", ["nonzero", "repeat_interleave", "narrow"])
+def test_data_dependent_shape_in_a_graph_raises_naming_it(case):
+    # CPU (backend="aot_eager") compiles these; one XLA executable has static shapes, so
+    # on tpu each must raise NotImplementedError naming the op or the data dependence
+    # (they raised on an unrelated _assert_scalar node, a TypeError from a traced
+    # array's __array__, and a GuardOnDataDependentSymNode)
+    x = torch.randn(5, 5, 5)
+    fns = {
+        "nonzero": (lambda t: torch.nonzero(t), (torch.tensor(1.5),), "aten.nonzero"),
+        "repeat_interleave": (lambda r: torch.repeat_interleave(r, output_size=6),
+                              (torch.tensor([1, 2, 0, 3]),), "aten.repeat_interleave.Tensor"),
+        "narrow": (lambda t, s: torch.narrow(t, 1, s, 2), (x, torch.tensor(2)),
+                   "value read from a tensor"),
+    }
+    fn, args, needle = fns[case]
+    # narrow's start stays a CPU tensor (as in PyTorch's OpInfo sample on a device)
+    dev = [a.to("tpu") if a.dim() or case != "narrow" else a for a in args]
+    with pytest.raises(Exception) as ei:
+        torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)(*dev)
+    chain = _inner_errors(ei.value)
+    assert any(isinstance(e, NotImplementedError) and str(e).startswith("torchtpu:")
+               and needle in str(e) for e in chain), chain
+    torch._dynamo.reset()
+    torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)(*args)  # CPU: fine
+
+
 def test_small_llama_forward_matches_cpu():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(

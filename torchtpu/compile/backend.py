@@ -115,7 +115,9 @@ def tpu_backend(gm, example_inputs, **kwargs):
     ``gm``: Dynamo's FX graph (torch-level ops); ``example_inputs``: its fake inputs.
     Returns the compiled callable.  Ops without a lowering raise ``NotImplementedError``
     naming the op when the graph is compiled (``torch._dynamo`` wraps it in a
-    ``BackendCompilerFailed`` whose cause is that error)."""
+    ``BackendCompilerFailed`` whose cause is that error); so do data-dependent shapes
+    (an op whose output shape or offset depends on tensor values, or a decomposition
+    that branches on one)."""
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -138,6 +140,17 @@ def tpu_backend(gm, example_inputs, **kwargs):
     )
     try:
         return backend(gm, example_inputs)
+    except Exception as e:
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+        if isinstance(e, GuardOnDataDependentSymNode):
+            # AOTAutograd (a decomposition) branched on a value read from a tensor
+            # (narrow with a tensor start, ...): a graph of static shapes cannot take it
+            raise NotImplementedError(
+                f"torchtpu: a torch.compile graph on the tpu device branches on a value read "
+                f"from a tensor (data-dependent), which one XLA executable with static "
+                f"shapes cannot take: {str(e).splitlines()[0]}") from e
+        raise
     finally:
         c["tracing_seconds"] += (time.perf_counter() - t0) - (
             c["lowering_seconds"] + c["xla_seconds"] - before)
