@@ -14,6 +14,8 @@ import itertools
 import re
 import time
 
+import torch
+
 from torchtpu import _metrics
 
 M = _metrics.METRICS
@@ -33,7 +35,8 @@ def decompositions() -> dict:
     decompositions (``torch._decomp.core_aten_decompositions()``: ops such as
     ``new_ones`` that eager never receives because PyTorch decomposes them above the
     backend, but that AOTAutograd's trace keeps), minus the ops the lowering table has
-    (those stay whole: one lowering instead of its pieces)."""
+    (those stay whole: one lowering instead of its pieces) and minus view ops (see
+    :func:`_is_view_op`)."""
     from torch._decomp import core_aten_decompositions
 
     from torchtpu import ops
@@ -43,7 +46,22 @@ def decompositions() -> dict:
     d = dict(core_aten_decompositions())
     d.update(decomp_overrides.decompositions())
     return {op: fn for op, fn in d.items()
-            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP}
+            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
+            and not _is_view_op(op)}
+
+
+def _is_view_op(op) -> bool:
+    """View ops stay whole: the graph reads them through their fake tensors' geometry,
+    re-derived from the actual inputs when those differ (``graph._geometry_differs``).
+    Their decompositions bake the traced input's geometry in as constants
+    (``slice.Tensor`` -> ``as_strided(x, ..., x.storage_offset() + start)``), and Dynamo
+    does not guard on storage offsets: ``f(x[1])`` after ``f(x[0])`` read row 0."""
+    from torchtpu.compile.graph import _sig
+
+    try:
+        return isinstance(op, torch._ops.OpOverload) and _sig(op).is_view
+    except Exception:
+        return False
 
 
 def _compiler(kind, dump_prefix=None):
@@ -147,9 +165,9 @@ def tpu_backend(gm, example_inputs, **kwargs):
             # AOTAutograd (a decomposition) branched on a value read from a tensor
             # (narrow with a tensor start, ...): a graph of static shapes cannot take it
             raise NotImplementedError(
-                f"torchtpu: a torch.compile graph on the tpu device branches on a value read "
-                f"from a tensor (data-dependent), which one XLA executable with static "
-                f"shapes cannot take: {str(e).splitlines()[0]}") from e
+                f"torchtpu: a torch.compile graph on the tpu device branches on a value that "
+                f"depends on tensor values, which one XLA executable with static shapes "
+                f"cannot take: {str(e).splitlines()[0]}") from e
         raise
     finally:
         c["tracing_seconds"] += (time.perf_counter() - t0) - (

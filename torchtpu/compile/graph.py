@@ -166,6 +166,23 @@ def _unbacked(val) -> str:
     return ", ".join(sorted(map(str, syms)))
 
 
+def _geometry_differs(placeholders, args) -> bool:
+    """A tpu input whose strides or storage offset differ from its placeholder's fake
+    tensor (AOTAutograd restrides a backward's tangents at run time to the forward
+    outputs' strides, but not their storage offsets: a tangent of ``unbind(x, 1)[1]`` is
+    traced at offset 1 and arrives at offset 0).  View nodes read their base's storage
+    through the geometry of their fake tensors, so those must then be re-propagated from
+    the actual inputs (:func:`_concrete_metas`)."""
+    for n, a in zip(placeholders, args):
+        v = n.meta.get("val")
+        if isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor) and \
+                a.device.type == "tpu" and (
+                    tuple(a.shape) != tuple(v.shape) or tuple(a.stride()) != tuple(v.stride())
+                    or a.storage_offset() != v.storage_offset()):
+            return True
+    return False
+
+
 def check_graph(gm) -> None:
     """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
     (nor a view / uninitialized-memory / host meaning), or whose lowering needs concrete
@@ -364,7 +381,7 @@ class GraphExecutable:
         jax = runtime.jax()
         register_pytree()
         c = M.compile
-        if self.symbolic:
+        if self.symbolic or _geometry_differs(self.placeholders, self._args):
             meta = _concrete_metas(self.gm, self.placeholders, self._args)
         else:
             meta = {n: n.meta.get("val") for n in self.nodes}
