@@ -49,6 +49,17 @@ Index outputs that the op's documentation leaves unspecified on ties (sort witho
 ``stable=True``, topk, kthvalue, mode, median/nanmedian with a dim) are checked for
 validity instead of equality (:func:`tie_index_check`); the values still compare as usual.
 
+Modes (``--mode``, a comma list; one JSON per mode, ``ops.<mode>.json``, and with several
+modes a table comparing them, ``ops.modes.md``): the eager modes ``strict``, ``debug``,
+``defer_and_fuse`` (``all`` = these three) and ``compile``: each sample's tpu run is the
+one-op function ``lambda inp, args, kwargs: op(inp, *args, **kwargs)`` compiled with
+``torch.compile(backend="tpu", fullgraph=True, dynamic=False)`` (:func:`compiled_call`;
+Dynamo is reset before each sample, eager pieces run in STRICT), forward and, with
+``--backward``, the gradients through the compiled function's autograd; CPU stays eager,
+compared with the same tolerances and classes.  A graph break is ``unsupported`` (cause
+``graph break: ...``), an op the backend cannot compile is classified by the exception
+the backend raised (:func:`classify_compiled_exception`).
+
 Random ops (:func:`is_random`: OpInfo ``has_nondeterministic_output``, a known name, or
 two CPU runs of the same sample that disagree) are compared for dtype/shape only.
 
@@ -752,8 +763,14 @@ def classify_compiled_exception(exc: BaseException) -> tuple[str, str, str]:
     if isinstance(exc, dexc.BackendCompilerFailed):
         inner = getattr(exc, "inner_exception", None) or exc.__cause__
         if inner is not None:
-            status, cause, detail = classify_exception(inner)
+            status, cause, detail = classify_compiled_exception(inner)
             return status, cause, "tpu backend: " + detail
+    if isinstance(exc, NotImplementedError) and str(exc).lstrip().startswith("torchtpu.compile:"):
+        # a case the graph compiler refuses (a device->host copy inside a graph, ...)
+        first = _first_line(str(exc))
+        loc = _location(exc)
+        return ("unsupported", "NotImplementedError: " + _normalize(first),
+                f"NotImplementedError: {first[:300]}" + (f" [at {loc}]" if loc else ""))
     if isinstance(exc, dexc.Unsupported):
         first = _first_line(str(exc))
         return ("unsupported", "graph break: " + _normalize(first),
