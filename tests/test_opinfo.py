@@ -15,7 +15,8 @@ Comparison rules (tolerances, random ops, what counts as a mismatch) are those o
 
 ``test_opinfo_float32_compiled``: ``COMPILED_OPS`` (a cross-section of the subset), each
 sample compiled as a one-op function with ``torch.compile(backend="tpu")`` (the sweep's
-``--mode compile``).
+``--mode compile``); ``test_opinfo_backward_float32_compiled``: gradients of
+``COMPILED_BACKWARD_OPS`` through the compiled function.
 
 ``XFAIL`` lists ops the backend does not support yet (tpu raises); they are
 ``xfail(strict=False, raises=BackendFailure)``, so a *wrong result*
@@ -217,6 +218,20 @@ def test_opinfo_float32_compiled(op):
     assert pair.status == "pass", pair
     # the samples really went through the backend (not Dynamo's eager fallback)
     assert torchtpu.metrics()["compile"]["graphs_compiled"] > 0
+
+
+# Gradients through the compiled function's autograd (AOTAutograd's backward graph).
+COMPILED_BACKWARD_OPS = ["mul", "sum", "matmul", "softmax", "nn.functional.layer_norm",
+                         "index_select", "cumsum", "unbind", "nn.functional.gelu", "var"]
+
+
+@pytest.mark.parametrize("name", COMPILED_BACKWARD_OPS)
+def test_opinfo_backward_float32_compiled(name):
+    """Gradients of the one-op function compiled with the ``tpu`` backend vs CPU eager."""
+    from torchtpu.conformance.opinfo import check_op_backward, get_opinfo
+
+    pair = check_op_backward(get_opinfo(name), DTYPE, SAMPLES_PER_OP, compiled=True)
+    assert pair is not None and pair.status == "pass", (pair.status, pair.detail)
 
 
 BACKWARD_OPS = ["add", "mul", "exp", "sum", "matmul", "softmax", "nn.functional.conv2d",
