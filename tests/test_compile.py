@@ -220,6 +220,40 @@ def test_op_without_lowering_raises_naming_it(monkeypatch):
                for e in chain), chain
 
 
+def _inner_errors(err):
+    chain = []
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or getattr(err, "inner_exception", None)
+    return chain
+
+
+@pytest.mark.parametrize("case", ["nonzero", "repeat_interleave", "narrow"])
+def test_data_dependent_shape_in_a_graph_raises_naming_it(case):
+    # CPU (backend="aot_eager") compiles these; one XLA executable has static shapes, so
+    # on tpu each must raise NotImplementedError naming the op or the data dependence
+    # (they raised on an unrelated _assert_scalar node, a TypeError from a traced
+    # array's __array__, and a GuardOnDataDependentSymNode in slice's decomposition)
+    x = torch.randn(5, 5, 5)
+    fns = {
+        "nonzero": (lambda t: torch.nonzero(t), (torch.tensor(1.5),), "aten.nonzero"),
+        "repeat_interleave": (lambda r: torch.repeat_interleave(r, output_size=6),
+                              (torch.tensor([1, 2, 0, 3]),), "aten.repeat_interleave.Tensor"),
+        "narrow": (lambda t, s: torch.narrow(t, 1, s, 2), (x, torch.tensor(2)),
+                   "depends on tensor values"),
+    }
+    fn, args, needle = fns[case]
+    # narrow's start stays a CPU tensor (as in PyTorch's OpInfo sample on a device)
+    dev = [a.to("tpu") if a.dim() or case != "narrow" else a for a in args]
+    with pytest.raises(Exception) as ei:
+        torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)(*dev)
+    chain = _inner_errors(ei.value)
+    assert any(isinstance(e, NotImplementedError) and str(e).startswith("torchtpu:")
+               and needle in str(e) for e in chain), chain
+    torch._dynamo.reset()
+    torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)(*args)  # CPU: fine
+
+
 def test_small_llama_forward_matches_cpu():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
@@ -271,6 +305,67 @@ def test_shape_change_recompiles_once_per_shape_with_dynamic_false():
         _close(g(x.to("tpu")), f(x))
     m = torchtpu.metrics()["compile"]
     assert m["graphs_compiled"] == 2 and m["recompiles"] == 1, m
+
+
+def test_recompile_reasons_name_the_failed_guard():
+    # a new dtype fails the tensor guard of the compiled frame: one recompile, counted
+    # under the reason Dynamo gives for it
+    def f(x):
+        return x * 2 + 1
+
+    g = torch.compile(f, backend="tpu", dynamic=False)
+    torchtpu.reset_metrics()
+    x = torch.arange(6.0).reshape(2, 3)
+    _close(g(x.to("tpu")), f(x))
+    _close(g(x.to("tpu")), f(x))
+    assert torchtpu.metrics()["compile"]["recompile_reasons"] == {}
+    xd = x.double()
+    _close(g(xd.to("tpu")), f(xd))
+    _close(g(xd.to("tpu")), f(xd))
+    m = torchtpu.metrics()["compile"]
+    assert m["recompiles"] == 1, m
+    ((reason, count),) = m["recompile_reasons"].items()
+    assert count == 1
+    assert "dtype" in reason and "'x'" in reason, reason
+    assert not reason.startswith("0/0"), reason
+    # a third dtype fails both cached entries' guards: a second recompile
+    xi = torch.arange(6).reshape(2, 3)
+    _close(g(xi.to("tpu")), f(xi))
+    m = torchtpu.metrics()["compile"]
+    assert m["recompiles"] == 2 and sum(m["recompile_reasons"].values()) == 2, m
+
+
+def test_input_at_another_storage_offset_reads_its_own_elements():
+    # Dynamo guards on sizes and strides, not on storage offsets: the graph compiled for
+    # rows[0] is reused for rows[1] and rows[2].  slice's decomposition had baked the
+    # traced offset in (as_strided(x, [2], [1], 0 + 1)): every call read row 0
+    def f(x):
+        return x[1:] * 2
+
+    g = torch.compile(f, backend="tpu", fullgraph=True, dynamic=False)
+    base = torch.arange(12.0).reshape(4, 3)
+    rows = base.to("tpu")
+    for i in range(3):
+        _close(g(rows[i]), f(base[i]))
+
+
+@pytest.mark.parametrize("shape,dim", [((5,), 0), ((2, 3), 1)])
+def test_unbind_gradient_compiled_matches_cpu(shape, dim):
+    # the backward's tangents arrive restrided to the forward outputs' strides but at
+    # storage offset 0, while the graph was traced with the outputs' offsets (1, 2...):
+    # the gradient of every output but the first read the wrong elements
+    def f(x):
+        return torch.unbind(x, dim)
+
+    x = torch.randn(shape)
+    cpu = x.clone().requires_grad_(True)
+    outs = f(cpu)
+    cots = [torch.randn(o.shape) for o in outs]
+    (ref,) = torch.autograd.grad(outs, [cpu], cots)
+    tpu = x.to("tpu").requires_grad_(True)
+    outs = torch.compile(f, backend="tpu", fullgraph=True)(tpu)
+    (got,) = torch.autograd.grad(outs, [tpu], [c.to("tpu") for c in cots])
+    _close(got, ref)
 
 
 def test_automatic_dynamic_shapes_give_cpu_results():

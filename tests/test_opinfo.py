@@ -13,6 +13,11 @@ instead of a pass/fail run, use the sweep: ``python -m torchtpu.conformance.opin
 Comparison rules (tolerances, random ops, what counts as a mismatch) are those of
 :mod:`torchtpu.conformance.opinfo`.  A sample on which CPU itself raises is skipped.
 
+``test_opinfo_float32_compiled``: ``COMPILED_OPS`` (a cross-section of the subset), each
+sample compiled as a one-op function with ``torch.compile(backend="tpu")`` (the sweep's
+``--mode compile``); ``test_opinfo_backward_float32_compiled``: gradients of
+``COMPILED_BACKWARD_OPS`` through the compiled function.
+
 ``XFAIL`` lists ops the backend does not support yet (tpu raises); they are
 ``xfail(strict=False, raises=BackendFailure)``, so a *wrong result*
 (:class:`ValueMismatch`) still fails the test.  Remove entries as lowerings land
@@ -150,6 +155,83 @@ def test_opinfo_float32(op, eager_mode):
     if pair.status == "skipped":
         pytest.skip(f"no sample CPU could run: {pair.detail}")
     assert pair.status == "pass", pair
+
+
+# ``--mode compile`` in the test suite: each sample of these OpInfos as a one-op function
+# compiled with torch.compile(backend="tpu", fullgraph=True, dynamic=False), forward, vs
+# CPU eager (``opinfo.compiled_call``).  A cross-section of DEFAULT_OPS (elementwise,
+# reductions, scans, matmul, indexing, views, sorting, factories, nn.functional, a random
+# op) sized to add about a minute to the suite; TORCHTPU_FULL_OPINFO=1 compiles every
+# DEFAULT_OPS/op_db case instead.
+COMPILED_OPS = [
+    "exp", "add", "mul", "div.no_rounding_mode", "pow", "clamp", "sum", "mean", "amax",
+    "argmax", "cumsum", "logsumexp", "matmul", "addmm", "gather", "index_select",
+    "index_put", "__getitem__", "masked_fill", "cat", "permute", "expand", "sort", "topk",
+    "softmax", "nn.functional.linear", "nn.functional.layer_norm", "nn.functional.gelu",
+    "nn.functional.dropout", "arange",
+]
+# What one static-shape XLA executable cannot compute (torchtpu raises
+# NotImplementedError naming the op inside a compiled graph; eager runs them).
+COMPILED_XFAIL = {
+    oid: "data-dependent output shape in a compiled graph"
+    for oid in ("nonzero", "masked_select", "repeat_interleave", "narrow")
+}
+
+
+def _compiled_cases():
+    if FULL:
+        cases = list(_cases())
+    else:
+        by_id = {op_id(op): op for op in select_opinfos()}
+        cases = [pytest.param(by_id[n], id=n) for n in COMPILED_OPS]
+    for c in cases:
+        (op,) = c.values
+        oid = op_id(op)
+        marks = list(c.marks)
+        if oid in COMPILED_XFAIL:
+            marks.append(pytest.mark.xfail(reason=COMPILED_XFAIL[oid], raises=BackendFailure,
+                                           strict=False))
+        yield pytest.param(op, id=oid, marks=marks)
+
+
+@pytest.mark.parametrize("op", list(_compiled_cases()))
+def test_opinfo_float32_compiled(op):
+    """Each OpInfo's samples compiled one op at a time with the ``tpu`` backend."""
+    import torchtpu
+
+    torchtpu.reset_metrics()
+    (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP, compiled=True)
+    oid = op_id(op)
+
+    def lines(status):
+        return "\n".join(f"  sample {r['index']} [{r['sample']}]: {r['detail']}"
+                         for r in pair.samples if r["status"] in status)
+
+    if pair.status == "mismatch":
+        raise ValueMismatch(f"{oid}: compiled tpu result differs from CPU\n"
+                            f"{lines(('mismatch',))}")
+    if pair.status in ("error", "unsupported"):
+        raise BackendFailure(
+            f"{oid}: compiled tpu raised where CPU did not\n{lines(('error', 'unsupported'))}")
+    if pair.status == "skipped":
+        pytest.skip(f"no sample CPU could run: {pair.detail}")
+    assert pair.status == "pass", pair
+    # the samples really went through the backend (not Dynamo's eager fallback)
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] > 0
+
+
+# Gradients through the compiled function's autograd (AOTAutograd's backward graph).
+COMPILED_BACKWARD_OPS = ["mul", "sum", "matmul", "softmax", "nn.functional.layer_norm",
+                         "index_select", "cumsum", "unbind", "nn.functional.gelu", "var"]
+
+
+@pytest.mark.parametrize("name", COMPILED_BACKWARD_OPS)
+def test_opinfo_backward_float32_compiled(name):
+    """Gradients of the one-op function compiled with the ``tpu`` backend vs CPU eager."""
+    from torchtpu.conformance.opinfo import check_op_backward, get_opinfo
+
+    pair = check_op_backward(get_opinfo(name), DTYPE, SAMPLES_PER_OP, compiled=True)
+    assert pair is not None and pair.status == "pass", (pair.status, pair.detail)
 
 
 BACKWARD_OPS = ["add", "mul", "exp", "sum", "matmul", "softmax", "nn.functional.conv2d",

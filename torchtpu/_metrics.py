@@ -41,7 +41,10 @@ class Metrics:
             interpretation and StableHLO emission), ``xla_seconds`` (XLA compilation),
             ``executables`` (one per graph and input layout), ``cache_hits`` (calls that
             reused an executable), ``graph_calls``, ``recompiles`` (Dynamo compiled a frame
-            again after a guard failed).
+            again for the ``tpu`` backend after a guard failed), ``recompile_reasons``
+            (dict: the guard failure behind each of those recompiles, as Dynamo words it
+            for ``TORCH_LOGS=recompiles`` without the compile id, e.g. ``"tensor 'x'
+            dtype mismatch. expected Float, actual Int"`` -> count).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses``,
             ``seconds_saved`` and ``load_seconds``.
@@ -77,7 +80,7 @@ class Metrics:
         self.compile = {
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
-            "recompiles": 0,
+            "recompiles": 0, "recompile_reasons": collections.Counter(),
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "seconds_saved": 0.0,
                                  "load_seconds": 0.0}
@@ -94,6 +97,7 @@ class Metrics:
         d["fallbacks"] = dict(d["fallbacks"])
         d["segment_cuts"] = dict(d["segment_cuts"])
         d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
+        d["compile"]["recompile_reasons"] = dict(d["compile"]["recompile_reasons"])
         if d["segments_run"]:
             d["ops_per_segment"] = d["segment_ops"] / d["segments_run"]
         return d

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import time
+
+import torch
 
 from torchtpu import _metrics
 
@@ -32,7 +35,8 @@ def decompositions() -> dict:
     decompositions (``torch._decomp.core_aten_decompositions()``: ops such as
     ``new_ones`` that eager never receives because PyTorch decomposes them above the
     backend, but that AOTAutograd's trace keeps), minus the ops the lowering table has
-    (those stay whole: one lowering instead of its pieces)."""
+    (those stay whole: one lowering instead of its pieces) and minus view ops (see
+    :func:`_is_view_op`)."""
     from torch._decomp import core_aten_decompositions
 
     from torchtpu import ops
@@ -42,7 +46,22 @@ def decompositions() -> dict:
     d = dict(core_aten_decompositions())
     d.update(decomp_overrides.decompositions())
     return {op: fn for op, fn in d.items()
-            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP}
+            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
+            and not _is_view_op(op)}
+
+
+def _is_view_op(op) -> bool:
+    """View ops stay whole: the graph reads them through their fake tensors' geometry,
+    re-derived from the actual inputs when those differ (``graph._geometry_differs``).
+    Their decompositions bake the traced input's geometry in as constants
+    (``slice.Tensor`` -> ``as_strided(x, ..., x.storage_offset() + start)``), and Dynamo
+    does not guard on storage offsets: ``f(x[1])`` after ``f(x[0])`` read row 0."""
+    from torchtpu.compile.graph import _sig
+
+    try:
+        return isinstance(op, torch._ops.OpOverload) and _sig(op).is_view
+    except Exception:
+        return False
 
 
 def _compiler(kind, dump_prefix=None):
@@ -68,15 +87,44 @@ def _compiler(kind, dump_prefix=None):
     return compile_graph
 
 
+_last_recompile = [None]  # CompileContext last counted (one frame compile, one count)
+_COMPILE_ID_PREFIX = re.compile(r"^[!\d/_\[\]]+: ")
+
+
+def recompile_reason() -> str:
+    """The guard failure that made Dynamo compile the current frame again, as Dynamo
+    records it for the compilation in progress (``recompile_reason`` of its metrics
+    context, the first of ``torch._dynamo.guards.get_and_maybe_log_recompilation_reasons``
+    -- the text ``TORCH_LOGS=recompiles`` prints, e.g. ``tensor 'x' dtype mismatch.
+    expected Float, actual Int``), without the failed entry's compile id prefix
+    (``"0/0: "``) and the user stack; ``"unknown"`` when PyTorch gives none."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        ctx = get_metrics_context()
+        text = ctx._metrics.get("recompile_reason") if ctx.in_progress() else None
+    except Exception:  # another PyTorch version: the count still works
+        text = None
+    if not text:
+        return "unknown"
+    text = text.split("\nUser stack trace:")[0].strip()
+    return _COMPILE_ID_PREFIX.sub("", text, count=1) or "unknown"
+
+
 def _count_recompile():
     try:
         from torch._guards import CompileContext
 
+        ctx = CompileContext.try_get()
         cid = CompileContext.current_compile_id()
     except Exception:
         return
-    if cid is not None and getattr(cid, "frame_compile_id", 0):
+    # compile ids restart after torch._dynamo.reset(): the context object tells frame
+    # compiles apart
+    if cid is not None and getattr(cid, "frame_compile_id", 0) and ctx is not _last_recompile[0]:
+        _last_recompile[0] = ctx
         M.compile["recompiles"] += 1
+        M.compile["recompile_reasons"][recompile_reason()] += 1
 
 
 def tpu_backend(gm, example_inputs, **kwargs):
@@ -85,7 +133,9 @@ def tpu_backend(gm, example_inputs, **kwargs):
     ``gm``: Dynamo's FX graph (torch-level ops); ``example_inputs``: its fake inputs.
     Returns the compiled callable.  Ops without a lowering raise ``NotImplementedError``
     naming the op when the graph is compiled (``torch._dynamo`` wraps it in a
-    ``BackendCompilerFailed`` whose cause is that error)."""
+    ``BackendCompilerFailed`` whose cause is that error); so do data-dependent shapes
+    (an op whose output shape or offset depends on tensor values, or a decomposition
+    that branches on one)."""
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -108,6 +158,17 @@ def tpu_backend(gm, example_inputs, **kwargs):
     )
     try:
         return backend(gm, example_inputs)
+    except Exception as e:
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+        if isinstance(e, GuardOnDataDependentSymNode):
+            # AOTAutograd (a decomposition) branched on a value read from a tensor
+            # (narrow with a tensor start, ...): a graph of static shapes cannot take it
+            raise NotImplementedError(
+                f"torchtpu: a torch.compile graph on the tpu device branches on a value that "
+                f"depends on tensor values, which one XLA executable with static shapes "
+                f"cannot take: {str(e).splitlines()[0]}") from e
+        raise
     finally:
         c["tracing_seconds"] += (time.perf_counter() - t0) - (
             c["lowering_seconds"] + c["xla_seconds"] - before)

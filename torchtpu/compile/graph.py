@@ -154,9 +154,41 @@ def _concrete_metas(gm, placeholders, args) -> dict:
             n.meta["val"] = v
 
 
+def _unbacked(val) -> str:
+    """The unbacked SymInts (sizes read from tensor values: ``u0``...) of a node's fake
+    value, as text; empty when it has none."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        syms = free_unbacked_symbols(val)
+    except Exception:
+        return ""
+    return ", ".join(sorted(map(str, syms)))
+
+
+def _geometry_differs(placeholders, args) -> bool:
+    """A tpu input whose strides or storage offset differ from its placeholder's fake
+    tensor (AOTAutograd restrides a backward's tangents at run time to the forward
+    outputs' strides, but not their storage offsets: a tangent of ``unbind(x, 1)[1]`` is
+    traced at offset 1 and arrives at offset 0).  View nodes read their base's storage
+    through the geometry of their fake tensors, so those must then be re-propagated from
+    the actual inputs (:func:`_concrete_metas`)."""
+    for n, a in zip(placeholders, args):
+        v = n.meta.get("val")
+        if isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor) and \
+                a.device.type == "tpu" and (
+                    tuple(a.shape) != tuple(v.shape) or tuple(a.stride()) != tuple(v.stride())
+                    or a.storage_offset() != v.storage_offset()):
+            return True
+    return False
+
+
 def check_graph(gm) -> None:
     """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
-    (nor a view / uninitialized-memory / host meaning), before anything is compiled."""
+    (nor a view / uninitialized-memory / host meaning), or whose lowering needs concrete
+    values because its output shape depends on them (``dynamic_shape``: ``nonzero``,
+    ``masked_select``, ``repeat_interleave(Tensor)``...), or whose result's size or offset
+    is an unbacked SymInt (read from a tensor's values), before anything is compiled."""
     table = ops.table()
     for n in gm.graph.nodes:
         if n.op != "call_function":
@@ -176,6 +208,18 @@ def check_graph(gm) -> None:
             continue
         if t in _SYM_OPS:
             continue
+        if t in table and table[t].dynamic_shape:
+            raise NotImplementedError(
+                f"torchtpu: the ATen op '{t}' has a data-dependent output shape and cannot "
+                f"run inside a torch.compile graph on the tpu device (node {n.name}): one XLA "
+                f"executable has static shapes.  Call it outside the compiled function (or "
+                f"after torch._dynamo.graph_break()), where eager runs it")
+        if _unbacked(val):
+            raise NotImplementedError(
+                f"torchtpu: the ATen op '{t}' in a torch.compile graph on the tpu device "
+                f"(node {n.name}) has a size or offset that depends on tensor values "
+                f"({_unbacked(val)}): one XLA executable has static shapes.  Compute it "
+                f"outside the compiled function")
         if t in table or t in _EMPTY or t is aten.copy_.default or t is aten._unsafe_view.default \
                 or t is aten.lift_fresh_copy.default or _sig(t).is_view:
             continue
@@ -337,7 +381,7 @@ class GraphExecutable:
         jax = runtime.jax()
         register_pytree()
         c = M.compile
-        if self.symbolic:
+        if self.symbolic or _geometry_differs(self.placeholders, self._args):
             meta = _concrete_metas(self.gm, self.placeholders, self._args)
         else:
             meta = {n: n.meta.get("val") for n in self.nodes}

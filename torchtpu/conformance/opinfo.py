@@ -49,6 +49,17 @@ Index outputs that the op's documentation leaves unspecified on ties (sort witho
 ``stable=True``, topk, kthvalue, mode, median/nanmedian with a dim) are checked for
 validity instead of equality (:func:`tie_index_check`); the values still compare as usual.
 
+Modes (``--mode``, a comma list; one JSON per mode, ``ops.<mode>.json``, and with several
+modes a table comparing them, ``ops.modes.md``): the eager modes ``strict``, ``debug``,
+``defer_and_fuse`` (``all`` = these three) and ``compile``: each sample's tpu run is the
+one-op function ``lambda inp, args, kwargs: op(inp, *args, **kwargs)`` compiled with
+``torch.compile(backend="tpu", fullgraph=True, dynamic=False)`` (:func:`compiled_call`;
+Dynamo is reset before each sample, eager pieces run in STRICT), forward and, with
+``--backward``, the gradients through the compiled function's autograd; CPU stays eager,
+compared with the same tolerances and classes.  A graph break is ``unsupported`` (cause
+``graph break: ...``), an op the backend cannot compile is classified by the exception
+the backend raised (:func:`classify_compiled_exception`).
+
 Random ops (:func:`is_random`: OpInfo ``has_nondeterministic_output``, a known name, or
 two CPU runs of the same sample that disagree) are compared for dtype/shape only.
 
@@ -697,6 +708,77 @@ def _call(op, sample):
     return op(sample.input, *sample.args, **sample.kwargs)
 
 
+def _compile_mode() -> bool:
+    """``--mode compile`` (``TORCHTPU_OPINFO_COMPILE=1``, inherited by the workers)."""
+    return os.environ.get("TORCHTPU_OPINFO_COMPILE") == "1"
+
+
+def compiled_call(op, sample):
+    """``op`` on ``sample`` as a one-op function compiled by ``torch.compile(fn,
+    backend="tpu", fullgraph=True, dynamic=False)`` (``--mode compile``).  The sample's
+    ``input``, ``args`` (a tuple) and ``kwargs`` (a dict) are the compiled function's
+    arguments, so its tensors are graph inputs (Python numbers are specialized as
+    constants).  Dynamo's caches are reset first: every sample is compiled afresh (no
+    recompile limit can silently send a sample to eager), and an OpInfo's samples do not
+    accumulate cache entries.  With ``requires_grad`` inputs the result carries the
+    compiled function's autograd (AOTAutograd's compiled backward)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fn = op.op
+
+    def one_op(inp, args, kwargs):
+        return fn(inp, *args, **kwargs)
+
+    compiled = torch.compile(one_op, backend="tpu", fullgraph=True, dynamic=False)
+    # Random OpInfos call their op through torch.testing's wrapper_set_seed (saves and
+    # restores the RNG state around manual_seed(42)): a graph break for Dynamo, on CPU too.
+    # As PyTorch's Inductor OpInfo tests do, the compiled run calls the op directly (the
+    # sweep seeds before each run, and random outputs compare by dtype and shape only).
+    g = getattr(fn, "__globals__", None)
+    seeded = g.get("wrapper_set_seed") if g is not None else None
+    if seeded is not None:
+        g["wrapper_set_seed"] = _unseeded
+    try:
+        return compiled(sample.input, tuple(sample.args), dict(sample.kwargs))
+    finally:
+        if seeded is not None:
+            g["wrapper_set_seed"] = seeded
+
+
+def _unseeded(op, *args, **kwargs):
+    return op(*args, **kwargs)
+
+
+def classify_compiled_exception(exc: BaseException) -> tuple[str, str, str]:
+    """:func:`classify_exception` for ``--mode compile``: a backend failure
+    (``BackendCompilerFailed``) is classified by the exception our backend raised (an op
+    without a lowering: ``unsupported`` naming it, as in eager); a graph break under
+    ``fullgraph=True`` (Dynamo's ``Unsupported``) is ``unsupported``, cause ``graph break:
+    ...``; other Dynamo failures are ``error`` with their own type."""
+    try:
+        from torch._dynamo import exc as dexc
+    except Exception:  # pragma: no cover
+        return classify_exception(exc)
+    if isinstance(exc, dexc.BackendCompilerFailed):
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is not None:
+            status, cause, detail = classify_compiled_exception(inner)
+            return status, cause, "tpu backend: " + detail
+    if isinstance(exc, NotImplementedError) and str(exc).lstrip().startswith("torchtpu.compile:"):
+        # a case the graph compiler refuses (a device->host copy inside a graph, ...)
+        first = _first_line(str(exc))
+        loc = _location(exc)
+        return ("unsupported", "NotImplementedError: " + _normalize(first),
+                f"NotImplementedError: {first[:300]}" + (f" [at {loc}]" if loc else ""))
+    if isinstance(exc, dexc.Unsupported):
+        first = _first_line(str(exc))
+        return ("unsupported", "graph break: " + _normalize(first),
+                f"Dynamo graph break (fullgraph=True): {first[:300]}")
+    status, cause, detail = classify_exception(exc)
+    return status, cause, detail
+
+
 # ---------------------------------------------------------------------------------------
 # Index outputs that are unspecified on ties
 #
@@ -815,9 +897,11 @@ def tie_index_check(op, sample, actual, expected, atol: float = 0.0, rtol: float
 
 def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[bool] = None,
                tol: Optional[tuple[float, float]] = None, seed: int = 0,
-               device: str = DEVICE, guide=None) -> SampleResult:
+               device: str = DEVICE, guide=None, compiled: bool = False) -> SampleResult:
     """Run one sample on CPU and on ``device`` and classify it.  ``guide``: the sample's
-    ``meta`` twin (see :func:`to_device`, :func:`_meta_guides`)."""
+    ``meta`` twin (see :func:`to_device`, :func:`_meta_guides`).  ``compiled``: the
+    device run is the one-op function compiled with the ``tpu`` backend
+    (:func:`compiled_call`); the CPU reference stays eager."""
     from torch.testing._internal.opinfo.core import SampleInput
 
     desc = describe({"input": sample.input, "args": tuple(sample.args), **sample.kwargs})
@@ -865,11 +949,12 @@ def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[
     torch.manual_seed(seed)
     try:
         with (torch.device(device) if default_device else contextlib.nullcontext()):
-            actual = _call(op, dev_sample)
+            actual = (compiled_call if compiled else _call)(op, dev_sample)
         actual_cpu = process(_to_cpu(actual))
         input_after = _to_cpu(dev_sample.input)
     except Exception as exc:
-        status, cause, detail = classify_exception(exc)
+        status, cause, detail = (classify_compiled_exception if compiled
+                                 else classify_exception)(exc)
         return SampleResult(index, status, cause, detail, sample=desc, random=rnd)
 
     diff = _device_diff(actual, expected, out_device)
@@ -963,8 +1048,13 @@ def aggregate(oid: str, dtype: torch.dtype, results: list, tol=(0.0, 0.0, ""),
 
 
 def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, seed: int = 0,
-             on_pair=None) -> list[PairResult]:
-    """All (op, dtype) pairs of one OpInfo for the requested dtypes it supports on CPU."""
+             on_pair=None, compiled: Optional[bool] = None) -> list[PairResult]:
+    """All (op, dtype) pairs of one OpInfo for the requested dtypes it supports on CPU.
+    ``compiled`` (default: ``--mode compile``, ``TORCHTPU_OPINFO_COMPILE=1``): each sample
+    runs as a one-op function compiled with the ``tpu`` backend (:func:`compiled_call`),
+    backward too (``--backward``)."""
+    if compiled is None:
+        compiled = _compile_mode()
     supported = op.supported_dtypes("cpu")
     out = []
     for dt in dtypes:
@@ -991,7 +1081,8 @@ def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, see
         for i, s in zip(indices, samples):
             try:
                 results.append(run_sample(op, s, dt, index=i, random=rnd or None,
-                                          tol=tol[:2], seed=seed, guide=guides[i]))
+                                          tol=tol[:2], seed=seed, guide=guides[i],
+                                          compiled=compiled))
             except Exception as exc:  # a harness problem: still one result per sample
                 results.append(SampleResult(
                     i, "error", f"harness: {type(exc).__name__}: {_normalize(_first_line(str(exc)))}",
@@ -999,8 +1090,10 @@ def check_op(op, dtypes: Iterable[torch.dtype], limit: Optional[int] = None, see
         out.append(aggregate(op_id(op), dt, results, tol, time.perf_counter() - t0))
         if on_pair:
             on_pair(out[-1])
+        if compiled:
+            torch._dynamo.reset()  # drop this OpInfo's compiled functions
         if os.environ.get("TORCHTPU_OPINFO_BACKWARD") == "1":  # set by --backward
-            bw = check_op_backward(op, dt, limit, seed)
+            bw = check_op_backward(op, dt, limit, seed, compiled=compiled)
             if bw is not None:
                 out.append(bw)
                 if on_pair:
@@ -1344,25 +1437,54 @@ def main(argv=None) -> int:
                    help="also compare gradients (ops with supports_autograd): pairs named "
                         "'<op>.backward'")
     p.add_argument("--mode", default="strict",
-                   help="eager mode(s) to run: strict, debug, defer_and_fuse, comma list or "
-                        "'all' (default strict)")
+                   help="mode(s) to run: the eager modes strict, debug, defer_and_fuse; "
+                        "compile (each sample as a one-op function compiled with "
+                        "torch.compile(backend='tpu', fullgraph=True)); a comma list, "
+                        "'all' = the three eager modes (default strict)")
     a = p.parse_args(argv)
-    modes = (["strict", "debug", "defer_and_fuse"] if a.mode == "all"
-             else [m.strip() for m in a.mode.split(",") if m.strip()])
+    modes = []
+    for m in ([x.strip() for x in a.mode.split(",") if x.strip()]):
+        for x in (EAGER_MODES if m == "all" else [m]):
+            if x not in EAGER_MODES + ("compile",):
+                p.error(f"unknown mode {x!r} (strict, debug, defer_and_fuse, compile, all)")
+            if x not in modes:
+                modes.append(x)
     if len(modes) > 1:
         rc = 0
+        per_mode = {}
         for m in modes:
             sub = [x for x in (argv if argv is not None else sys.argv[1:])]
             sub = _replace_opt(sub, "--mode", m)
             sub = _replace_opt(sub, "--json", _with_suffix(a.json, f".{m}"))
-            print(f"\n===== eager mode {m} =====")
+            print(f"\n===== {'eager mode ' if m != 'compile' else ''}{m} =====")
             rc = max(rc, main(sub))
+            per_mode[m] = _with_suffix(a.json, f".{m}")
+        if a.json and not a.list:
+            data = {}
+            for m, path in per_mode.items():
+                try:
+                    with open(path) as f:
+                        data[m] = [PairResult.from_dict(d) for d in json.load(f)["pairs"]]
+                except (OSError, ValueError, KeyError):
+                    continue
+            if data:
+                text = modes_table(data)
+                print(f"\n===== per mode =====\n{text}")
+                md = _with_suffix(a.json, ".modes", ext=".md")
+                with open(md, "w") as f:
+                    f.write(f"# OpInfo conformance sweep, per mode\n\nCommand: "
+                            f"`{_command(argv)}`.\n\n{text}\n")
+                print(f"\nwrote {md}")
         return rc
     # workers inherit the environment; the in-process path switches directly
     if a.backward:
         os.environ["TORCHTPU_OPINFO_BACKWARD"] = "1"
-    os.environ["TORCHTPU_EAGER_MODE"] = modes[0]
-    torch.tpu.eager_mode = modes[0]
+    compile_mode = modes[0] == "compile"
+    os.environ["TORCHTPU_OPINFO_COMPILE"] = "1" if compile_mode else "0"
+    # compile mode: what runs eagerly around the compiled function runs in STRICT
+    eager = "strict" if compile_mode else modes[0]
+    os.environ["TORCHTPU_EAGER_MODE"] = eager
+    torch.tpu.eager_mode = eager
 
     dtypes = [parse_dtype(n) for n in a.dtypes.split(",") if n.strip()]
     ops = select_opinfos(a.filter)
@@ -1404,6 +1526,39 @@ def main(argv=None) -> int:
 
 
 DEFAULT_JSON = os.path.join("conformance", "ops.json")
+# ``--mode all``: the eager modes (``compile`` is named explicitly: ``--mode strict,compile``)
+EAGER_MODES = ("strict", "debug", "defer_and_fuse")
+
+
+def modes_table(by_mode: dict) -> str:
+    """Markdown tables comparing modes (``{mode: [PairResult]}``): the pass rate of each
+    mode (pairs and samples, per dtype, mismatches), then every pair that does not pass
+    in some mode with its class in each mode (one column per mode)."""
+    modes = list(by_mode)
+    lines = ["| mode | dtype | pairs pass | samples pass | mismatch pairs | error pairs | "
+             "unsupported pairs |", "|---|---|---|---|---|---|---|"]
+    for m in modes:
+        s = summary_data(by_mode[m])
+        for dt, d in s["per_dtype"].items():
+            pc = d["pair_counts"]
+            lines.append(f"| {m} | {dt} | {_pct(d['pairs_pass'], d['pairs_judged'])} | "
+                         f"{_pct(d['samples_pass'], d['samples_judged'])} | "
+                         f"{pc.get('mismatch', 0)} | {pc.get('error', 0)} | "
+                         f"{pc.get('unsupported', 0)} |")
+    status = {m: {(r.op, r.dtype): r for r in rs} for m, rs in by_mode.items()}
+    keys = sorted({k for st in status.values() for k in st})
+    bad = [k for k in keys if any(k in status[m] and status[m][k].status not in
+                                  ("pass", "skipped") for m in modes)]
+    if bad:
+        lines += ["", "| op | dtype | " + " | ".join(modes) + " | cause (first failing mode) |",
+                  "|---|---|" + "---|" * len(modes) + "---|"]
+        for k in bad:
+            cells = [status[m][k].status if k in status[m] else "-" for m in modes]
+            cause = next((status[m][k].cause for m in modes if k in status[m]
+                          and status[m][k].status not in ("pass", "skipped")), "")
+            lines.append(f"| {k[0]} | {k[1]} | " + " | ".join(cells) +
+                         f" | {cause[:100].replace('|', '/')} |")
+    return "\n".join(lines)
 
 
 def _with_suffix(path: str, suffix: str, ext: Optional[str] = None) -> str:
@@ -1432,8 +1587,8 @@ def versions() -> dict:
 def markdown_summary(config: dict, head: str, text: str) -> str:
     """The Markdown summary written next to the JSON results."""
     return (f"# OpInfo conformance sweep\n\n"
-            f"Measured {config['date']}: torch {config['torch']}, jax {config['jax']}, eager mode "
-            f"{config['mode']}{', with gradients' if config.get('backward') else ''}.  "
+            f"Measured {config['date']}: torch {config['torch']}, jax {config['jax']}, "
+            f"{'eager mode ' if config['mode'] != 'compile' else 'mode '}{config['mode']}{', with gradients' if config.get('backward') else ''}.  "
             f"Command: `{config['command']}`.\n\n```\n{head}\n{text}\n```\n")
 
 
@@ -1490,9 +1645,13 @@ def _swap_leaves(obj, mapping):
 
 
 def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None,
-                        seed: int = 0, device: str = DEVICE) -> SampleResult:
+                        seed: int = 0, device: str = DEVICE,
+                        compiled: bool = False) -> SampleResult:
     """Gradients of ``op`` for one ``requires_grad`` sample, tpu vs CPU: the same random
-    output cotangents on both, ``torch.autograd.grad`` with respect to every leaf input."""
+    output cotangents on both, ``torch.autograd.grad`` with respect to every leaf input.
+    ``compiled``: the tpu forward is the one-op function compiled with the ``tpu``
+    backend (:func:`compiled_call`), so the gradients come from AOTAutograd's compiled
+    backward graph."""
     from torch.testing._internal.opinfo.core import SampleInput
 
     desc = describe({"input": sample.input, "args": tuple(sample.args), **sample.kwargs})
@@ -1529,12 +1688,14 @@ def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None
             _move_rest(dev_sample.input, device, memo),
             args=_move_rest(tuple(dev_sample.args), device, memo),
             kwargs=_move_rest(dict(dev_sample.kwargs), device, memo))
-        douts = _grad_outputs(process(_call(op, dev_sample)), [])
+        douts = _grad_outputs(process((compiled_call if compiled else _call)(op, dev_sample)),
+                              [])
         actual = torch.autograd.grad(douts, dev_leaves, [c.to(device) for c in cots],
                                      allow_unused=True)
         actual = [None if a is None else a.cpu() for a in actual]
     except Exception as exc:
-        status, cause, detail = classify_exception(exc)
+        status, cause, detail = (classify_compiled_exception if compiled
+                                 else classify_exception)(exc)
         return SampleResult(index, status, cause, "backward: " + detail, sample=desc)
     for k, (a, e) in enumerate(zip(actual, expected)):
         if (a is None) != (e is None):
@@ -1564,8 +1725,11 @@ def _move_rest(obj, device, memo=None):
 
 
 def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
-                      seed: int = 0) -> Optional[PairResult]:
-    """The (op, dtype) backward pair, or None when the OpInfo has no autograd support."""
+                      seed: int = 0, compiled: Optional[bool] = None) -> Optional[PairResult]:
+    """The (op, dtype) backward pair, or None when the OpInfo has no autograd support.
+    ``compiled``: as in :func:`check_op`."""
+    if compiled is None:
+        compiled = _compile_mode()
     if not getattr(op, "supports_autograd", False) or is_random(op) or \
             dtype not in op.supported_backward_dtypes("cpu"):
         return None
@@ -1582,10 +1746,13 @@ def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
     results = []
     for i, s in zip(indices, samples):
         try:
-            results.append(run_sample_backward(op, s, dtype, i, tol[:2], seed))
+            results.append(run_sample_backward(op, s, dtype, i, tol[:2], seed,
+                                               compiled=compiled))
         except Exception as exc:
             results.append(SampleResult(i, "error", f"harness: {type(exc).__name__}",
                                         _first_line(str(exc))[:300]))
+    if compiled:
+        torch._dynamo.reset()
     return aggregate(op_id(op) + ".backward", dtype, results, tol, time.perf_counter() - t0)
 
 
