@@ -142,16 +142,22 @@ def test_opinfo_float32(op, eager_mode):
     """Each OpInfo's samples, in every eager mode (the ``eager_mode`` fixture)."""
     (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP)
     oid = op_id(op)
+    _assert_pair_passes(pair, oid, "tpu")
+
+
+def _assert_pair_passes(pair, oid, what):
+    """Raise ValueMismatch / BackendFailure naming the failing samples, or skip when CPU
+    ran none; ``what`` names the tpu side in the message ("tpu", "compiled tpu")."""
 
     def lines(status):
         return "\n".join(f"  sample {r['index']} [{r['sample']}]: {r['detail']}"
                          for r in pair.samples if r["status"] in status)
 
     if pair.status == "mismatch":
-        raise ValueMismatch(f"{oid}: tpu result differs from CPU\n{lines(('mismatch',))}")
+        raise ValueMismatch(f"{oid}: {what} result differs from CPU\n{lines(('mismatch',))}")
     if pair.status in ("error", "unsupported"):
         raise BackendFailure(
-            f"{oid}: tpu raised where CPU did not\n{lines(('error', 'unsupported'))}")
+            f"{oid}: {what} raised where CPU did not\n{lines(('error', 'unsupported'))}")
     if pair.status == "skipped":
         pytest.skip(f"no sample CPU could run: {pair.detail}")
     assert pair.status == "pass", pair
@@ -202,20 +208,7 @@ def test_opinfo_float32_compiled(op):
     torchtpu.reset_metrics()
     (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP, compiled=True)
     oid = op_id(op)
-
-    def lines(status):
-        return "\n".join(f"  sample {r['index']} [{r['sample']}]: {r['detail']}"
-                         for r in pair.samples if r["status"] in status)
-
-    if pair.status == "mismatch":
-        raise ValueMismatch(f"{oid}: compiled tpu result differs from CPU\n"
-                            f"{lines(('mismatch',))}")
-    if pair.status in ("error", "unsupported"):
-        raise BackendFailure(
-            f"{oid}: compiled tpu raised where CPU did not\n{lines(('error', 'unsupported'))}")
-    if pair.status == "skipped":
-        pytest.skip(f"no sample CPU could run: {pair.detail}")
-    assert pair.status == "pass", pair
+    _assert_pair_passes(pair, oid, "compiled tpu")
     # the samples really went through the backend (not Dynamo's eager fallback)
     assert torchtpu.metrics()["compile"]["graphs_compiled"] > 0
 
