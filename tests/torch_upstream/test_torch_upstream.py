@@ -13,8 +13,8 @@ passes (``XPASS(strict)``: take it off the list), or when a listed id no longer 
 ``TORCHTPU_TORCH_TESTS`` picks what runs:
 
 * ``fast`` (the default, what ``make test`` and CI run): the tests listed in
-  ``fast_subset.txt`` (those that took under 3 s each on the loaded 2-core machine in a
-  complete run: a few minutes in all);
+  ``fast_subset.txt`` (one per upstream test function among those that took under 3 s
+  on the loaded 2-core machine in a complete run: a minute or two in all);
 * ``1`` / ``all`` (``make test-upstream``): every test of the three files (~40 min on
   2 cores: every new shape compiles an executable);
 * ``0``: none.
