@@ -442,3 +442,16 @@ def test_small_llama_loss_and_gradients_compiled_match_cpu():
     _close(out, ref, 1e-4)
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p.grad, q.grad, 1e-4)
+
+
+def test_unusable_dump_dir_warns_and_compiles(monkeypatch, tmp_path):
+    """TORCHTPU_DUMP_DIR that cannot be created (a path under a regular file) warns once
+    and the graph still compiles and runs (it used to fail the compilation)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(blocker / "dumps"))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x * 2 + 1, backend="tpu")
+    with pytest.warns(UserWarning, match="TORCHTPU_DUMP_DIR"):
+        got = f(torch.arange(4.0, device="tpu"))
+    torch.testing.assert_close(got.cpu(), torch.arange(4.0) * 2 + 1)

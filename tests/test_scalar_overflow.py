@@ -90,6 +90,14 @@ NN = {
         _z(d, torch.float32), torch.tensor([0], device=d),
         torch.tensor(3.0, dtype=torch.float64, device=d)),
     "int64 fill 2**63": lambda d: _z(d, torch.int64).fill_(2.0 ** 63),
+    # kernels that read the Scalar in the compute type (float32 for float16): no error
+    "addcmul value half": lambda d: torch.addcmul(_z(d, torch.half), _z(d, torch.half),
+                                                  _z(d, torch.half), value=1e6),
+    "addcmul value half 1e40": lambda d: torch.addcmul(_z(d, torch.half), _z(d, torch.half),
+                                                       _z(d, torch.half), value=1e40),
+    "leaky_relu half": lambda d: F.leaky_relu(_z(d, torch.half) - 1, 1e6),
+    "threshold half": lambda d: F.threshold(_z(d, torch.half), 1e6, 2),
+    "add alpha half": lambda d: torch.add(_z(d, torch.half), _z(d, torch.half), alpha=1e6),
 }
 
 

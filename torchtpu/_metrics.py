@@ -46,8 +46,8 @@ class Metrics:
             for ``TORCH_LOGS=recompiles`` without the compile id, e.g. ``"tensor 'x'
             dtype mismatch. expected Float, actual Int"`` -> count).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
-            ``hits`` (executables loaded instead of compiled), ``misses``,
-            ``seconds_saved`` and ``load_seconds``.
+            ``hits`` (executables loaded instead of compiled), ``misses`` and
+            ``load_seconds``.
     """
 
     def __init__(self):
@@ -82,8 +82,7 @@ class Metrics:
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0, "recompile_reasons": collections.Counter(),
         }
-        self.persistent_cache = {"hits": 0, "misses": 0, "seconds_saved": 0.0,
-                                 "load_seconds": 0.0}
+        self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

@@ -504,7 +504,7 @@ def test_gcd_lcm_refuse_floats_as_cpu(fn):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
-@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("transposed", [False, True, "dilated"])
 def test_integer_convolution_as_cpu(dtype, transposed):
     """CPU convolves integers exactly (int64 products wrap); its transposed kernels
     exist for int64 only and raise NotImplementedError for the other integer types."""
@@ -512,7 +512,9 @@ def test_integer_convolution_as_cpu(dtype, transposed):
     x = torch.randint(0, 50, (2, 3, 7, 6), dtype=dtype, generator=g)
     w = torch.randint(0, 5, (3, 4, 3, 2), dtype=dtype, generator=g)
     b = torch.randint(0, 5, (4,), dtype=dtype, generator=g)
-    if transposed:
+    if transposed == "dilated":
+        f = lambda x, w, b: F.conv2d(x, w.transpose(0, 1), b, dilation=2)  # noqa: E731
+    elif transposed:
         f = lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1)  # noqa: E731
     else:
         f = lambda x, w, b: F.conv2d(x, w.transpose(0, 1), b, padding=1)  # noqa: E731

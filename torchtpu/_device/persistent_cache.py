@@ -20,8 +20,9 @@ capped at ``TORCHTPU_CACHE_MAX_BYTES`` (default 4 GiB), least recently used entr
 evicted first (JAX's LRU cache).
 
 Counters in ``torchtpu.metrics()["persistent_cache"]``: ``hits`` (executables loaded from
-disk instead of compiled), ``misses`` (compiled, then stored), ``seconds_saved`` (the
-original compile times of the hits minus their load times) and ``load_seconds``.
+disk instead of compiled), ``misses`` (compiled, then stored) and ``load_seconds`` (time
+spent loading the hits).  (JAX also reports a "compile time saved", but it stores compile
+times in whole seconds, so for per-op executables it is always 0: not reported.)
 
 Mirrors ``torch._inductor``'s on-by-default FX graph cache and JAX's
 ``jax_compilation_cache_dir``.
@@ -88,9 +89,7 @@ def _listen(jax) -> None:
             M.persistent_cache["misses"] += 1
 
     def on_duration(event, seconds, **kwargs):
-        if event == "/jax/compilation_cache/compile_time_saved_sec":
-            M.persistent_cache["seconds_saved"] += seconds
-        elif event == "/jax/compilation_cache/cache_retrieval_time_sec":
+        if event == "/jax/compilation_cache/cache_retrieval_time_sec":
             M.persistent_cache["load_seconds"] += seconds
 
     monitoring.register_event_listener(on_event)

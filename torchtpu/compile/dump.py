@@ -21,10 +21,12 @@ for our pipeline; nothing here is on a hot path.
 from __future__ import annotations
 
 import os
+import warnings
 import re
 import threading
 
 ENV = "TORCHTPU_DUMP_DIR"
+_unusable: set = set()  # dump directories already warned about
 _lock = threading.Lock()
 _next: dict = {}  # directory -> next graph number
 _NUM = re.compile(r"graph_(\d+)\.")
@@ -38,7 +40,8 @@ def dump_dir() -> str | None:
 
 def new_prefix() -> str | None:
     """Path prefix ``<dir>/graph_NNN`` for the next Dynamo graph, creating ``<dir>``;
-    None when dumping is off."""
+    None when dumping is off, or (with a warning, once) when ``<dir>`` cannot be
+    created or read: dumping is a debugging aid and never fails a compilation."""
     d = dump_dir()
     if d is None:
         return None
@@ -46,8 +49,16 @@ def new_prefix() -> str | None:
     with _lock:
         n = _next.get(d)
         if n is None:
-            os.makedirs(d, exist_ok=True)
-            nums = [int(m.group(1)) for f in os.listdir(d) if (m := _NUM.match(f))]
+            try:
+                os.makedirs(d, exist_ok=True)
+                names = os.listdir(d)
+            except OSError as e:
+                if d not in _unusable:
+                    _unusable.add(d)
+                    warnings.warn(f"torchtpu: TORCHTPU_DUMP_DIR={d!r} is not usable ({e}); "
+                                  f"graphs are not dumped")
+                return None
+            nums = [int(m.group(1)) for f in names if (m := _NUM.match(f))]
             n = max(nums) + 1 if nums else 0
         _next[d] = n + 1
     return os.path.join(d, f"graph_{n:03d}")
@@ -62,6 +73,10 @@ def fx_text(gm) -> str:
 
 
 def write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (UTF-8)."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    """Write ``text`` to ``path`` (UTF-8); an OSError (disk full, permissions) warns
+    instead of failing the compilation."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        warnings.warn(f"torchtpu: could not write the graph dump {path!r} ({e})")

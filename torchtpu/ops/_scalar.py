@@ -133,13 +133,20 @@ def check_converts(value, dtype: torch.dtype, numel: int | None = None):
     return value
 
 
-def fits(*positions):
+def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
+    """ATen's ``opmath_type``: float32 for float16/bfloat16/float8, else ``dtype``."""
+    return torch.float32 if dtype in _REDUCED_FLOATS else dtype
+
+
+def fits(*positions, opmath=False):
     """A lowering's ``prepare`` hook: the Scalar arguments at ``positions`` of the
-    normalized argument list must fit the dtype of argument 0 (a tensor), as CPU's
-    checked ``Scalar::to<T>()`` requires (``threshold``, ``hardtanh``, ``leaky_relu``)."""
+    normalized argument list must fit the dtype of argument 0 (a tensor), or with
+    ``opmath`` its :func:`opmath_dtype` (kernels that read the Scalar as their compute
+    type: ``threshold`` and ``leaky_relu`` on float16 take 1e6), as CPU's checked
+    ``Scalar::to<T>()`` requires."""
 
     def prepare(vals):
-        dt = vals[0].dtype
+        dt = opmath_dtype(vals[0].dtype) if opmath else vals[0].dtype
         for i in positions:
             if vals[i] is not None and not isinstance(vals[i], torch.Tensor):
                 vals[i] = check_converts(vals[i], dt)

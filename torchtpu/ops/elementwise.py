@@ -14,7 +14,7 @@ import math
 import torch
 
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._scalar import Scalar, check_converts
+from torchtpu.ops._scalar import Scalar, check_converts, opmath_dtype
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
                                 scalar_type_name, tdtype)
 
@@ -84,7 +84,7 @@ def _value_fits(vals):
     value = vals[3]
     if value is not None and not isinstance(value, (bool, torch.Tensor)):
         dt = torch.promote_types(vals[0].dtype, torch.promote_types(vals[1].dtype, vals[2].dtype))
-        vals[3] = check_converts(value, dt)
+        vals[3] = check_converts(value, opmath_dtype(dt))  # read as the compute type
     return vals
 
 

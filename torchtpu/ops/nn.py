@@ -158,10 +158,18 @@ def _conv_dtype(x, w):
 @lower(aten.convolution_overrideable.default, aten.convolution.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     ct = _conv_dtype(x, w)
-    if transposed and not ct.is_floating_point and ct is not torch.int64:
-        # CPU's transposed kernels have integer variants for int64 only
-        kernel = "slow_conv_transpose3d_out_cpu" if w.ndim == 5 else "slow_conv_transpose2d_out_cpu"
-        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(ct)}\'')
+    if not ct.is_floating_point and ct is not torch.int64:
+        # CPU's transposed and dilated kernels have integer variants for int64 only
+        if transposed:
+            kernel = ("slow_conv_transpose3d_out_cpu" if w.ndim == 5
+                      else "slow_conv_transpose2d_out_cpu")
+        elif any(d != 1 for d in dilation):
+            kernel = "slow_conv_dilated<>"
+        else:
+            kernel = None
+        if kernel is not None:
+            raise NotImplementedError(
+                f'"{kernel}" not implemented for \'{scalar_type_name(ct)}\'')
     unbatched = x.ndim == w.ndim - 1
     xx = cast(x, ct)
     if unbatched:
@@ -859,7 +867,7 @@ def hardtanh_backward(g, x, min_val, max_val):
     return jnp().where((xx <= lo) | (xx >= hi), jnp().zeros_like(gg), gg)
 
 
-@lower(aten.leaky_relu.default, prepare=fits(1))
+@lower(aten.leaky_relu.default, prepare=fits(1, opmath=True))
 def leaky_relu(x, negative_slope=0.01):
     xx = _f(x)
     return jnp().where(xx > 0, xx, xx * cast(negative_slope, _ct(x)))
@@ -935,7 +943,7 @@ def hardsigmoid_backward(g, x):
     return j.where((xx > -3) & (xx < 3), gg / 6, j.zeros_like(gg))
 
 
-@lower(aten.threshold.default, prepare=fits(1, 2))
+@lower(aten.threshold.default, prepare=fits(1, 2, opmath=True))
 def threshold(x, threshold, value):
     ct = opmath(tdtype(x))
     xx = cast(x, ct)
