@@ -74,7 +74,8 @@ def _alpha_fits(vals):
     """Host side: ``alpha`` must fit the result dtype (``add(int8, int8, alpha=300)``
     raises on CPU)."""
     alpha = vals[2]
-    if alpha is not None and not isinstance(alpha, (bool, torch.Tensor)):
+    # (hot path: add/sub run with the default alpha=1 almost always)
+    if alpha is not None and alpha != 1 and not isinstance(alpha, (bool, torch.Tensor)):
         vals[2] = check_converts(alpha, torch.result_type(vals[0], vals[1]))
     return vals
 
