@@ -254,14 +254,19 @@ def test_data_dependent_shape_in_a_graph_raises_naming_it(case):
     torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)(*args)  # CPU: fine
 
 
-def test_small_llama_forward_matches_cpu():
+def _tiny_llama_pair(train=False):
+    """(cpu model, tpu copy) of a 2-layer random Llama (eval mode unless ``train``)."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
         vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
-    cpu = transformers.LlamaForCausalLM(cfg).eval()
-    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu = transformers.LlamaForCausalLM(cfg).train(train)
+    return cpu, copy.deepcopy(cpu).to("tpu")
+
+
+def test_small_llama_forward_matches_cpu():
+    cpu, tpu = _tiny_llama_pair()
     ids = torch.randint(0, 100, (2, 10))
     with torch.no_grad():
         ref = cpu(ids, use_cache=False).logits
@@ -280,13 +285,7 @@ def test_tensor_constant_in_graph():
 
 
 def test_llama_forward_with_dynamic_cache_matches_cpu():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    cpu = transformers.LlamaForCausalLM(cfg).eval()
-    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu, tpu = _tiny_llama_pair()
     ids = torch.randint(0, 100, (1, 7))
     with torch.no_grad():
         ref = cpu(ids).logits
@@ -426,13 +425,7 @@ def test_device_side_check_in_a_graph_raises_at_sync():
 
 
 def test_small_llama_loss_and_gradients_compiled_match_cpu():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    cpu = transformers.LlamaForCausalLM(cfg)
-    tpu = copy.deepcopy(cpu).to("tpu")
+    cpu, tpu = _tiny_llama_pair(train=True)
     ids = torch.randint(0, 100, (2, 10))
     ref = cpu(ids, labels=ids, use_cache=False).loss
     ref.backward()
