@@ -282,6 +282,30 @@ def mm_int64_int32(d):
     return torch.mm(_f(d, 2, 2, dtype=torch.int64), _f(d, 2, 2, dtype=torch.int32))
 
 
+def gcd_uint16(d):
+    return torch.gcd(torch.tensor([4, 6], dtype=torch.uint16, device=d),
+                     torch.tensor([2, 4], dtype=torch.uint16, device=d))
+
+
+def lcm_float(d):
+    return torch.lcm(_ar(d), _ar(d))
+
+
+def conv_transpose2d_output_padding(d):
+    return F.conv_transpose2d(torch.ones(1, 1, 3, 3, device=d), torch.ones(1, 1, 2, 2, device=d),
+                              stride=2, output_padding=(1, 2))
+
+
+def conv_transpose1d_output_padding(d):
+    return F.conv_transpose1d(torch.ones(1, 1, 3, device=d), torch.ones(1, 1, 2, device=d),
+                              output_padding=1)
+
+
+def conv_transpose3d_output_padding(d):
+    return F.conv_transpose3d(torch.ones(1, 1, 3, 3, 3, device=d),
+                              torch.ones(1, 1, 2, 2, 2, device=d), output_padding=1)
+
+
 RAISING = [
     copy_partial, setitem_partial, index_put_partial, index_put_full, add_out_partial,
     neg_out_partial, transposed_copy, out_expanded, copy_to_expanded, cat_out_partial,
@@ -294,6 +318,8 @@ RAISING = [
     bernoulli_above_one, bernoulli_negative, bernoulli_nan, bernoulli_tensor_p,
     mm_f32_f64, matmul_f32_f64, matmul_batched_mixed, mv_mixed, addmm_mixed,
     addmm_self_mixed, linear_mixed, linear_bias_mixed, mm_bool, mm_int64_int32,
+    gcd_uint16, lcm_float, conv_transpose2d_output_padding, conv_transpose1d_output_padding,
+    conv_transpose3d_output_padding,
 ]
 
 
@@ -470,7 +496,23 @@ def add_out_narrower_dtype(d):
     return torch.add(x, x, out=torch.empty(3, dtype=torch.bfloat16, device=d))
 
 
+def gcd_uint8(d):
+    return torch.gcd(torch.tensor([4, 6], dtype=torch.uint8, device=d),
+                     torch.tensor([2, 4], dtype=torch.uint8, device=d))
+
+
+def conv_transpose2d_output_padding_below_dilation(d):
+    """output_padding >= stride is allowed while it is below the dilation."""
+    return F.conv_transpose2d(torch.ones(1, 1, 3, 3, device=d), torch.ones(1, 1, 2, 2, device=d),
+                              stride=1, dilation=2, output_padding=1)
+
+
+def rrelu_eval(d):
+    return F.rrelu(torch.linspace(-2, 2, 9, device=d), 0.1, 0.3, training=False)
+
+
 VALID = [
+    gcd_uint8, conv_transpose2d_output_padding_below_dilation, rrelu_eval,
     add_out_wider_dtype, add_out_narrower_dtype,
     copy_full_overlap, copy_disjoint_same_storage, copy_strided_disjoint,
     add_out_full_overlap, setitem_from_clone, setitem_row, fill_expanded,

@@ -497,7 +497,7 @@ def test_gcd_lcm_refuse_floats_as_cpu(fn):
         fn(torch.ones(2), torch.ones(2))
     with pytest.raises(RuntimeError) as tpu:
         fn(torch.ones(2, device=TPU), torch.ones(2, device=TPU))
-    assert str(tpu.value) == str(cpu.value)
+    assert (type(tpu.value), str(tpu.value)) == (type(cpu.value), str(cpu.value))
 
 
 # ------------------------------------------------------------------ integer convolution
@@ -528,3 +528,56 @@ def test_integer_convolution_as_cpu(dtype, transposed):
     got = f(x.to(TPU), w.to(TPU), b.to(TPU))
     assert got.dtype == want.dtype
     assert torch.equal(got.cpu(), want)
+
+
+# ------------------------------------------------------------------ rrelu
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rrelu_eval_matches_cpu(dtype):
+    x = torch.linspace(-3, 3, 13, dtype=dtype)
+    c, d = _pair(x)
+    yc, yd = F.rrelu(c, 0.1, 0.4, training=False), F.rrelu(d, 0.1, 0.4, training=False)
+    close(yd, yc, rtol=0, atol=0)
+    yc.sum().backward()
+    yd.sum().backward()
+    close(d.grad, c.grad, rtol=0, atol=0)
+
+
+def test_rrelu_training_slopes_noise_gradient_and_replay():
+    """Training: each x <= 0 is scaled by its own slope in [lower, upper), x > 0 passes;
+    the gradient is that slope (CPU's noise); the in-place form and nn.RReLU agree;
+    ``torch.manual_seed`` replays the slopes."""
+    lo, up = 0.1, 0.3
+    x = torch.linspace(-4, 4, 4001).to(TPU).requires_grad_()
+    torch.manual_seed(3)
+    y = F.rrelu(x, lo, up, training=True)
+    y.sum().backward()
+    xc, yc, gc = x.detach().cpu(), y.detach().cpu(), x.grad.cpu()
+    pos = xc > 0
+    assert torch.equal(yc[pos], xc[pos]) and torch.all(gc[pos] == 1)
+    neg = xc < 0
+    slope = yc[neg] / xc[neg]
+    assert slope.min() >= lo and slope.max() < up
+    assert slope.std() > 0.04  # one slope per element, not one for all
+    torch.testing.assert_close(gc[neg], slope)
+    torch.manual_seed(3)
+    again = F.rrelu(x.detach(), lo, up, training=True).cpu()
+    assert torch.equal(again, yc)
+    torch.manual_seed(3)
+    inplace = x.detach().clone()
+    F.rrelu(inplace, lo, up, training=True, inplace=True)
+    assert torch.equal(inplace.cpu(), yc)
+    m = torch.nn.RReLU(lo, up).to(TPU).train()
+    torch.manual_seed(3)
+    assert torch.equal(m(x.detach()).cpu(), yc)
+
+
+def test_rrelu_compiled():
+    x = torch.linspace(-2, 2, 9)
+    f = torch.compile(lambda t: F.rrelu(t, 0.2, 0.25, training=True), backend="tpu",
+                      fullgraph=True)
+    y = f(x.to(TPU)).cpu()
+    slope = y[x < 0] / x[x < 0]
+    assert torch.equal(y[x >= 0], x[x >= 0])
+    assert slope.min() >= 0.2 and slope.max() < 0.25

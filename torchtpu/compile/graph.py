@@ -228,6 +228,65 @@ def check_graph(gm) -> None:
             f"torch.compile graph, node {n.name}); it has no lowering and no decomposition")
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (bool, int, float, complex))
+
+
+def argument_checks(gm, host=()):
+    """Run the lowering table's host-side argument checks (``prepare`` hooks marked
+    :func:`torchtpu.ops._scalar.scalar_check`) on every node of ``gm``, with the nodes'
+    fake tensors and the graph's constant Scalars: a constant that does not fit its dtype
+    (``fill_(300)`` on int8, ``pow(int8, -1)``) fails as in eager.  Nodes with symbolic
+    sizes or Scalars are not checked (the checks read concrete numbers).
+
+    Returns ``(error, overrides)``: the first exception a check raised (``None`` if all
+    pass), to be raised by each call of the graph as eager raises at each call, and
+    ``{node: {position: value}}`` for the constants a check rewrote (a float 2**63 filled
+    into int64 becomes INT64_MIN, as CPU converts it).
+    """
+    from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                               DynamicOutputShapeException)
+
+    table = ops.table()
+    overrides: dict = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n in host or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        low = table.get(n.target)
+        prep = low.prepare if low is not None else None
+        if prep is None or not getattr(prep, "scalar_check", False):
+            continue
+        sig = _sig(n.target)
+        symbolic = []
+
+        def fake(a):
+            v = a.meta.get("val")
+            if not isinstance(v, torch.Tensor) and not _is_number(v) and v is not None:
+                symbolic.append(a)
+            elif isinstance(v, torch.Tensor) and any(
+                    not isinstance(s, int) for s in v.shape):
+                symbolic.append(a)
+            return v
+
+        args = torch.fx.node.map_arg(n.args, fake)
+        kwargs = torch.fx.node.map_arg(n.kwargs, fake)
+        if symbolic:
+            continue
+        vals = sig.normalize(args, kwargs)
+        before = list(vals)
+        try:
+            after = prep(list(vals))
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            continue
+        except (RuntimeError, NotImplementedError, ValueError, IndexError, TypeError) as e:
+            return e, overrides
+        changed = {i: v for i, (b, v) in enumerate(zip(before, after))
+                   if _is_number(b) and v is not b}
+        if changed:
+            overrides[n] = changed
+    return None, overrides
+
+
 class GraphExecutable:
     """A compiled ATen FX graph, called with AOTAutograd's boxed convention.
 
@@ -282,6 +341,8 @@ class GraphExecutable:
         self.cache: dict = {}
         self.check_info: list = []
         self.symbolic = _is_symbolic(gm)
+        # host-side argument checks of the lowerings (eager runs them at every call)
+        self.arg_error, self.overrides = argument_checks(gm, self.host)
         # per-call host work, precomputed: the host nodes in order, and the host values
         # the executable reads
         self.host_calls = [n for n in self.nodes if n.op == "call_function" and n in self.host]
@@ -295,6 +356,9 @@ class GraphExecutable:
 
         if len(args) == 1 and isinstance(args[0], list):  # boxed call (a list of inputs)
             args = args[0]
+        if self.arg_error is not None:  # a constant argument that eager also rejects
+            e = self.arg_error
+            raise type(e)(*e.args)
         if defer.pending_ops():
             # the graph is one op to DeferAndFuse: the pending segment is dispatched
             # (asynchronously) so the graph reads concrete inputs; not a host sync
@@ -516,6 +580,8 @@ class GraphExecutable:
                         env[n] = [("t", j, _spec(f, sshape, sdt[j])) for f in val]
                     continue
                 vals = sig.normalize(a, kw)
+                for i, v in self.overrides.get(n, {}).items():
+                    vals[i] = v
                 largs = [arg(v, k, d, low.static_scalars)
                          for v, k, d in zip(vals, sig.kinds, sig.defaults)]
                 fakes = val if isinstance(val, (list, tuple)) else [val]

@@ -48,7 +48,7 @@ def register_pytree():
 # ----------------------------------------------------------- checked Scalar conversion
 
 # c10's C++ type names, as CPU's "value cannot be converted to type ... without overflow"
-_C_NAMES = {
+C_TYPE_NAMES = {
     torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t", torch.int32: "int",
     torch.int64: "int64_t", torch.uint16: "uint16_t", torch.uint32: "uint32_t",
     torch.uint64: "uint64_t", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
@@ -123,7 +123,7 @@ def check_converts(value, dtype: torch.dtype, numel: int | None = None):
                 raise RuntimeError("value cannot be converted to type double without overflow")
             return v.real
         return value
-    name = _C_NAMES.get(dtype)
+    name = C_TYPE_NAMES.get(dtype)
     if name is not None and _overflows(v, dtype):
         raise RuntimeError(f"value cannot be converted to type {name} without overflow")
     if dtype is torch.int64 and isinstance(v, float) and v == 2.0 ** 63:
@@ -138,18 +138,48 @@ def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _REDUCED_FLOATS else dtype
 
 
-def fits(*positions, opmath=False):
+def scalar_check(prepare):
+    """Mark a ``prepare`` hook as a pure argument check: it reads only dtypes, shapes and
+    Python-number arguments (never tensor values), so :mod:`torchtpu.compile` also runs it
+    when a graph is built, on the nodes' fake tensors and the graph's constant Scalars
+    (``fill_(300)`` on int8 raises inside ``torch.compile`` as in eager)."""
+    prepare.scalar_check = True
+    return prepare
+
+
+def fits(*positions, opmath=False, dtype=None):
     """A lowering's ``prepare`` hook: the Scalar arguments at ``positions`` of the
     normalized argument list must fit the dtype of argument 0 (a tensor), or with
     ``opmath`` its :func:`opmath_dtype` (kernels that read the Scalar as their compute
-    type: ``threshold`` and ``leaky_relu`` on float16 take 1e6), as CPU's checked
-    ``Scalar::to<T>()`` requires."""
+    type: ``threshold`` and ``leaky_relu`` on float16 take 1e6), or ``dtype(vals)``, as
+    CPU's checked ``Scalar::to<T>()`` requires.  Raises ``RuntimeError`` as
+    :func:`check_converts`."""
 
     def prepare(vals):
-        dt = opmath_dtype(vals[0].dtype) if opmath else vals[0].dtype
+        dt = dtype(vals) if dtype is not None else vals[0].dtype
+        if opmath:
+            dt = opmath_dtype(dt)
         for i in positions:
             if vals[i] is not None and not isinstance(vals[i], torch.Tensor):
                 vals[i] = check_converts(vals[i], dt)
         return vals
 
-    return prepare
+    return scalar_check(prepare)
+
+
+def value_of_device_scalar(value, dtype: torch.dtype):
+    """A 0-d/one-element tpu tensor used as a Scalar value (``masked_fill(mask, t)``):
+    CPU and CUDA read it with ``value.item()`` and convert it with the checked
+    ``Scalar::to<T>()``.  The read is a sync point (as on CUDA), so it is done only where
+    the conversion can fail: when ``value``'s dtype does not promote into ``dtype``
+    (float32 into float16, float into int).  Fake tensors (graph build) are not read.
+
+    Raises:
+        RuntimeError: as :func:`check_converts`.
+    """
+    if (not isinstance(value, torch.Tensor) or value.device.type == "cpu"
+            or value.numel() != 1 or dtype is torch.bool or value.dtype is torch.bool
+            or torch.promote_types(value.dtype, dtype) == dtype
+            or isinstance(value, torch._subclasses.FakeTensor)):
+        return
+    check_converts(value.item(), dtype)

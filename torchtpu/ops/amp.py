@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from torchtpu.ops import aten, lower
+from torchtpu.ops._scalar import scalar_check
 from torchtpu.ops._util import jnp, npdt, scalar_type_name, tdtype
 
 
@@ -22,6 +23,7 @@ def _check(cond: bool, msg: str) -> None:
         raise RuntimeError(msg)
 
 
+@scalar_check
 def _unscale_checks(vals):
     """Host-side argument checks of the CPU kernel (before the executable is looked up)."""
     grads, found_inf, inv_scale = vals[:3]
@@ -38,6 +40,7 @@ def _unscale_checks(vals):
     return vals
 
 
+@scalar_check
 def _update_checks(vals):
     scale, growth_tracker, found_inf = vals[:3]
     _check(growth_tracker.numel() == 1, "growth_tracker must be a 1-element tensor.")

@@ -14,7 +14,7 @@ import math
 import torch
 
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._scalar import Scalar, check_converts, opmath_dtype
+from torchtpu.ops._scalar import Scalar, check_converts, fits, opmath_dtype, scalar_check
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
                                 scalar_type_name, tdtype)
 
@@ -70,6 +70,7 @@ def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check
     return lowering
 
 
+@scalar_check
 def _alpha_fits(vals):
     """Host side: ``alpha`` must fit the result dtype (``add(int8, int8, alpha=300)``
     raises on CPU)."""
@@ -80,6 +81,7 @@ def _alpha_fits(vals):
     return vals
 
 
+@scalar_check
 def _value_fits(vals):
     """Host side: ``addcmul``/``addcdiv``'s ``value`` must fit the result dtype."""
     value = vals[3]
@@ -247,8 +249,10 @@ def remainder(a, b):
 
 
 def _int_only(dt: torch.dtype, kernel: str) -> None:
-    if dt.is_floating_point or dt.is_complex or dt is torch.bool:
-        raise RuntimeError(f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
+    """CPU's ``AT_DISPATCH_INTEGRAL_TYPES``: int8..int64 and uint8 only (gcd, lcm)."""
+    if dt.is_floating_point or dt.is_complex or dt in (
+            torch.bool, torch.uint16, torch.uint32, torch.uint64):
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
 
 
 def _gcd_values(x, y):
@@ -301,6 +305,7 @@ def fmod(a, b):
     return lax().rem(x, y)
 
 
+@scalar_check
 def _pow_scalar_check(vals):
     """``pow(int tensor, negative int)`` raises on CPU (host-known: at once); the
     tensor-tensor and scalar-base overloads return 0/±1 there instead, as computed."""
@@ -308,6 +313,13 @@ def _pow_scalar_check(vals):
     if (isinstance(exp, int) and exp < 0 and isinstance(base, torch.Tensor)
             and not (base.dtype.is_floating_point or base.dtype.is_complex)):
         raise RuntimeError("Integers to negative integer powers are not allowed.")
+    # the exponent is converted with the checked Scalar::to<T>() to the result type,
+    # except float32/float64/complex results (read as double): pow(int8, 300) and
+    # pow(float16, 1e5) raise on CPU
+    if isinstance(base, torch.Tensor) and not isinstance(exp, (bool, torch.Tensor)):
+        dt = torch.result_type(base, exp)
+        if not (dt.is_complex or dt in (torch.float32, torch.float64, torch.bool)):
+            vals[1] = check_converts(exp, dt)
     return vals
 
 
@@ -484,12 +496,14 @@ def sgn(x):
     return _sign(x)
 
 
+@scalar_check
 def _fill_fits(vals):
     """``fill_(300)`` on int8 raises as on CPU (``fill_(tensor(300))`` wraps there)."""
     vals[1] = check_converts(vals[1], vals[0].dtype, vals[0].numel())
     return vals
 
 
+@scalar_check
 def _clamp_fits(vals):
     """``clamp`` Scalar bounds must fit the result dtype, as CPU checks them."""
     bounds = [v for v in vals[1:] if v is not None and not isinstance(v, torch.Tensor)]
@@ -518,6 +532,7 @@ def _clamp_fits(vals):
     return vals
 
 
+@scalar_check
 def _one_bound_fits(vals):
     """``clamp_min``/``clamp_max`` (CPU kernels of their own): a complex bound raises."""
     if isinstance(vals[1], complex):
@@ -700,7 +715,12 @@ def angle(x):
     return j.where(j.isnan(xf), xf, r)
 
 
-@lower(aten.logit.default)
+def _float_result(vals) -> torch.dtype:
+    dt = vals[0].dtype
+    return dt if dt.is_floating_point or dt.is_complex else torch.get_default_dtype()
+
+
+@lower(aten.logit.default, prepare=fits(1, dtype=_float_result))
 def logit(x, eps=None):
     j = jnp()
     xf = cast(x, _float_compute(x))

@@ -21,7 +21,7 @@ import torch
 
 from torchtpu.ops import aten, lower
 from torchtpu.ops import decomp_overrides
-from torchtpu.ops._scalar import Scalar, check_converts
+from torchtpu.ops._scalar import Scalar, check_converts, fits, scalar_check
 from torchtpu.ops._util import cast, jnp, npdt, tdtype
 
 
@@ -130,17 +130,20 @@ def _default_dtype_of(value) -> torch.dtype:
     return torch.get_default_dtype()
 
 
+@scalar_check
 def _full_fits(vals):
     """``torch.full((2,), 300, dtype=torch.int8)`` raises as on CPU."""
     vals[1] = check_converts(vals[1], vals[2] or _default_dtype_of(vals[1]), math.prod(vals[0]))
     return vals
 
 
+@scalar_check
 def _full_like_fits(vals):
     vals[1] = check_converts(vals[1], vals[2] or vals[0].dtype, vals[0].numel())
     return vals
 
 
+@scalar_check
 def _scalar_tensor_fits(vals):
     vals[0] = check_converts(vals[0], vals[1] or torch.get_default_dtype(), 1)
     return vals
@@ -233,7 +236,23 @@ def _to_int_trunc(v, dtype):
     return v.astype(npdt(dtype))
 
 
-@lower(aten.linspace.default, static_scalars=True)
+def _space_dtype(pos):
+    """The result dtype of linspace/logspace (``dtype`` argument at ``pos``, else the
+    default dtype, complex when an end point is complex)."""
+
+    def dtype(vals):
+        dt = as_dtype(vals[pos])
+        if dt is not None:
+            return dt
+        if any(isinstance(v, complex) for v in vals[:2]):
+            return _default_dtype_of(1j)
+        return torch.get_default_dtype()
+
+    return dtype
+
+
+# start/end: CPU's checked Scalar::to<T>() (linspace(0, 300, dtype=int8) raises)
+@lower(aten.linspace.default, static_scalars=True, prepare=fits(0, 1, dtype=_space_dtype(3)))
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     if steps < 0:
         raise RuntimeError("number of steps must be non-negative")
@@ -245,7 +264,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     return _to_int_trunc(_halfway(start, end, steps, ct), dtype)
 
 
-@lower(aten.logspace.default, static_scalars=True)
+@lower(aten.logspace.default, static_scalars=True, prepare=fits(0, 1, dtype=_space_dtype(4)))
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
              pin_memory=None):
     if steps < 0:

@@ -23,7 +23,7 @@ import torch
 
 from torchtpu._device import runtime
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._scalar import Scalar, check_converts
+from torchtpu.ops._scalar import Scalar, check_converts, fits, scalar_check, value_of_device_scalar
 from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, scalar_type_name, tdtype
 
 
@@ -361,12 +361,12 @@ def _scatter(x, dim, index, src, how):
     return r.reshape(()) if zero_d else r
 
 
-@lower(aten.scatter.src, aten.scatter.value)
+@lower(aten.scatter.src, aten.scatter.value, prepare=fits(3))
 def scatter(x, dim, index, src):
     return _scatter(x, dim, index, src, "set")
 
 
-@lower(aten.scatter.reduce, aten.scatter.value_reduce)
+@lower(aten.scatter.reduce, aten.scatter.value_reduce, prepare=fits(3))
 def scatter_reduce_legacy(x, dim, index, src, reduce):
     if reduce not in ("add", "multiply"):
         raise RuntimeError(f"reduce argument must be either add or multiply, got {reduce}")
@@ -478,7 +478,22 @@ def _source_for(x, dim, source, dt):
     return s
 
 
-@lower(aten.index_add.default)
+@scalar_check
+def _index_add_alpha(vals):
+    """Host side, as CPU's checked ``alpha.to<scalar_t>()``: ``alpha`` must fit the
+    tensor's dtype (float16 takes no 1e6); a float ``alpha`` for an integer tensor is
+    truncated toward zero (``alpha=2.5`` adds twice the source), bool tensors take any."""
+    x, alpha = vals[0], vals[4]
+    if alpha is None or isinstance(alpha, (bool, torch.Tensor)) or x.dtype is torch.bool:
+        return vals
+    alpha = check_converts(alpha, x.dtype)
+    if isinstance(alpha, float) and not (x.dtype.is_floating_point or x.dtype.is_complex):
+        alpha = int(alpha)  # C++ static_cast truncates toward zero
+    vals[4] = alpha
+    return vals
+
+
+@lower(aten.index_add.default, prepare=_index_add_alpha)
 def index_add(x, dim, index, source, alpha=1):
     dt = tdtype(x)
     zero_d = x.ndim == 0
@@ -505,6 +520,7 @@ def index_copy(x, dim, index, source):
     return r.reshape(()) if zero_d else r
 
 
+@scalar_check
 def _prepare_index_fill(vals):
     """Host side: a complex fill value for a real tensor raises as on CPU (a cast would
     silently drop the imaginary part)."""
@@ -515,9 +531,11 @@ def _prepare_index_fill(vals):
         raise RuntimeError(
             "index_fill_(): Converting complex Scalar to non-complex type is not supported")
     vals[3] = check_converts(value, x.dtype)  # fill value 300 on int8 raises as on CPU
+    value_of_device_scalar(value, x.dtype)  # a tpu tensor value: read where it may not fit
     return vals
 
 
+@scalar_check
 def _masked_fill_fits(vals):
     """Host side, as CPU's ``value.item()`` then checked ``to<T>()``: a value that does not
     fit raises; a complex value with zero imaginary part fills a real tensor with its real
@@ -526,6 +544,7 @@ def _masked_fill_fits(vals):
     if isinstance(value, complex) and value.imag == 0 and not vals[0].dtype.is_complex:
         value = value.real
     vals[2] = check_converts(value, vals[0].dtype)
+    value_of_device_scalar(value, vals[0].dtype)
     return vals
 
 

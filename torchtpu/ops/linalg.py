@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from torchtpu.ops import aten, lower
+from torchtpu.ops._scalar import fits
 from torchtpu.ops._util import cast, jnp, lax, opmath, promote, scalar_type_name, tdtype
 
 # C++ names of dtypes, as CPU's mm error spells them
@@ -102,7 +103,10 @@ def vdot(a, b):
     return matmul_(jnp().conj(cast(a, dt)), b, dt)
 
 
-@lower(aten.addmm.default, aten.addmv.default, aten.baddbmm.default)
+# beta/alpha: CPU's checked Scalar::to<T>() on the compute type (float for float16 and
+# bfloat16 in addmm/baddbmm/addbmm's BLAS paths; the tensor's dtype in addmv/addr)
+@lower(aten.addmv.default, prepare=fits(3, 4))
+@lower(aten.addmm.default, aten.baddbmm.default, prepare=fits(3, 4, opmath=True))
 def addmm(self_, m1, m2, beta=1, alpha=1):
     """addmm / addmv / baddbmm: ``beta * self + alpha * (m1 @ m2)``."""
     _product_checks(self_, m1, m2)
@@ -110,7 +114,7 @@ def addmm(self_, m1, m2, beta=1, alpha=1):
     return _scaled_add(matmul_(m1, m2, dt), self_, beta, alpha, dt)
 
 
-@lower(aten.addbmm.default)
+@lower(aten.addbmm.default, prepare=fits(3, 4, opmath=True))
 def addbmm(self_, b1, b2, beta=1, alpha=1):
     dt = promote(b1, b2)
     a, b = cast(b1, dt), cast(b2, dt)
@@ -121,7 +125,7 @@ def addbmm(self_, b1, b2, beta=1, alpha=1):
     return _scaled_add(prod, self_, beta, alpha, dt)
 
 
-@lower(aten.addr.default)
+@lower(aten.addr.default, prepare=fits(3, 4))
 def addr(self_, v1, v2, beta=1, alpha=1):
     dt = promote(v1, v2)
     ct = opmath(dt)

@@ -155,6 +155,22 @@ def _conv_dtype(x, w):
     return opmath(dt) if dt.is_floating_point else dt  # integers: XLA's exact integer conv
 
 
+def _check_output_padding(nd, stride, dilation, output_padding):
+    """CPU's transposed-convolution shape check: each ``output_padding`` must be smaller
+    than its ``stride`` or its ``dilation``; the message names the dimensions as CPU's
+    2-D/3-D kernels do (a 1-D convolution runs as 2-D with a height of 1)."""
+    op, st, dl = (_tup(v, nd) for v in (output_padding, stride, dilation))
+    if all(p < s or p < d for p, s, d in zip(op, st, dl)):
+        return
+    if nd == 1:
+        op, st, dl = (0,) + op, (1,) + st, (1,) + dl
+    names = ("depth", "height", "width")[-len(op):]
+    parts = [f"{what}_{n}: {v}" for what, vs in (("output_padding", op), ("stride", st),
+                                                 ("dilation", dl)) for n, v in zip(names, vs)]
+    raise RuntimeError("output padding must be smaller than either stride or dilation, but "
+                       "got " + " ".join(parts))
+
+
 @lower(aten.convolution_overrideable.default, aten.convolution.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     ct = _conv_dtype(x, w)
@@ -170,6 +186,8 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
         if kernel is not None:
             raise NotImplementedError(
                 f'"{kernel}" not implemented for \'{scalar_type_name(ct)}\'')
+    if transposed:
+        _check_output_padding(w.ndim - 2, stride, dilation, output_padding)
     unbatched = x.ndim == w.ndim - 1
     xx = cast(x, ct)
     if unbatched:
@@ -1200,7 +1218,7 @@ def softshrink(x, lambd=0.5):
     return j.where(xx > lam, xx - lam, j.where(xx < -lam, xx + lam, xx * 0))
 
 
-@lower(aten.hardshrink.default)
+@lower(aten.hardshrink.default, prepare=fits(1))
 def hardshrink(x, lambd=0.5):
     xx = _f(x)
     lam = cast(lambd, _ct(x))

@@ -8,12 +8,16 @@ the executable, so drawing a key never syncs and a seeded program replays its st
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 from torchtpu._device import runtime
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._util import jnp, npdt, opmath, promote, tdtype
+from torchtpu.ops._scalar import C_TYPE_NAMES, scalar_check
+from torchtpu.ops._util import jnp, npdt, opmath, promote, scalar_type_name, tdtype
+from torchtpu.ops.decomp_overrides import decomp
 
 
 def prng_key(key):
@@ -66,7 +70,34 @@ def _check_float(op, dtype):
 # ------------------------------------------------------------------- uniform / normal
 
 
-@lower(aten.uniform.default, random=True)
+_LIMIT_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+                torch.float64: "Double"}
+
+
+@scalar_check
+def _uniform_checks(vals):
+    """Host side, CPU's ``uniform_`` checks: ``from``/``to`` within the dtype's finite
+    range (a complex tensor: its component's), ``from <= to``, and ``to - from`` finite
+    in the dtype.  Raises ``RuntimeError`` with CPU's messages."""
+    x, lo, hi = vals[0], vals[1], vals[2]
+    dt = {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(x.dtype, x.dtype)
+    if dt not in _LIMIT_NAMES or isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        return vals
+    fmax = torch.finfo(dt).max
+    for name, v in (("from", lo), ("to", hi)):
+        if not -fmax <= float(v) <= fmax:  # NaN and inf fail too
+            raise RuntimeError(f"{name} is out of bounds for {C_TYPE_NAMES[dt]}")
+    if lo > hi:
+        raise RuntimeError(
+            f"uniform_ expects to return a [from, to) range, but found from={lo:g} > to={hi:g}")
+    if hi - lo > fmax:
+        raise RuntimeError(
+            f"uniform_ expects to-from <= std::numeric_limits<{_LIMIT_NAMES[dt]}>::max(), "
+            f"but found to={hi:g} and from={lo:g} which result in to-from to exceed the limit")
+    return vals
+
+
+@lower(aten.uniform.default, random=True, prepare=_uniform_checks)
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     dt = tdtype(x)
     _check_float("uniform_", dt)
@@ -235,17 +266,38 @@ def _randint(key, shape, lo: int, hi_incl: int, dtype: torch.dtype):
     return v.astype(npdt(dtype))
 
 
+# the C++ type names CPU's random_ checks print (typeid names on Linux)
+_RANDOM_TYPE_NAMES = {torch.int8: "signed char", torch.uint8: "unsigned char",
+                      torch.int16: "short int", torch.int32: "int", torch.int64: "long",
+                      torch.bool: "bool", torch.float16: "c10::Half",
+                      torch.bfloat16: "c10::BFloat16", torch.float32: "float",
+                      torch.float64: "double"}
+
+
 def _check_range(dtype, lo, hi_incl):
-    if dtype.is_floating_point or dtype is torch.bool:
-        mn, mx = -_random_max(dtype), _random_max(dtype)
-        if dtype is torch.bool:
-            mn = 0
+    """CPU's ``random_(from, to)`` checks: ``from`` and ``to - 1`` within the dtype's range
+    (raise), and for floating dtypes a warning beyond ±2**digits, where not every integer
+    is representable."""
+    name = _RANDOM_TYPE_NAMES.get(dtype, str(dtype))
+    if dtype is torch.bool:
+        mn, mx = 0, 1
+    elif dtype.is_floating_point:
+        mn, mx = float(torch.finfo(dtype).min), float(torch.finfo(dtype).max)
     else:
         mn, mx = int(torch.iinfo(dtype).min), int(torch.iinfo(dtype).max)
     if lo < mn or lo > mx:
-        raise RuntimeError(f"from is out of bounds for {dtype}")
+        raise RuntimeError(f"from is out of bounds for {name}")
     if hi_incl > mx or hi_incl < mn:
-        raise RuntimeError(f"to - 1 is out of bounds for {dtype}")
+        raise RuntimeError(f"to - 1 is out of bounds for {name}")
+    if dtype.is_floating_point:
+        digits = _random_max(dtype).bit_length() - 1
+        for what, v in (("from", lo), ("to - 1", hi_incl)):
+            if not -(2 ** digits) <= v <= 2 ** digits:
+                warnings.warn(
+                    f"{what} is out of bounds [-(2^{digits}), 2^{digits}]. Due to precision "
+                    f"limitations {name} can support discrete uniform distribution only within "
+                    f"this range. This warning will become an error in version 1.7 release, "
+                    f"please fix the code in advance", UserWarning, stacklevel=2)
 
 
 @lower(aten.random.default, random=True)
@@ -472,3 +524,52 @@ _GAMMA_GRAD_COEF = (
     (0.040121004, -0.0065914022, -0.0026286047, -0.0013441777,
      0.017050642, -0.0021309326, 0.00085092367, -1.5247877e-07),
 )
+
+
+# --------------------------------------------------------------------------- rrelu
+
+
+@scalar_check
+def _rrelu_checks(vals):
+    lo, hi = vals[2], vals[3]
+    if not isinstance(lo, torch.Tensor) and not isinstance(hi, torch.Tensor) and lo > hi:
+        raise RuntimeError("Lower bound should be less than or equal to the upper bound")
+    return vals
+
+
+@lower(aten.rrelu_with_noise_functional.default, random=True, static_scalars=True,
+       prepare=_rrelu_checks)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3.0, training=False,
+                                generator=None, *, key):
+    """``F.rrelu``: training: ``x * r`` with ``r ~ U[lower, upper)`` where ``x <= 0``
+    (``noise`` = r there, 1 elsewhere), as CPU's ``_rrelu_with_noise_train``; eval:
+    ``leaky_relu(x, (lower + upper) / 2)`` with ``noise`` unchanged.  Returns
+    ``(out, noise_out)``; floating dtypes only, as CPU."""
+    dt = tdtype(x)
+    if not dt.is_floating_point:
+        raise NotImplementedError(
+            f'"rrelu_with_noise_out_cpu" not implemented for \'{scalar_type_name(dt)}\'')
+    j = jnp()
+    ct = opmath(dt)
+    xx = x.astype(npdt(ct))
+    if not training:
+        slope = j.asarray((lower + upper) / 2, npdt(ct))
+        return j.where(xx > 0, xx, xx * slope).astype(x.dtype), noise
+    r = _uniform(key, x.shape, dt, float(lower), float(upper)).astype(npdt(dt))
+    neg = xx <= 0
+    out = j.where(neg, xx * r.astype(npdt(ct)), xx).astype(x.dtype)
+    return out, j.where(neg, r, j.ones_like(r)).astype(noise.dtype)
+
+
+@decomp(aten.rrelu_with_noise.default)
+def _rrelu_with_noise(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    out, new_noise = aten.rrelu_with_noise_functional(x, noise, lower, upper, training,
+                                                      generator=generator)
+    if training:
+        noise.copy_(new_noise)
+    return out
+
+
+@decomp(aten.rrelu_with_noise_.default)
+def _rrelu_with_noise_(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    return x.copy_(_rrelu_with_noise(x, noise, lower, upper, training, generator))

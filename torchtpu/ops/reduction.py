@@ -16,6 +16,7 @@ import math
 import torch
 
 from torchtpu.ops import aten, lower
+from torchtpu.ops._scalar import fits
 from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, tdtype
 
 
@@ -729,7 +730,7 @@ def mode(x, dim=-1, keepdim=False):
     return val, idx.astype(i64)
 
 
-@lower(aten.histc.default, static_scalars=True)
+@lower(aten.histc.default, static_scalars=True, prepare=fits(2, 3))
 def histc(x, bins=100, min=0, max=0):
     """``torch.histc``: ``bins`` equal-width bins over [min, max] (the data's range when
     both are 0); values outside are ignored; the last bin includes ``max``.  Counts have
