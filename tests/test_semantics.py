@@ -472,3 +472,33 @@ def test_like_factories_honour_device_argument(make):
     torch.testing.assert_close(got, want)
     back = make(base.t(), device=TPU)
     same(back, want)
+
+
+_ZERO_D_OPS = {
+    "mul": lambda a, v: a * v,
+    "add": lambda a, v: a + v,
+    "rsub": lambda a, v: v - a,
+    "pow scalar base": lambda a, v: torch.pow(v, a),
+    "where": lambda a, v: torch.where(a > 0, a, v),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32, torch.uint8],
+                         ids=str)
+def test_zero_dim_tensor_with_python_scalar_keeps_dtype(dtype):
+    """A Python number is a "wrapped number": it never widens a tensor's dtype within its
+    category, a 0-d tensor included (``tensor(3, dtype=bfloat16) * 0.5`` is bfloat16;
+    tpu returned float32, and int32 * 2 gave int64)."""
+    x = torch.full((), 3, dtype=dtype)
+    for name, f in _ZERO_D_OPS.items():
+        for v in (0.5, 2):
+            expected = f(x, v)
+            actual = f(x.to("tpu"), v)
+            assert actual.dtype == expected.dtype, (name, v)
+            torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+
+
+def test_zero_dim_tensor_with_python_scalar_keeps_dtype_every_mode(eager_mode):
+    x = torch.tensor(1.5, dtype=torch.bfloat16)
+    assert (x.to("tpu") * 0.5 + 2).dtype == torch.bfloat16
+    torch.testing.assert_close((x.to("tpu") * 0.5 + 2).cpu(), x * 0.5 + 2, rtol=0, atol=0)

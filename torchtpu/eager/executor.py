@@ -169,16 +169,6 @@ def _raise_cpu_error(sig, op, meta_vals):
             return
 
 
-_WRAPPED_DTYPE = {bool: torch.bool, int: torch.int64, complex: torch.complex64}
-
-
-def _meta_wrapped(v):
-    """A meta 0-d tensor promoting like the Python number ``v`` (a "wrapped number")."""
-    dt = _WRAPPED_DTYPE.get(type(v)) or torch.get_default_dtype()
-    return torch.empty((), dtype=dt, device="meta")
-
-
-
 class _Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
@@ -475,8 +465,11 @@ class LoweredPlan:
     def _functional_meta(self, vals):
         """Meta outputs [(size, stride, dtype)] of the functional op; runs PyTorch's own
         checks of the real op too (errors are PyTorch's)."""
+        # a Python number in a Tensor slot stays a number: PyTorch wraps it as a "wrapped
+        # number" 0-d tensor, which never widens a tensor's dtype within its category
+        # (a 0-d bfloat16 tensor * 0.5 is bfloat16)
         meta_vals = [
-            _meta_wrapped(v) if k in (T, OPT_T) and not isinstance(v, (torch.Tensor, type(None)))
+            v if k in (T, OPT_T) and not isinstance(v, (torch.Tensor, type(None)))
             else _meta_of(v)
             for v, k in zip(vals, self.sig.kinds)
         ]
