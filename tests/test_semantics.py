@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchtpu
 
@@ -502,3 +503,39 @@ def test_zero_dim_tensor_with_python_scalar_keeps_dtype_every_mode(eager_mode):
     x = torch.tensor(1.5, dtype=torch.bfloat16)
     assert (x.to("tpu") * 0.5 + 2).dtype == torch.bfloat16
     torch.testing.assert_close((x.to("tpu") * 0.5 + 2).cpu(), x * 0.5 + 2, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32, None], ids=str)
+def test_norm_statistics_dtype_as_cpu(wdtype):
+    """CPU's layer/batch norm kernels return the statistics of a bfloat16 input in
+    bfloat16 unless the parameters are float32 (PyTorch's meta kernel, like CUDA, always
+    says float32): tpu follows CPU, and the backward through them still matches."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, dtype=torch.bfloat16)
+    w = None if wdtype is None else torch.rand(5, dtype=wdtype) + 0.5
+    rm = torch.zeros(3, dtype=wdtype or torch.bfloat16)
+    rv = torch.ones(3, dtype=wdtype or torch.bfloat16)
+    wb = None if wdtype is None else torch.rand(3, dtype=wdtype) + 0.5
+    calls = {
+        "layer_norm": lambda d: torch.ops.aten.native_layer_norm(
+            x.to(d), (5,), None if w is None else w.to(d), None, 1e-5),
+        "batch_norm": lambda d: torch.ops.aten.native_batch_norm(
+            x.to(d), None if wb is None else wb.to(d), None, rm.to(d), rv.to(d), True, 0.1,
+            1e-5),
+        "batch_norm eval": lambda d: torch.ops.aten.native_batch_norm(
+            x.to(d), None if wb is None else wb.to(d), None, rm.to(d), rv.to(d), False, 0.1,
+            1e-5),
+        "_batch_norm_with_update": lambda d: torch.ops.aten._batch_norm_with_update(
+            x.to(d), None if wb is None else wb.to(d), None, rm.clone().to(d),
+            rv.clone().to(d), 0.1, 1e-5),
+    }
+    for name, f in calls.items():
+        exp, act = f("cpu"), f("tpu")
+        for e, a in zip(exp, act):
+            assert (a.dtype, a.shape) == (e.dtype, e.shape), name
+            torch.testing.assert_close(a.cpu(), e, atol=2e-2, rtol=2e-2)
+    xc = x.clone().requires_grad_()
+    xt = x.to("tpu").requires_grad_()
+    F.layer_norm(xc, (5,)).square().sum().backward()
+    F.layer_norm(xt, (5,)).square().sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, atol=5e-2, rtol=5e-2)

@@ -500,7 +500,12 @@ class LoweredPlan:
                         f"result type {scalar_type_name(o.dtype)} can't be cast to the "
                         f"desired output type {scalar_type_name(dst)}"
                     )
-        return [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in out]
+        res = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in out]
+        fix = self.lowering.out_dtypes if self.lowering is not None else None
+        if fix is not None:  # the CPU kernel's dtypes where they differ from the meta kernel's
+            dts = fix(vals, [r[2] for r in res])
+            res = [(size, stride, dt) for (size, stride, _), dt in zip(res, dts)]
+        return res
 
     def _build(self, vals, c, key):
         jax = runtime.jax()

@@ -50,6 +50,10 @@ class Lowering:
         prepare: optional host-side rewrite of the normalized argument list, run before
             the executable is looked up (e.g. boolean masks -> integer indices, which has
             a data-dependent shape and so is a sync point).
+        out_dtypes: optional host-side ``(vals, meta_dtypes) -> dtypes`` for ops whose
+            CPU kernel gives other output dtypes than PyTorch's meta kernel (which follows
+            CUDA): the eager executor allocates and casts the outputs to these.
+            ``torch.compile`` graphs keep the meta dtypes (their fake tensors have them).
     """
 
     fn: Callable
@@ -57,16 +61,18 @@ class Lowering:
     dynamic_shape: bool = False
     static_scalars: bool = False
     prepare: Callable | None = None
+    out_dtypes: Callable | None = None
 
 
 LOWERINGS: dict = {}
 
 
-def lower(*ops, random=False, dynamic_shape=False, static_scalars=False, prepare=None):
+def lower(*ops, random=False, dynamic_shape=False, static_scalars=False, prepare=None,
+          out_dtypes=None):
     """Decorator registering ``fn`` as the lowering of each ATen overload in ``ops``."""
 
     def deco(fn):
-        entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare)
+        entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare, out_dtypes)
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"torchtpu: two lowerings for {op}")

@@ -603,7 +603,31 @@ def _bshape(c_axis, ndim, v):
     return v.reshape(shape)
 
 
-@lower(aten.native_layer_norm.default)
+def stats_dtype(x_dtype: torch.dtype, *params) -> torch.dtype | None:
+    """The dtype of the statistics (mean, rstd / invstd) CPU's layer and batch norm
+    kernels return: float32 for a float16/bfloat16 input with float32 parameters ("mixed
+    type"), else the input's dtype.  ``None`` where that is the meta kernel's dtype
+    already; PyTorch's meta kernels (like CUDA) give float32 for every float16/bfloat16
+    input."""
+    if x_dtype in (torch.float16, torch.bfloat16) and not any(
+            p is not None and p.dtype == torch.float32 for p in params):
+        return x_dtype
+    return None
+
+
+def _norm_stats_dtypes(x_pos, *param_pos):
+    """``out_dtypes`` hook: outputs 1 and 2 (the statistics) in :func:`stats_dtype`."""
+
+    def out_dtypes(vals, dts):
+        sd = stats_dtype(vals[x_pos].dtype, *(vals[i] for i in param_pos))
+        if sd is None:
+            return dts
+        return [dts[0], sd, sd, *dts[3:]]
+
+    return out_dtypes
+
+
+@lower(aten.native_layer_norm.default, out_dtypes=_norm_stats_dtypes(0, 2, 3))
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     j = jnp()
     ct = _ct(x)
@@ -717,7 +741,8 @@ def _bn_eval(x, weight, bias, rm, rv, eps):
     return _affine(out, weight, bias, ct)
 
 
-@lower(aten._native_batch_norm_legit_functional.default)
+@lower(aten._native_batch_norm_legit_functional.default,
+       out_dtypes=_norm_stats_dtypes(0, 1, 2, 3, 4))
 def native_batch_norm_legit_functional(x, weight, bias, rm, rv, training, momentum, eps):
     if not training:
         raise NotImplementedError(
@@ -732,7 +757,7 @@ def native_batch_norm_legit_functional(x, weight, bias, rm, rv, training, moment
     return out, mean, invstd, new_rm, new_rv
 
 
-@lower(aten._native_batch_norm_legit.no_stats)
+@lower(aten._native_batch_norm_legit.no_stats, out_dtypes=_norm_stats_dtypes(0, 1, 2))
 def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     if not training:
         raise NotImplementedError("_native_batch_norm_legit.no_stats with training=False")
@@ -755,12 +780,23 @@ def _bn_legit(x, weight, bias, running_mean, running_var, training, momentum, ep
         out = aten._native_batch_norm_legit_no_training(
             x, weight, bias, running_mean, running_var, momentum, eps)[0]
         # like the CPU kernel: empty saved statistics in eval mode
-        return out, x.new_empty((0,)), x.new_empty((0,))
+        sd = stats_dtype(x.dtype, weight, bias, running_mean, running_var) or (
+            torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+        return out, x.new_empty((0,), dtype=sd), x.new_empty((0,), dtype=sd)
     out, mean, invstd, nrm, nrv = aten._native_batch_norm_legit_functional(
         x, weight, bias, running_mean, running_var, True, momentum, eps)
     running_mean.copy_(nrm)
     running_var.copy_(nrv)
     return out, mean, invstd
+
+
+@decomp(aten._batch_norm_with_update.default)
+def _bn_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    """Training batch norm updating the running stats in place; CPU's ``reserve`` output
+    is an empty uint8 tensor."""
+    out, mean, invstd = _bn_legit(x, weight, bias, running_mean, running_var, True, momentum,
+                                  eps)
+    return out, mean, invstd, x.new_empty((0,), dtype=torch.uint8)
 
 
 @decomp(aten.native_batch_norm.default)
