@@ -30,6 +30,8 @@ HOOKS: dict[str, str] = {
     "accelerate.state": "torchtpu.integrations.accelerate:install_state",
     "accelerate.utils.modeling": "torchtpu.integrations.accelerate:install_modeling",
     "transformers.pipelines.base": "torchtpu.integrations.transformers:install_pipeline",
+    # imported by `import torch` already: applied at install (a small module, no imports)
+    "torch.utils.data.dataloader": "torchtpu.integrations.torch_data:install",
 }
 
 _pending: dict[str, str] = {}
