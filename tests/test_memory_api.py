@@ -111,3 +111,31 @@ def test_peak_reset_like_cuda():
     assert torch.tpu.max_memory_allocated() >= 1024 * 1024
     torch.tpu.reset_peak_memory_stats()
     assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+
+
+def test_record_memory_history_readable_by_memory_viz(tmp_path):
+    torch.tpu.memory._record_memory_history(max_entries=1000)
+    try:
+        a = torch.ones(1024, device="tpu")  # 4 KiB
+        b = torch.zeros(256, 256, device="tpu")  # 256 KiB
+        del a
+        snap = torch.tpu.memory._snapshot()
+        path = tmp_path / "hist.pickle"
+        torch.tpu.memory._dump_snapshot(str(path))
+    finally:
+        torch.tpu.memory._record_memory_history(enabled=None)
+    events = snap["device_traces"][0]
+    allocs = [e for e in events if e["action"] == "alloc"]
+    frees = [e for e in events if e["action"] == "free_completed"]
+    assert 4096 in [e["size"] for e in allocs] and 256 * 256 * 4 in [e["size"] for e in allocs]
+    assert 4096 in [e["size"] for e in frees]
+    assert any(f["name"] == "test_record_memory_history_readable_by_memory_viz"
+               for e in allocs for f in e["frames"])
+    text = memory_viz.trace(pickle.loads(path.read_bytes()))  # PyTorch's reader
+    assert "Device 0" in text and "free completed" in text
+    assert "<html>" in memory_viz.trace_plot(snap)
+    # off again: no history, allocation path restored
+    assert torch.tpu.memory._snapshot()["device_traces"][0] == []
+    from torchtpu._tensor.storage import StorageData
+    assert StorageData.__init__.__qualname__ == "StorageData.__init__"
+    del b

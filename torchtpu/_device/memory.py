@@ -40,6 +40,7 @@ __all__ = [
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
     "memory_snapshot", "memory_stats", "memory_summary", "reset_accumulated_memory_stats",
     "reset_max_memory_allocated", "reset_peak_memory_stats", "utilization",
+    "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
 
 
@@ -255,9 +256,109 @@ def memory_snapshot() -> list[dict]:
 
 def _snapshot(device=None) -> dict:
     """``torch.cuda.memory._snapshot``: ``{"segments": memory_snapshot(),
-    "device_traces": [[] ...]}`` (allocation traces are not recorded)."""
+    "device_traces": [...]}``, one list of events per device, filled while
+    :func:`_record_memory_history` is on (``alloc``, ``free_requested``, ``free_completed``,
+    ``segment_alloc``, ``segment_free``, each with ``addr``, ``size``, ``stream``,
+    ``time_us`` and, with ``stacks="python"``/``"all"``, ``frames``)."""
     n = max(runtime.device_count(), 1)
-    return {"segments": memory_snapshot(), "device_traces": [[] for _ in range(n)]}
+    traces = [list(_history["traces"].get(i, ())) for i in range(n)]
+    segs = memory_snapshot()
+    frames = _history["frames"]
+    for seg in segs:
+        f = frames.get(seg["address"])
+        if f:
+            seg["frames"] = seg["blocks"][0]["frames"] = f
+    return {"segments": segs, "device_traces": traces}
+
+
+# -------------------------------------------------------------- memory history
+
+_history: dict = {"on": False, "stacks": False, "max_entries": 0, "traces": {}, "frames": {}}
+
+
+def _frames() -> list[dict]:
+    import traceback
+
+    return [{"filename": f.filename, "line": f.lineno, "name": f.name}
+            for f in reversed(traceback.extract_stack()[:-3])]
+
+
+def _record(index: int, actions, addr: int, size: int) -> None:
+    import time
+
+    h = _history
+    trace = h["traces"].setdefault(index, [])
+    t = int(time.time() * 1e6)
+    frames = h["frames"].get(addr, []) if h["stacks"] else []
+    if actions[0] in ("segment_alloc",):
+        if h["stacks"]:
+            frames = h["frames"][addr] = _frames()
+    for action in actions:
+        trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
+                      "time_us": t, "frames": frames})
+    if actions[-1] == "segment_free":
+        h["frames"].pop(addr, None)
+    if h["max_entries"] and len(trace) > h["max_entries"]:
+        del trace[: len(trace) - h["max_entries"]]
+
+
+def _record_memory_history(enabled="all", context="all", stacks="all",
+                           max_entries: int = 0, device=None, **kwargs) -> None:
+    """Record every ``tpu`` storage allocation and free, like
+    ``torch.cuda.memory._record_memory_history``, for :func:`_snapshot` /
+    :func:`_dump_snapshot` (readable by PyTorch's ``memory_viz`` and its web page).
+
+    ``enabled=None`` stops recording (and clears the history), ``"state"`` or ``"all"``
+    starts it; ``stacks="python"`` or ``"all"`` keeps each allocation's Python stack
+    (``"cpp"`` records none here); ``max_entries`` > 0 keeps the newest events only.  Each
+    storage is its own segment (PJRT allocates one buffer per array), so an allocation is
+    recorded as ``segment_alloc`` + ``alloc`` and a free as ``free_requested`` +
+    ``free_completed`` + ``segment_free``.  Costs nothing while off: the recording hooks
+    are installed on the storage class only while it is on.
+
+    Raises:
+        ValueError: ``enabled`` is not None, "state" or "all".
+    """
+    from torchtpu._tensor.storage import StorageData
+
+    if enabled not in (None, "state", "all", True, False):
+        raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
+    h = _history
+    if not enabled:
+        if h["on"]:
+            StorageData.__init__, StorageData.resolve, StorageData.__del__ = h["orig"]
+        h.update(on=False, traces={}, frames={})
+        return
+    h["stacks"] = stacks in ("python", "all") and enabled == "all"
+    h["max_entries"] = int(max_entries or 0)
+    if h["on"]:
+        return
+    orig_init, orig_resolve, orig_del = h["orig"] = (
+        StorageData.__init__, StorageData.resolve, StorageData.__del__)
+    alloc = ("segment_alloc", "alloc")
+    free = ("free_requested", "free_completed", "segment_free")
+
+    def __init__(self, arr, shape, dtype, index, nbytes):
+        orig_init(self, arr, shape, dtype, index, nbytes)
+        if self.counted:
+            _record(index, alloc, id(self), nbytes)
+
+    def resolve(self, value):
+        was = self.counted
+        orig_resolve(self, value)
+        if not was and self.counted:
+            _record(self.index, alloc, id(self), self.nbytes)
+
+    def __del__(self):
+        try:
+            if self.counted and h["on"]:
+                _record(self.index, free, id(self), self.nbytes)
+        except Exception:  # interpreter shutdown
+            pass
+        orig_del(self)
+
+    StorageData.__init__, StorageData.resolve, StorageData.__del__ = __init__, resolve, __del__
+    h["on"] = True
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
