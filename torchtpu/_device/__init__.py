@@ -86,6 +86,9 @@ def register() -> None:
     from torchtpu.compile import routing
 
     routing.install()  # torch.compile graphs on tpu tensors -> backend "tpu"
+    from torchtpu import integrations
+
+    integrations.install()  # post-import hooks only: no third-party import here
 
 
 def _kernel_for(op):

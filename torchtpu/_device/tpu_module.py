@@ -137,15 +137,19 @@ def get_device_name(device=None) -> str:
 
 class _DeviceProperties:
     """What ``get_device_properties`` returns: ``name``, ``platform``, ``index``,
-    ``total_memory`` (bytes, 0 when the platform does not report it)."""
+    ``total_memory`` (bytes: PJRT's ``bytes_limit``; the host's RAM on the CPU platform),
+    ``major``/``minor`` (0, as :func:`get_device_capability`), ``is_integrated`` (True on the
+    CPU platform, whose device memory is host memory: accelerate then budgets no separate
+    CPU memory)."""
 
     def __init__(self, index):
         d = runtime.jax_device(index)
         self.name = getattr(d, "device_kind", str(d))
         self.platform = runtime.platform()
         self.index = index
-        stats = _pjrt_memory_stats(index)
-        self.total_memory = int(stats.get("bytes_limit", 0))
+        self.total_memory = memory._device_memory(index)[1]
+        self.major, self.minor = get_device_capability()
+        self.is_integrated = self.platform == "cpu"  # the CPU device's memory is the host's
 
     def __repr__(self):
         return (
@@ -274,13 +278,6 @@ def memory_stats(device=None) -> dict:
     return d
 
 
-def mem_get_info(device=None) -> tuple:
-    """(free, total) bytes as reported by PJRT; (0, 0) when the platform reports none."""
-    stats = _pjrt_memory_stats(_to_index(device))
-    total = int(stats.get("bytes_limit", 0))
-    return (max(total - int(stats.get("bytes_in_use", 0)), 0), total)
-
-
 def empty_cache() -> None:
     """Release cached executables' temporaries (PJRT frees buffers as tensors die)."""
     import gc
@@ -314,6 +311,11 @@ def _get_device_index(device, optional=False) -> int:
 
 
 from torchtpu._device import amp  # noqa: E402  (torch.tpu.amp, like torch.cuda.amp)
+from torchtpu._device import memory  # noqa: E402  (torch.tpu.memory, like torch.cuda.memory)
+from torchtpu._device.memory import (  # noqa: E402,F401
+    ipc_collect, mem_get_info, memory_snapshot, memory_summary, reset_accumulated_memory_stats,
+    utilization,
+)
 
 
 # --------------------------------------------------------- torchtpu settings
@@ -362,3 +364,4 @@ import sys as _sys  # noqa: E402
 
 _sys.modules[__name__].__class__ = _TpuModule
 _sys.modules.setdefault("torch.tpu.amp", amp)  # `from torch.tpu.amp import GradScaler`
+_sys.modules.setdefault("torch.tpu.memory", memory)

