@@ -539,3 +539,20 @@ def test_norm_statistics_dtype_as_cpu(wdtype):
     F.layer_norm(xc, (5,)).square().sum().backward()
     F.layer_norm(xt, (5,)).square().sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), xc.grad, atol=5e-2, rtol=5e-2)
+
+
+def test_trunc_division_exact_quotients_and_half_types():
+    """``div(rounding_mode="trunc")`` truncates the correctly rounded quotient, as CPU:
+    a broadcast divisor used to be turned into a reciprocal multiply by XLA (5.125 / 5.125
+    gave 0.99999994, truncated to 0), and bfloat16/float16 round the quotient to their
+    dtype before truncating (-3.890625 / -0.216796875 is 18 on CPU)."""
+    a = torch.full((10, 1, 5), 5.125)
+    b = torch.full((1, 10, 5), 5.125)
+    same(torch.div(a.to(TPU), b.to(TPU), rounding_mode="trunc"),
+         torch.div(a, b, rounding_mode="trunc"))
+    same(torch.div(a.to(TPU), 5.125, rounding_mode="trunc"), torch.div(a, 5.125, rounding_mode="trunc"))
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.tensor([-3.890625, 8.375, 2.984375], dtype=dt)
+        y = torch.tensor([-0.216796875, 0.55859375, -0.06103515625], dtype=dt)
+        same(torch.div(x.to(TPU), y.to(TPU), rounding_mode="trunc"),
+             torch.div(x, y, rounding_mode="trunc"))
