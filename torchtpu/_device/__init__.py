@@ -86,6 +86,9 @@ def register() -> None:
     from torchtpu.compile import routing
 
     routing.install()  # torch.compile graphs on tpu tensors -> backend "tpu"
+    from torchtpu import distributed
+
+    distributed.register()  # torch.distributed backend "tpu_dist" (no JAX import)
 
 
 def _kernel_for(op):
