@@ -1,0 +1,240 @@
+"""One rank of tests/test_distributed.py: ``python tests/_dist_worker.py RANK WORLD PORT OUT``.
+
+Runs each check as user code would (the collective on tpu tensors, then the same
+collective on cpu tensors with gloo in the same process as the reference) and writes
+``{check name: "ok" | error text}`` to ``OUT/rank{RANK}.json``.
+"""
+
+import copy
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+results = {}
+seconds = {}
+
+
+def check(name):
+    def deco(fn):
+        t0 = time.perf_counter()
+        try:
+            fn()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc()
+        seconds[name] = round(time.perf_counter() - t0, 2)
+        return fn
+    return deco
+
+
+def data(dtype, shape=(2, 3), rank=RANK):
+    x = torch.arange(1, 1 + torch.Size(shape).numel()).reshape(shape) * (rank + 1) + rank
+    if dtype.is_floating_point:
+        x = x * 0.37 - 1.1
+    return x.to(dtype)
+
+
+def cpu_reference(name, x, op):
+    """The collective on cpu tensors with gloo; ops gloo lacks for a dtype are reduced on
+    the cpu from gloo's all_gather."""
+    c = x.clone()
+    try:
+        if op == "AVG":
+            raise RuntimeError("gloo has no AVG")
+        dist.all_reduce(c, op=getattr(dist.ReduceOp, op))
+        return c
+    except (RuntimeError, ValueError):
+        parts = [torch.empty_like(x) for _ in range(WORLD)]
+        dist.all_gather(parts, x.clone())
+        if op in ("SUM", "AVG"):
+            r = parts[0]
+            for p in parts[1:]:
+                r = r + p
+            if op == "AVG":
+                r = torch.div(r, WORLD, rounding_mode="trunc") if not x.is_floating_point() \
+                    else r / WORLD
+            return r
+        fn = {"PRODUCT": torch.mul, "MIN": torch.minimum, "MAX": torch.maximum}[op]
+        r = parts[0]
+        for p in parts[1:]:
+            r = fn(r, p)
+        return r
+
+
+def assert_same(got, want, what):
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        raise AssertionError(f"{what}: tpu {got} != cpu {want}")
+
+
+# init_process_group() with no backend: tpu_dist for the tpu accelerator
+dist.init_process_group(init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK, world_size=WORLD)
+results["backend"] = "ok" if isinstance(
+    dist.distributed_c10d._get_default_group(), torch.distributed.ProcessGroup) else "no pg"
+
+for dtype in (torch.float32, torch.bfloat16, torch.int64):
+    dn = str(dtype).split(".")[1]
+    # every reduce op on float32; the dtype-specific ones on bfloat16 and int64
+    ops = {torch.float32: ("SUM", "AVG", "MIN", "MAX", "PRODUCT"),
+           torch.bfloat16: ("SUM", "MAX"), torch.int64: ("SUM", "AVG", "PRODUCT")}[dtype]
+    for op in ops:
+        @check(f"all_reduce[{dn}-{op}]")
+        def _():
+            x = data(dtype)
+            t = x.to("tpu")
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            assert_same(t.cpu(), cpu_reference("all_reduce", x, op), "all_reduce")
+
+    @check(f"broadcast[{dn}]")
+    def _():
+        x = data(dtype)
+        t = x.to("tpu")
+        dist.broadcast(t, src=1)
+        c = x.clone()
+        dist.broadcast(c, src=1)
+        assert_same(t.cpu(), c, "broadcast")
+
+    if dtype is torch.float32:
+        @check(f"all_gather[{dn}]")
+        def _():
+            x = data(dtype)
+            outs = [torch.empty(2, 3, dtype=dtype, device="tpu") for _ in range(WORLD)]
+            dist.all_gather(outs, x.to("tpu"))
+            ref = [torch.empty_like(x) for _ in range(WORLD)]
+            dist.all_gather(ref, x)
+            for o, r in zip(outs, ref):
+                assert_same(o.cpu(), r, "all_gather")
+
+    @check(f"all_gather_into_tensor[{dn}]")
+    def _():
+        x = data(dtype)
+        out = torch.empty(2 * WORLD, 3, dtype=dtype, device="tpu")
+        dist.all_gather_into_tensor(out, x.to("tpu"))
+        ref = torch.empty(2 * WORLD, 3, dtype=dtype)
+        dist.all_gather_into_tensor(ref, x)
+        assert_same(out.cpu(), ref, "all_gather_into_tensor")
+
+    for op in ("SUM", "MAX") if dtype is torch.float32 else ("SUM",):
+        @check(f"reduce_scatter_tensor[{dn}-{op}]")
+        def _():
+            x = data(dtype, (2 * WORLD, 3))
+            out = torch.empty(2, 3, dtype=dtype, device="tpu")
+            dist.reduce_scatter_tensor(out, x.to("tpu"), op=getattr(dist.ReduceOp, op))
+            full = cpu_reference("reduce_scatter_tensor", x, op)
+            assert_same(out.cpu(), full[2 * RANK: 2 * RANK + 2], "reduce_scatter_tensor")
+
+
+@check("all_reduce_view")
+def _():
+    # a strided view: the write lands in the base tensor, as on cpu
+    base = data(torch.float32, (4, 3))
+    t = base.to("tpu")
+    dist.all_reduce(t[:, 1])
+    col = base[:, 1].contiguous()  # gloo reduces a strided view as if it were contiguous
+    dist.all_reduce(col)
+    base[:, 1] = col
+    assert_same(t.cpu(), base, "all_reduce of a view")
+
+
+@check("all_reduce_async")
+def _():
+    x = data(torch.float32)
+    t = x.to("tpu")
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert work.is_completed()
+    fut = work.get_future()
+    fut.wait()
+    dist.all_reduce(x)
+    assert_same(t.cpu(), x, "async all_reduce")
+
+
+@check("barrier")
+def _():
+    dist.barrier()
+
+
+@check("send_recv")
+def _():
+    if RANK == 0:
+        dist.send(data(torch.float32).to("tpu"), dst=1)
+    else:
+        r = torch.zeros(2, 3, device="tpu")
+        dist.recv(r, src=0)
+        assert_same(r.cpu(), data(torch.float32, rank=0), "recv")
+
+
+@check("all_gather_object")
+def _():
+    objs = [None] * WORLD
+    dist.all_gather_object(objs, {"rank": RANK})
+    assert objs == [{"rank": r} for r in range(WORLD)], objs
+
+
+@check("shape_mismatch")
+def _():
+    t = torch.ones(3 + RANK, device="tpu")
+    try:
+        dist.all_reduce(t)
+    except ValueError as e:
+        msg = str(e)
+        for part in ("all_reduce", "rank 0", "[3]", "rank 1", "[4]"):
+            assert part in msg, msg
+        return
+    raise AssertionError("no error for different shapes across ranks")
+
+
+@check("metrics")
+def _():
+    import torchtpu
+
+    m = torchtpu.metrics()["collectives"]
+    assert m["xla"]["allreduce"] > 0, m
+    assert m["gloo"]["send" if RANK == 0 else "recv"] == 1, m
+
+
+@check("ddp")
+def _():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    ref = copy.deepcopy(model)  # single process, whole batch, on cpu
+    ddp = DDP(copy.deepcopy(model).to("tpu"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    per = 4
+    for step in range(3):
+        X = torch.randn(per * WORLD, 8, generator=g)
+        Y = torch.randn(per * WORLD, 4, generator=g)
+        xs, ys = X[RANK * per:(RANK + 1) * per], Y[RANK * per:(RANK + 1) * per]
+        loss = F.mse_loss(ddp(xs.to("tpu")), ys.to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        ref_loss = F.mse_loss(ref(X), Y)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss, op=dist.ReduceOp.AVG)
+        torch.testing.assert_close(mean_loss.cpu(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+        for (n, p), rp in zip(ddp.module.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), rp.grad, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"step {step} grad {n}: {m}")
+        opt.step()
+        ref_opt.step()
+    for p, rp in zip(ddp.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), rp.detach(), rtol=1e-5, atol=1e-6)
+
+
+with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
+    json.dump(results, f)
+print("seconds per check:", seconds, flush=True)
+dist.destroy_process_group()
