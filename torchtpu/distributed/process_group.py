@@ -23,6 +23,8 @@ for it there, as later kernels on a CUDA stream wait for an NCCL collective.
 from __future__ import annotations
 
 import datetime
+import os
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -62,8 +64,12 @@ def _write(t: torch.Tensor, arr) -> None:
         t.copy_(storage.wrap(arr, t.device.index or 0, t.dtype))
 
 
-def _shapes_error(name: str, expected, got) -> ValueError:
-    return ValueError(f"tpu_dist {name}: {got} does not match {expected}")
+_SIG_LEN = 12  # name, dtype, ndim, up to 8 dims, extra
+_CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "off", "false")
+
+
+def _code(x) -> int:
+    return zlib.crc32(str(x).encode())
 
 
 class ProcessGroupTPU(dist.ProcessGroup):
@@ -120,6 +126,47 @@ class ProcessGroupTPU(dist.ProcessGroup):
             "one device type (tpu or cpu)"
         )
 
+    def _check(self, name: str, t: torch.Tensor, extra=0) -> None:
+        """Verify that every rank calls collective ``name`` with the same shape, dtype
+        and ``extra`` (reduce op / root) before the XLA computation runs: with different
+        shapes the ranks would run different XLA programs, and the collective would hang
+        or return garbage.  One small gloo all-gather of a signature (disable with
+        ``TORCHTPU_DIST_CHECK=0``).
+
+        Raises:
+            ValueError: naming the collective and each rank's shape and dtype.
+        """
+        if not _CHECK or self._size == 1:
+            return
+        shape = tuple(t.shape)
+        sig = [_code(name), _code(t.dtype), len(shape)] + list(shape[:8])
+        sig += [-1] * (_SIG_LEN - 1 - len(sig)) + [_code(extra)]
+        mine = torch.tensor(sig, dtype=torch.int64)
+        outs = [torch.empty_like(mine) for _ in range(self._size)]
+        self._gloo.allgather([outs], [mine]).wait()
+        if all(torch.equal(o, mine) for o in outs):
+            return
+        # each rank's shape and dtype, for the message
+        import pickle
+
+        desc = pickle.dumps((name, shape, str(t.dtype), str(extra)))
+        lens = torch.tensor([len(desc)], dtype=torch.int64)
+        all_lens = [torch.empty_like(lens) for _ in range(self._size)]
+        self._gloo.allgather([all_lens], [lens]).wait()
+        width = int(max(x.item() for x in all_lens))
+        buf = torch.zeros(width, dtype=torch.uint8)
+        buf[: len(desc)] = torch.frombuffer(bytearray(desc), dtype=torch.uint8)
+        bufs = [torch.empty_like(buf) for _ in range(self._size)]
+        self._gloo.allgather([bufs], [buf]).wait()
+        parts = []
+        for r, (b, n) in enumerate(zip(bufs, all_lens)):
+            nm, shp, dt, ex = pickle.loads(bytes(b[: int(n.item())].tolist()))
+            extra_s = f", {ex}" if ex != "0" else ""
+            parts.append(f"rank {self._procs[r]}: {nm} {list(shp)} {dt}{extra_s}")
+        raise ValueError(
+            f"tpu_dist {name}: ranks called collectives with different tensors: "
+            + "; ".join(parts))
+
     def _count(self, path: str, name: str) -> None:
         M.collectives[(path, name)] += 1
 
@@ -166,6 +213,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._cpu("allreduce", tensors, opts)
         op = self._op_name(opts)
         for t in tensors:
+            self._check("all_reduce", t, op)
             self._count("xla", "allreduce")
             _write(t, collectives.run("allreduce", self._procs, _array(t), op))
         return _completed(list(tensors))
@@ -176,6 +224,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._cpu("allreduce_coalesced", tensors, opts)
         op = self._op_name(opts)
         for t in tensors:
+            self._check("all_reduce_coalesced", t, op)
             self._count("xla", "allreduce_coalesced")
             _write(t, collectives.run("allreduce", self._procs, _array(t), op))
         return _completed(list(tensors))
@@ -185,6 +234,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._route("broadcast", tensors) == "cpu":
             return self._cpu("broadcast", tensors, opts)
         for t in tensors:
+            self._check("broadcast", t, opts.rootRank)
             self._count("xla", "broadcast")
             _write(t, collectives.run("broadcast", self._procs, _array(t), arg=opts.rootRank))
         return _completed(list(tensors))
@@ -198,6 +248,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"{output.dtype} must hold {n} x the input of shape {tuple(input.shape)} and "
                 f"dtype {input.dtype}"
             )
+        self._check(name, input)
         self._count("xla", name)
         g = collectives.run("allgather", self._procs, _array(input))
         _write(output, g.reshape(tuple(output.shape)))
@@ -240,6 +291,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                         f"tpu_dist all_gather: output tensors must match the input's shape "
                         f"{tuple(inp.shape)} and dtype {inp.dtype}, got {tuple(o.shape)} "
                         f"and {o.dtype}")
+            self._check("all_gather", inp)
             self._count("xla", "allgather")
             g = collectives.run("allgather", self._procs, _array(inp))
             for i, o in enumerate(outs):
@@ -254,6 +306,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"tpu_dist {name}: input tensor of shape {tuple(input.shape)} and dtype "
                 f"{input.dtype} must hold {n} x the output of shape {tuple(output.shape)} "
                 f"and dtype {output.dtype}")
+        self._check(name, input, op)
         self._count("xla", name)
         arr = _array(input).reshape((n * max(output.numel(), 0),))
         r = collectives.run("reduce_scatter", self._procs, arr, op)
@@ -294,6 +347,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                     f"tpu_dist reduce_scatter: input_list must hold {n} tensors of the "
                     f"output's shape {tuple(out.shape)} and dtype {out.dtype}, got "
                     f"{[(tuple(i.shape), i.dtype) for i in ins]}")
+            self._check("reduce_scatter", out, op)
             self._count("xla", "reduce_scatter")
             stacked = torch.stack([i.reshape(-1) for i in ins]).reshape(-1)
             r = collectives.run("reduce_scatter", self._procs, _array(stacked), op)
