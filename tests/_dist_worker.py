@@ -22,8 +22,13 @@ results = {}
 seconds = {}
 
 
+ONLY = [c for c in os.environ.get("DIST_WORKER_ONLY", "").split(",") if c]
+
+
 def check(name):
     def deco(fn):
+        if ONLY and not any(name.startswith(c) for c in ONLY):
+            return fn
         t0 = time.perf_counter()
         try:
             fn()
@@ -200,8 +205,7 @@ def _():
     assert m["gloo"]["send" if RANK == 0 else "recv"] == 1, m
 
 
-@check("ddp")
-def _():
+def ddp_equivalence():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
@@ -232,6 +236,34 @@ def _():
         ref_opt.step()
     for p, rp in zip(ddp.module.parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach().cpu(), rp.detach(), rtol=1e-5, atol=1e-6)
+
+
+check("ddp")(ddp_equivalence)
+
+
+@check("defer_and_fuse")
+def _():
+    # collectives inside DEFER_AND_FUSE segments, with rank-divergent code between them
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        x = data(torch.float32)
+        t = x.to("tpu") * 2 + 1  # pending in the segment
+        dist.all_reduce(t)
+        u = t * 3 - 1
+        if RANK == 0:
+            print("rank 0 logs", u.sum().cpu().item(), flush=True)  # only rank 0 syncs here
+        dist.all_reduce(u, op=dist.ReduceOp.MAX)
+        v = u + 1
+    c = x * 2 + 1
+    dist.all_reduce(c)
+    cu = c * 3 - 1
+    dist.all_reduce(cu, op=dist.ReduceOp.MAX)
+    assert_same(v.cpu(), cu + 1, "all_reduce in defer_and_fuse")
+
+
+@check("ddp_defer_and_fuse")
+def _():
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        ddp_equivalence()
 
 
 with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:

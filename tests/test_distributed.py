@@ -95,3 +95,13 @@ def test_shape_mismatch_names_collective_shapes_and_ranks(ranks):
 
 def test_ddp_matches_single_process_training(ranks):
     _assert(ranks, "ddp")
+
+
+def test_collectives_in_defer_and_fuse_with_rank_divergent_code(ranks):
+    # only rank 0 reads a tensor between two collectives: the ranks cut their segments
+    # at different places, and neither hangs
+    _assert(ranks, "defer_and_fuse")
+
+
+def test_ddp_in_defer_and_fuse(ranks):
+    _assert(ranks, "ddp_defer_and_fuse")
