@@ -74,8 +74,10 @@ def _allreduce_block(x, op: str, n: int):
 
 @functools.lru_cache(maxsize=None)
 def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
-    """The jitted computation for one collective signature; takes and returns global
-    arrays whose block ``[i]`` belongs to group rank ``i``."""
+    """The jitted computation for one collective signature.  It takes and returns global
+    arrays sharded on axis 0 over the group: block ``i`` (rows ``i*d0 .. (i+1)*d0``)
+    belongs to group rank ``i``, so a process's local array is its block as is (no
+    reshape dispatched on either side)."""
     jax = runtime.jax()
     lax = jax.lax
     P = jax.sharding.PartitionSpec
@@ -83,31 +85,26 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
 
     if kind == "allreduce":
         def body(x):
-            return _allreduce_block(x[0], op, n)[None]
+            return _allreduce_block(x, op, n)
     elif kind == "broadcast":
         def body(x):
-            return lax.all_gather(x[0], "r")[arg][None]
+            return lax.all_gather(x, "r")[arg]
     elif kind == "allgather":
-        def body(x):
-            return lax.all_gather(x[0], "r")[None]
+        def body(x):  # (d0, ...) -> (n * d0, ...)
+            return lax.all_gather(x, "r", tiled=True)
     elif kind == "reduce_scatter":
-        def body(x):
-            b = x[0]
-            if op in (SUM, AVG) and b.dtype != np.bool_:
-                s = lax.psum_scatter(b, "r", scatter_dimension=0, tiled=True)
+        def body(x):  # (n * k, ...) -> (k, ...)
+            if op in (SUM, AVG) and x.dtype != np.bool_:
+                s = lax.psum_scatter(x, "r", scatter_dimension=0, tiled=True)
                 if op == AVG:
-                    if np.issubdtype(b.dtype, np.integer):
+                    if np.issubdtype(x.dtype, np.integer):
                         s = lax.div(s, np.array(n, s.dtype))
                     else:
                         s = s / np.array(n, s.dtype)
-                return s[None]
-            full = _allreduce_block(b, op, n)
-            k = b.shape[0] // n
-            return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)[None]
-    elif kind == "alltoall":
-        def body(x):
-            # x[0]: (n, k, ...) chunks for each destination -> (n, k, ...) from each source
-            return lax.all_to_all(x[0], "r", 0, 0, tiled=False)[None]
+                return s
+            full = _allreduce_block(x, op, n)
+            k = x.shape[0] // n
+            return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
     else:
         raise AssertionError(kind)
     f = jax.shard_map(body, mesh=mesh(procs), in_specs=P("r"), out_specs=P("r"))
@@ -116,20 +113,17 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
 
 def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
     """Run collective ``kind`` on this process's local JAX array ``arr`` (already on its
-    ``tpu`` device) in the group ``procs``; returns this process's result block (a JAX
-    array on the same device).
+    ``tpu`` device, at least 1-D) in the group ``procs``; returns this process's result
+    (a JAX array on the same device).
 
-    kinds: ``allreduce`` (result shape = input shape), ``broadcast`` (``arg``: the source's
-    group rank), ``allgather`` (``(n, *shape)``), ``reduce_scatter`` (input ``(n*k, ...)``,
-    result ``(k, ...)``), ``alltoall`` (input and result ``(n, k, ...)``)."""
+    kinds: ``allreduce`` and ``broadcast`` (``arg``: the source's group rank): result
+    shape = input shape; ``allgather``: ``(n * d0, ...)``; ``reduce_scatter``: input
+    ``(n * k, ...)``, result ``(k, ...)``."""
     jax = runtime.jax()
     m = mesh(procs)
     n = len(procs)
     shape = tuple(arr.shape)
     f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
     sharding = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec("r"))
-    block = arr.reshape((1,) + shape)
-    g = jax.make_array_from_single_device_arrays((n,) + shape, sharding, [block])
-    out = f(g)
-    local = out.addressable_shards[0].data
-    return local.reshape(local.shape[1:])
+    g = jax.make_array_from_single_device_arrays((n * shape[0],) + shape[1:], sharding, [arr])
+    return f(g).addressable_shards[0].data

@@ -49,8 +49,10 @@ def _is_tpu(t) -> bool:
 
 
 def _array(t: torch.Tensor):
-    """The concrete JAX array holding ``t``'s elements in ``t``'s shape (a copy through
-    one dispatched op when ``t`` is a view that is not its whole storage)."""
+    """The concrete JAX array holding ``t``'s elements in ``t``'s shape, at least 1-D (a
+    copy through one dispatched op when ``t`` is a view that is not its whole storage)."""
+    if t.dim() == 0:
+        t = t.reshape(1)
     sd = storage.data(t)
     if len(storage.view_spec(t, sd)) != 2:
         t = t.clone(memory_format=torch.contiguous_format)
@@ -59,9 +61,10 @@ def _array(t: torch.Tensor):
 
 
 def _write(t: torch.Tensor, arr) -> None:
-    """Write the JAX array ``arr`` (``t``'s shape) into ``t`` (any view)."""
+    """Write the JAX array ``arr`` (``t``'s number of elements) into ``t`` (any view)."""
+    src = storage.wrap(arr, t.device.index or 0, t.dtype)
     with torch.no_grad():
-        t.copy_(storage.wrap(arr, t.device.index or 0, t.dtype))
+        t.copy_(src if src.shape == t.shape else src.view(t.shape))
 
 
 _SIG_LEN = 12  # name, dtype, ndim, up to 8 dims, extra
@@ -250,8 +253,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             )
         self._check(name, input)
         self._count("xla", name)
-        g = collectives.run("allgather", self._procs, _array(input))
-        _write(output, g.reshape(tuple(output.shape)))
+        _write(output, collectives.run("allgather", self._procs, _array(input)))
 
     def _allgather_base(self, output, input, opts=None):
         if self._route("_allgather_base", [output, input]) == "cpu":
@@ -293,9 +295,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
                         f"and {o.dtype}")
             self._check("all_gather", inp)
             self._count("xla", "allgather")
-            g = collectives.run("allgather", self._procs, _array(inp))
-            for i, o in enumerate(outs):
-                _write(o, g[i])
+            g = storage.wrap(collectives.run("allgather", self._procs, _array(inp)),
+                             inp.device.index or 0, inp.dtype).view((n,) + tuple(inp.shape))
+            with torch.no_grad():
+                for i, o in enumerate(outs):
+                    o.copy_(g[i])
         return _completed(output_tensors)
 
     def _scatter_into(self, name, output, input, op):
@@ -308,9 +312,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"and dtype {output.dtype}")
         self._check(name, input, op)
         self._count("xla", name)
-        arr = _array(input).reshape((n * max(output.numel(), 0),))
-        r = collectives.run("reduce_scatter", self._procs, arr, op)
-        _write(output, r.reshape(tuple(output.shape)))
+        if input.dim() == 0 or input.shape[0] % n:
+            input = input.reshape(-1)  # (n * k,)
+        _write(output, collectives.run("reduce_scatter", self._procs, _array(input), op))
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or _c10d.ReduceScatterOptions()
@@ -350,15 +354,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
             self._check("reduce_scatter", out, op)
             self._count("xla", "reduce_scatter")
             stacked = torch.stack([i.reshape(-1) for i in ins]).reshape(-1)
-            r = collectives.run("reduce_scatter", self._procs, _array(stacked), op)
-            _write(out, r.reshape(tuple(out.shape)))
+            _write(out, collectives.run("reduce_scatter", self._procs, _array(stacked), op))
         return _completed(list(output_tensors))
 
     def barrier(self, opts=None):
         """All ranks reach this point: a 1-element all-reduce on the device, waited for
         on the host (XLA path; gloo's barrier when no tpu device is in use)."""
         self._count("xla", "barrier")
-        jax_arr = storage.data(torch.zeros((), dtype=torch.int32, device="tpu")).get()
+        jax_arr = storage.data(torch.zeros(1, dtype=torch.int32, device="tpu")).get()
         collectives.run("allreduce", self._procs, jax_arr, "SUM").block_until_ready()
         return _completed(None)
 
