@@ -105,3 +105,42 @@ def test_collectives_in_defer_and_fuse_with_rank_divergent_code(ranks):
 
 def test_ddp_in_defer_and_fuse(ranks):
     _assert(ranks, "ddp_defer_and_fuse")
+
+
+_KILLED_RANK = r"""
+import datetime, os, sys, time, torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=10))
+x = torch.ones(3, device="tpu")
+dist.all_reduce(x)
+if rank == 1:
+    os._exit(1)  # dies without a word
+time.sleep(1)
+t = time.time()
+try:
+    dist.all_reduce(x)
+    print("NO ERROR", flush=True)
+except RuntimeError as e:
+    print(f"ERROR after {time.time() - t:.1f} s: {str(e)[:200]}", flush=True)
+"""
+
+
+def test_killed_rank_raises_within_timeout():
+    # the survivor's next collective raises (never hangs), and the survivor's process
+    # ends soon after (JAX's coordination service ends it once the heartbeat times out)
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", _KILLED_RANK, str(r), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        out0 = procs[0].communicate(timeout=60)[0]  # JAX default heartbeat: ~105 s
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("the surviving rank hung or outlived the group timeout by far")
+    procs[1].wait(timeout=30)
+    lines = [ln for ln in out0.splitlines() if ln.startswith(("ERROR after", "NO ERROR"))]
+    assert lines and lines[0].startswith("ERROR after"), out0[-3000:]
+    assert float(lines[0].split()[2]) < 10, lines[0]

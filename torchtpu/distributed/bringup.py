@@ -126,8 +126,13 @@ def _initialize(jax, store, rank: int, world_size: int, timeout) -> None:
         addr = store.get(_KEY).decode()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     secs = max(1, int(timeout.total_seconds()))
+    # JAX's defaults (100 s heartbeat, 300 s shutdown barrier) would keep a survivor of a
+    # dead rank alive, then abort it, minutes after the group's own timeout: use the
+    # group's timeout (at least 10 s, so a busy process's heartbeat thread is not missed).
+    beat = min(max(10, secs), 100)
     jax.distributed.initialize(
-        addr, num_processes=world_size, process_id=rank, initialization_timeout=secs
+        addr, num_processes=world_size, process_id=rank, initialization_timeout=secs,
+        heartbeat_timeout_seconds=beat, shutdown_timeout_seconds=min(max(10, secs), 300),
     )
     _state.update(world_size=world_size, rank=rank, coordinator=addr)
 
