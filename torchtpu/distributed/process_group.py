@@ -61,7 +61,17 @@ def _array(t: torch.Tensor):
 
 
 def _write(t: torch.Tensor, arr) -> None:
-    """Write the JAX array ``arr`` (``t``'s number of elements) into ``t`` (any view)."""
+    """Write the JAX array ``arr`` (``t``'s number of elements) into ``t`` (any view).
+
+    When ``t`` is its whole storage (contiguous, the storage's shape and dtype) the
+    storage's array is replaced, as an in-place op does (no copy); else through
+    ``copy_``.  Either way ``t``'s version counter is bumped, as for an in-place op."""
+    sd = storage.data(t)
+    if (len(storage.view_spec(t, sd)) == 2 and tuple(arr.shape) == sd.shape
+            and sd.arr.__class__ is not storage.Lazy):
+        sd.arr = arr
+        torch.autograd.graph.increment_version(t)
+        return
     src = storage.wrap(arr, t.device.index or 0, t.dtype)
     with torch.no_grad():
         t.copy_(src if src.shape == t.shape else src.view(t.shape))
@@ -93,6 +103,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._size = size
         self._procs = tuple(global_ranks)
         self._timeout = timeout
+        self._sigs: dict = {}  # signature tensors of _check, by (name, shape, dtype, extra)
+        self._sig_buf = torch.empty(size * _SIG_LEN, dtype=torch.int64)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size,
                                            timeout)
 
@@ -142,12 +154,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if not _CHECK or self._size == 1:
             return
         shape = tuple(t.shape)
-        sig = [_code(name), _code(t.dtype), len(shape)] + list(shape[:8])
-        sig += [-1] * (_SIG_LEN - 1 - len(sig)) + [_code(extra)]
-        mine = torch.tensor(sig, dtype=torch.int64)
-        outs = [torch.empty_like(mine) for _ in range(self._size)]
-        self._gloo.allgather([outs], [mine]).wait()
-        if all(torch.equal(o, mine) for o in outs):
+        key = (name, shape, t.dtype, extra)
+        mine = self._sigs.get(key)
+        if mine is None:
+            sig = [_code(name), _code(t.dtype), len(shape)] + list(shape[:8])
+            sig += [-1] * (_SIG_LEN - 1 - len(sig)) + [_code(extra)]
+            mine = self._sigs[key] = torch.tensor(sig, dtype=torch.int64)
+        self._gloo._allgather_base(self._sig_buf, mine).wait()
+        if bool((self._sig_buf.view(self._size, _SIG_LEN) == mine).all()):
             return
         # each rank's shape and dtype, for the message
         import pickle
