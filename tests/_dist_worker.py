@@ -136,6 +136,31 @@ for dtype in (torch.float32, torch.bfloat16, torch.int64):
             assert_same(out.cpu(), full[2 * RANK: 2 * RANK + 2], "reduce_scatter_tensor")
 
 
+for op in ("BAND", "BOR", "BXOR"):
+    @check(f"all_reduce[int32-{op}]")
+    def _():
+        x = data(torch.int32) * 7 + 3
+        t = x.to("tpu")
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+        assert_same(t.cpu(), x, "all_reduce")
+
+
+@check("reduce_scatter[float32]")
+def _():
+    ins = [data(torch.float32, rank=RANK + 3 * i) for i in range(WORLD)]
+    out = torch.empty(2, 3, device="tpu")
+    dist.reduce_scatter(out, [i.to("tpu") for i in ins])
+    ref = torch.empty(2, 3)
+    try:
+        dist.reduce_scatter(ref, ins)
+    except RuntimeError:  # gloo has no reduce_scatter: sum of everyone's chunk RANK
+        parts = [torch.empty_like(ins[RANK]) for _ in range(WORLD)]
+        dist.all_gather(parts, ins[RANK])
+        ref = parts[0] + parts[1]
+    assert_same(out.cpu(), ref, "reduce_scatter")
+
+
 @check("all_reduce_view")
 def _():
     # a strided view: the write lands in the base tensor, as on cpu
@@ -264,6 +289,19 @@ def _():
 def _():
     with torch.tpu.set_eager_mode("defer_and_fuse"):
         ddp_equivalence()
+
+
+@check("reinit")
+def _():
+    # destroy_process_group() then a new init_process_group() in the same processes
+    dist.destroy_process_group()
+    dist.init_process_group(init_method=f"file://{OUT}/reinit_store", rank=RANK,
+                            world_size=WORLD)
+    x = data(torch.float32)
+    t = x.to("tpu")
+    dist.all_reduce(t)
+    dist.all_reduce(x)
+    assert_same(t.cpu(), x, "all_reduce after re-init")
 
 
 with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:

@@ -77,7 +77,7 @@ def test_init_process_group_without_backend(ranks):
 
 @pytest.mark.parametrize("name", [
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "all_reduce_view", "all_reduce_async", "barrier",
+    "reduce_scatter_tensor", "reduce_scatter", "all_reduce_view", "all_reduce_async", "barrier",
 ])
 def test_collectives_match_gloo_on_cpu(ranks, name):
     _assert(ranks, name)
@@ -91,6 +91,10 @@ def test_send_recv_and_object_collectives_through_gloo(ranks):
 
 def test_shape_mismatch_names_collective_shapes_and_ranks(ranks):
     _assert(ranks, "shape_mismatch")
+
+
+def test_destroy_then_init_again(ranks):
+    _assert(ranks, "reinit")
 
 
 def test_ddp_matches_single_process_training(ranks):
@@ -110,8 +114,8 @@ def test_ddp_in_defer_and_fuse(ranks):
 _KILLED_RANK = r"""
 import datetime, os, sys, time, torch, torch.distributed as dist
 rank, port = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=10))
+dist.init_process_group("tpu_dist", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=datetime.timedelta(seconds=10))
 x = torch.ones(3, device="tpu")
 dist.all_reduce(x)
 if rank == 1:
