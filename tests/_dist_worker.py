@@ -296,7 +296,8 @@ def _():
     # destroy_process_group() then a new init_process_group() in the same processes
     dist.destroy_process_group()
     dist.init_process_group(init_method=f"file://{OUT}/reinit_store", rank=RANK,
-                            world_size=WORLD)
+                            world_size=WORLD, device_id=torch.device("tpu", 0))
+    assert dist.get_backend() == "tpu_dist", dist.get_backend()
     x = data(torch.float32)
     t = x.to("tpu")
     dist.all_reduce(t)

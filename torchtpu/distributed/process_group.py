@@ -107,6 +107,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._sig_buf = torch.empty(size * _SIG_LEN, dtype=torch.int64)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size,
                                            timeout)
+        # PyTorch asks the group for its per-device C++ backend in a few places
+        # (``init_process_group(device_id=...)``: ``pg._get_backend(device_id)``); the
+        # gloo group answers for both devices (collectives still go through this class).
+        for dev in ("cpu", "tpu"):
+            self._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.GLOO,
+                                   self._gloo)
 
     @classmethod
     def create(cls, opts) -> "ProcessGroupTPU":
