@@ -79,10 +79,13 @@ def assert_same(got, want, what):
         raise AssertionError(f"{what}: tpu {got} != cpu {want}")
 
 
+# a device query before init_process_group (a common user pattern) starts JAX's backend;
+# the bring-up restarts it under jax.distributed
+assert torch.tpu.is_available() and torch.tpu.device_count() == 1
 # init_process_group() with no backend: tpu_dist for the tpu accelerator
 dist.init_process_group(init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK, world_size=WORLD)
-results["backend"] = "ok" if isinstance(
-    dist.distributed_c10d._get_default_group(), torch.distributed.ProcessGroup) else "no pg"
+pg = dist.distributed_c10d._get_default_group()
+results["backend"] = "ok" if pg.name() == "tpu_dist" else f"backend {pg.name()}"
 
 for dtype in (torch.float32, torch.bfloat16, torch.int64):
     dn = str(dtype).split(".")[1]

@@ -148,3 +148,18 @@ def test_killed_rank_raises_within_timeout():
     lines = [ln for ln in out0.splitlines() if ln.startswith(("ERROR after", "NO ERROR"))]
     assert lines and lines[0].startswith("ERROR after"), out0[-3000:]
     assert float(lines[0].split()[2]) < 10, lines[0]
+
+
+def test_tpu_tensor_before_init_process_group_raises(tmp_path):
+    # the JAX runtime holding that tensor cannot join a multi-process one
+    code = ("import torch, torch.distributed as dist\n"
+            "x = torch.ones(2, device='tpu')\n"
+            "try:\n"
+            f"    dist.init_process_group(init_method='file://{tmp_path}/store', rank=0,\n"
+            "                            world_size=2)\n"
+            "except RuntimeError as e:\n"
+            "    print('RuntimeError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, TORCHTPU_PLATFORM="cpu"))
+    assert "RuntimeError: tpu_dist: tpu tensors were created in this process before " \
+           "init_process_group" in out.stdout, out.stdout + out.stderr[-3000:]
