@@ -294,6 +294,25 @@ def _():
         ddp_equivalence()
 
 
+@check("new_group")
+def _():
+    # subgroups: each rank alone, and both ranks in the reverse order
+    alone = [dist.new_group([r]) for r in range(WORLD)]
+    both = dist.new_group([1, 0])
+    x = data(torch.float32)
+    t = x.to("tpu")
+    dist.all_reduce(t, group=alone[RANK])
+    assert_same(t.cpu(), x, "all_reduce in a group of one")
+    dist.all_reduce(t, group=both)
+    dist.all_reduce(x, group=both)
+    assert_same(t.cpu(), x, "all_reduce in new_group([1, 0])")
+    out = torch.empty(2 * WORLD, 3, device="tpu")
+    dist.all_gather_into_tensor(out, t, group=both)
+    ref = torch.empty(2 * WORLD, 3)
+    dist.all_gather_into_tensor(ref, x, group=both)
+    assert_same(out.cpu(), ref, "all_gather_into_tensor in new_group([1, 0])")
+
+
 @check("reinit")
 def _():
     # destroy_process_group() then a new init_process_group() in the same processes

@@ -93,6 +93,10 @@ def test_shape_mismatch_names_collective_shapes_and_ranks(ranks):
     _assert(ranks, "shape_mismatch")
 
 
+def test_new_group_subgroups(ranks):
+    _assert(ranks, "new_group")
+
+
 def test_destroy_then_init_again(ranks):
     _assert(ranks, "reinit")
 
