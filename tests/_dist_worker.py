@@ -204,6 +204,51 @@ def _():
         assert_same(r.cpu(), data(torch.float32, rank=0), "recv")
 
 
+@check("batch_isend_irecv")
+def _():
+    # both ranks post a send and a receive before either waits
+    other = 1 - RANK
+    s = data(torch.float32).to("tpu")
+    r = torch.zeros(2, 3, device="tpu")
+    ops = [dist.P2POp(dist.isend, s, other), dist.P2POp(dist.irecv, r, other)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert_same(r.cpu(), data(torch.float32, rank=other), "irecv")
+
+
+@check("all_to_all_single")
+def _():
+    inp = torch.arange(4 * WORLD, dtype=torch.float32) + 100 * RANK
+    out = torch.empty(4 * WORLD, device="tpu")
+    dist.all_to_all_single(out, inp.to("tpu"))
+    ref = torch.empty(4 * WORLD)
+    dist.all_to_all_single(ref, inp)
+    assert_same(out.cpu(), ref, "all_to_all_single")
+
+
+@check("functional_collectives")
+def _():
+    import torch.distributed._functional_collectives as funcol
+
+    x = data(torch.float32)
+    t = x.to("tpu")
+    w = dist.group.WORLD
+    assert_same(funcol.all_reduce(t, "sum", w).cpu(), funcol.all_reduce(x, "sum", w),
+                "funcol.all_reduce")
+    assert_same(funcol.all_gather_tensor(t, 0, w).cpu(), funcol.all_gather_tensor(x, 0, w),
+                "funcol.all_gather_tensor")
+    y = data(torch.float32, (2 * WORLD, 3))
+    assert_same(funcol.reduce_scatter_tensor(y.to("tpu"), "sum", 0, w).cpu(),
+                funcol.reduce_scatter_tensor(y, "sum", 0, w), "funcol.reduce_scatter_tensor")
+
+
+@check("broadcast_object_list")
+def _():
+    objs = [{"step": 3}, "tpu"] if RANK == 1 else [None, None]
+    dist.broadcast_object_list(objs, src=1)
+    assert objs == [{"step": 3}, "tpu"], objs
+
+
 @check("all_gather_object")
 def _():
     objs = [None] * WORLD

@@ -85,7 +85,15 @@ def test_collectives_match_gloo_on_cpu(ranks, name):
 
 def test_send_recv_and_object_collectives_through_gloo(ranks):
     _assert(ranks, "send_recv")
+    _assert(ranks, "batch_isend_irecv")
+    _assert(ranks, "all_to_all_single")
     _assert(ranks, "all_gather_object")
+    _assert(ranks, "broadcast_object_list")
+
+
+def test_functional_collectives_eager(ranks):
+    # torch.distributed._functional_collectives (DTensor's and FSDP2's path), eagerly
+    _assert(ranks, "functional_collectives")
     _assert(ranks, "metrics")
 
 

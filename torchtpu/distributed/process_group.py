@@ -44,6 +44,36 @@ def _completed(result) -> dist.Work:
     return _create_work_from_future(fut)
 
 
+class _HostWork(dist._Work):
+    """A gloo call on host copies of tpu tensors: ``wait()`` waits for gloo, then writes
+    the host results back to their tpu tensors (so ``isend``/``irecv`` pairs posted by
+    both ranks before either waits do not deadlock)."""
+
+    def __init__(self, work, pairs):
+        super().__init__()
+        self._work = work
+        self._pairs = pairs
+        self._done = False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._work.wait()
+            with torch.no_grad():
+                for t, c in self._pairs:
+                    t.copy_(c)
+            self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def get_future(self):
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result([t for t, _ in self._pairs])
+        return fut
+
+
 def _is_tpu(t) -> bool:
     return t.device.type == "tpu"
 
@@ -197,9 +227,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._count("cpu", name)
         return getattr(self._gloo, name)(*args)
 
+    def _cpu_each(self, name: str, outputs, inputs, opts):
+        """A coalesced call on cpu tensors as one gloo call per (output, input) pair
+        (gloo has no coalesced form of it)."""
+        for o, i in zip(outputs, inputs):
+            self._cpu(name, o, i, opts).wait()
+        return _completed(list(outputs))
+
     def _via_host(self, name: str, args: tuple, outputs: tuple) -> dist.Work:
-        """Run gloo's ``name`` on host copies of the tpu tensors in ``args``; then write
-        the host results of argument positions ``outputs`` back to their tpu tensors."""
+        """Start gloo's ``name`` on host copies of the tpu tensors in ``args``; the
+        returned work's ``wait()`` writes the host results of argument positions
+        ``outputs`` back to their tpu tensors."""
         self._count("gloo", name)
         pairs = []
 
@@ -216,11 +254,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return a
 
         hargs = tuple(host(a, i) for i, a in enumerate(args))
-        getattr(self._gloo, name)(*hargs).wait()
-        with torch.no_grad():
-            for t, c in pairs:
-                t.copy_(c)
-        return _completed([t for t, _ in pairs])
+        return _HostWork(getattr(self._gloo, name)(*hargs), pairs)
 
     # ------------------------------------------------------------------ XLA collectives
     @staticmethod
@@ -283,13 +317,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         if self._route("all_gather_single", [output, input]) == "cpu":
-            return self._cpu("_allgather_base", output, input, opts)
+            return self._cpu("_allgather_base", output, input,
+                             opts or _c10d.AllgatherOptions())
         self._gather_into("all_gather_into_tensor", output, input)
         return _completed([output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         if self._route("all_gather_single_coalesced", list(outputs) + list(inputs)) == "cpu":
-            return self._cpu("allgather_into_tensor_coalesced", outputs, inputs, opts)
+            return self._cpu_each("_allgather_base", outputs, inputs,
+                                  opts or _c10d.AllgatherOptions())
         for o, i in zip(outputs, inputs):
             self._gather_into("all_gather_into_tensor_coalesced", o, i)
         return _completed(list(outputs))
@@ -349,7 +385,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or _c10d.ReduceScatterOptions()
         if self._route("reduce_scatter_single_coalesced", list(outputs) + list(inputs)) == "cpu":
-            return self._cpu("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+            return self._cpu_each("_reduce_scatter_base", outputs, inputs, opts)
         op = self._op_name(opts)
         for o, i in zip(outputs, inputs):
             self._scatter_into("reduce_scatter_tensor_coalesced", o, i, op)
