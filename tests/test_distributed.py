@@ -94,6 +94,9 @@ def test_send_recv_and_object_collectives_through_gloo(ranks):
 def test_functional_collectives_eager(ranks):
     # torch.distributed._functional_collectives (DTensor's and FSDP2's path), eagerly
     _assert(ranks, "functional_collectives")
+
+
+def test_metrics_count_the_path_of_each_call(ranks):
     _assert(ranks, "metrics")
 
 
