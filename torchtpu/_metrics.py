@@ -48,6 +48,10 @@ class Metrics:
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
+        collectives: ``torch.distributed`` calls on the ``tpu_dist`` backend by path and
+            collective: ``{"xla": {"allreduce": n, ...}, "gloo": {...}, "cpu": {...}}``
+            ("xla": one XLA computation; "gloo": tpu tensors staged through host memory
+            to gloo; "cpu": cpu tensors on gloo).
     """
 
     def __init__(self):
@@ -83,6 +87,7 @@ class Metrics:
             "recompiles": 0, "recompile_reasons": collections.Counter(),
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
+        self.collectives = collections.Counter()
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1
@@ -97,6 +102,10 @@ class Metrics:
         d["segment_cuts"] = dict(d["segment_cuts"])
         d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
         d["compile"]["recompile_reasons"] = dict(d["compile"]["recompile_reasons"])
+        coll: dict = {}
+        for (path, name), n in d["collectives"].items():
+            coll.setdefault(path, {})[name] = n
+        d["collectives"] = coll
         if d["segments_run"]:
             d["ops_per_segment"] = d["segment_ops"] / d["segments_run"]
         return d

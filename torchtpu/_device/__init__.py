@@ -89,6 +89,9 @@ def register() -> None:
     from torchtpu import integrations
 
     integrations.install()  # post-import hooks only: no third-party import here
+    from torchtpu import distributed
+
+    distributed.register()  # torch.distributed backend "tpu_dist" (no JAX import)
 
 
 def _kernel_for(op):

@@ -62,8 +62,9 @@ def platform() -> str:
 
 @functools.lru_cache(maxsize=None)
 def devices() -> tuple:
-    """All PJRT devices of the chosen platform, indexed like ``tpu:N``."""
-    return tuple(jax().devices(platform()))
+    """This process's PJRT devices of the chosen platform, indexed like ``tpu:N`` (under
+    ``jax.distributed`` each process sees only its own: ``jax.local_devices``)."""
+    return tuple(jax().local_devices(backend=platform()))
 
 
 def device_count() -> int:

@@ -1,0 +1,180 @@
+"""torch.distributed on tpu tensors (the ``tpu_dist`` backend), 2 ranks on the CPU platform.
+
+The ranks are spawned once per module (``tests/_dist_worker.py``); each check there runs a
+collective on tpu tensors and the same collective on cpu tensors with gloo in the same
+process, and reports ``ok`` or the failure.  Each test below asserts its checks on both
+ranks.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+WORLD = 2
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    procs = [
+        subprocess.Popen([sys.executable, os.path.join(HERE, "_dist_worker.py"), str(r),
+                          str(WORLD), port, str(out)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(WORLD)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("distributed worker timed out:\n" + "\n".join(logs))
+    res = []
+    for r in range(WORLD):
+        path = out / f"rank{r}.json"
+        if not path.exists():
+            pytest.fail(f"rank {r} wrote no results:\n{logs[r][-5000:]}")
+        res.append(json.loads(path.read_text()))
+    return res
+
+
+def _assert(ranks, prefix):
+    names = [n for n in ranks[0] if n == prefix or n.startswith(prefix + "[")]
+    assert names, f"no check named {prefix}"
+    bad = {f"rank {r} {n}": res.get(n, "missing") for r, res in enumerate(ranks)
+           for n in names if res.get(n) != "ok"}
+    assert not bad, "\n".join(f"{k}:\n{v}" for k, v in bad.items())
+
+
+def test_register_is_cheap_and_default_for_tpu():
+    # import torch autoloads torchtpu: tpu_dist is registered, JAX not imported
+    code = ("import sys, torch, torch.distributed as dist; "
+            "print(dist.Backend.default_device_backend_map['tpu'], "
+            "dist.Backend.default_device_backend_map['cpu'], "
+            "dist.Backend.backend_capability['tpu_dist'], 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["tpu_dist", "gloo", "['tpu']", "False"], out.stderr
+
+
+def test_init_process_group_without_backend(ranks):
+    _assert(ranks, "backend")
+
+
+@pytest.mark.parametrize("name", [
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "reduce_scatter", "all_reduce_view", "all_reduce_async", "barrier",
+])
+def test_collectives_match_gloo_on_cpu(ranks, name):
+    _assert(ranks, name)
+
+
+def test_send_recv_and_object_collectives_through_gloo(ranks):
+    _assert(ranks, "send_recv")
+    _assert(ranks, "batch_isend_irecv")
+    _assert(ranks, "all_to_all_single")
+    _assert(ranks, "all_gather_object")
+    _assert(ranks, "broadcast_object_list")
+
+
+def test_functional_collectives_eager(ranks):
+    # torch.distributed._functional_collectives (DTensor's and FSDP2's path), eagerly
+    _assert(ranks, "functional_collectives")
+
+
+def test_metrics_count_the_path_of_each_call(ranks):
+    _assert(ranks, "metrics")
+
+
+def test_shape_mismatch_names_collective_shapes_and_ranks(ranks):
+    _assert(ranks, "shape_mismatch")
+
+
+def test_new_group_subgroups(ranks):
+    _assert(ranks, "new_group")
+
+
+def test_destroy_then_init_again(ranks):
+    _assert(ranks, "reinit")
+
+
+def test_ddp_matches_single_process_training(ranks):
+    _assert(ranks, "ddp")
+
+
+def test_collectives_in_defer_and_fuse_with_rank_divergent_code(ranks):
+    # only rank 0 reads a tensor between two collectives: the ranks cut their segments
+    # at different places, and neither hangs
+    _assert(ranks, "defer_and_fuse")
+
+
+def test_ddp_in_defer_and_fuse(ranks):
+    _assert(ranks, "ddp_defer_and_fuse")
+
+
+_KILLED_RANK = r"""
+import datetime, os, sys, time, torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("tpu_dist", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=datetime.timedelta(seconds=10))
+x = torch.ones(3, device="tpu")
+dist.all_reduce(x)
+if rank == 1:
+    os._exit(1)  # dies without a word
+time.sleep(1)
+t = time.time()
+try:
+    dist.all_reduce(x)
+    print("NO ERROR", flush=True)
+except RuntimeError as e:
+    print(f"ERROR after {time.time() - t:.1f} s: {str(e)[:200]}", flush=True)
+"""
+
+
+def test_killed_rank_raises_within_timeout():
+    # the survivor's next collective raises (never hangs), and the survivor's process
+    # ends soon after (JAX's coordination service ends it once the heartbeat times out)
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", _KILLED_RANK, str(r), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        out0 = procs[0].communicate(timeout=60)[0]  # JAX default heartbeat: ~105 s
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("the surviving rank hung or outlived the group timeout by far")
+    procs[1].wait(timeout=30)
+    lines = [ln for ln in out0.splitlines() if ln.startswith(("ERROR after", "NO ERROR"))]
+    assert lines and lines[0].startswith("ERROR after"), out0[-3000:]
+    assert float(lines[0].split()[2]) < 10, lines[0]
+
+
+def test_tpu_tensor_before_init_process_group_raises(tmp_path):
+    # the JAX runtime holding that tensor cannot join a multi-process one
+    code = ("import torch, torch.distributed as dist\n"
+            "x = torch.ones(2, device='tpu')\n"
+            "try:\n"
+            f"    dist.init_process_group(init_method='file://{tmp_path}/store', rank=0,\n"
+            "                            world_size=2)\n"
+            "except RuntimeError as e:\n"
+            "    print('RuntimeError:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, TORCHTPU_PLATFORM="cpu"))
+    assert "RuntimeError: tpu_dist: tpu tensors were created in this process before " \
+           "init_process_group" in out.stdout, out.stdout + out.stderr[-3000:]

@@ -1,0 +1,129 @@
+"""XLA collectives: one jitted ``shard_map`` computation per (collective, reduce op,
+local shape, dtype, group).
+
+A group is the tuple of JAX process indices of its ranks, in group-rank order; its mesh
+has one axis ``"r"`` over those processes' devices (one device each).  Each process
+contributes its local array as the block ``[i]`` of a global array of shape
+``(n, *local_shape)`` (``jax.make_array_from_single_device_arrays``), the computation
+runs the collective on axis ``"r"`` (``psum``, ``pmax``, ``all_gather``,
+``psum_scatter``...), and the process reads back its own block.  On TPU the collectives
+run over ICI, on GPU over NCCL, on CPU over gloo (JAX's CPU collectives).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from torchtpu._device import runtime
+from torchtpu.distributed import bringup
+
+# reduce ops, by name (torch.distributed.ReduceOp.RedOpType names)
+SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR = (
+    "SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+
+
+@functools.lru_cache(maxsize=None)
+def mesh(procs: tuple):
+    """The 1-D mesh (axis ``"r"``) over the devices of JAX processes ``procs``."""
+    jax = runtime.jax()
+    by_proc = bringup.process_devices()
+    return jax.sharding.Mesh(np.array([by_proc[p] for p in procs]), ("r",))
+
+
+def _reduce_stacked(g, op: str, n: int):
+    """Reduce the gathered blocks ``g`` (shape ``(n, ...)``) over axis 0 with ``op``."""
+    jnp = runtime.jax().numpy
+    if op == PRODUCT:
+        out = g[0]
+        for i in range(1, n):
+            out = out * g[i]
+        return out
+    fn = {BAND: jnp.bitwise_and, BOR: jnp.bitwise_or, BXOR: jnp.bitwise_xor,
+          MIN: jnp.minimum, MAX: jnp.maximum}[op]
+    out = g[0]
+    for i in range(1, n):
+        out = fn(out, g[i])
+    return out
+
+
+def _allreduce_block(x, op: str, n: int):
+    """Traced, per device: the all-reduce of block ``x`` over axis ``"r"``."""
+    jax = runtime.jax()
+    lax = jax.lax
+    if op in (SUM, AVG):
+        if x.dtype == np.bool_:
+            # a sum of bools is their OR (as gloo and nccl do)
+            return lax.psum(x.astype(np.int32), "r") > 0
+        s = lax.psum(x, "r")
+        if op == AVG:
+            if np.issubdtype(x.dtype, np.integer):
+                s = lax.div(s, np.array(n, s.dtype))  # truncating, as NCCL's ncclAvg
+            else:
+                s = s / np.array(n, s.dtype)
+        return s
+    if op == MAX and x.dtype != np.bool_:
+        return lax.pmax(x, "r")
+    if op == MIN and x.dtype != np.bool_:
+        return lax.pmin(x, "r")
+    if x.dtype == np.bool_:
+        op = {MAX: BOR, MIN: BAND, PRODUCT: BAND}.get(op, op)
+    return _reduce_stacked(lax.all_gather(x, "r"), op, n)
+
+
+@functools.lru_cache(maxsize=None)
+def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
+    """The jitted computation for one collective signature.  It takes and returns global
+    arrays sharded on axis 0 over the group: block ``i`` (rows ``i*d0 .. (i+1)*d0``)
+    belongs to group rank ``i``, so a process's local array is its block as is (no
+    reshape dispatched on either side)."""
+    jax = runtime.jax()
+    lax = jax.lax
+    P = jax.sharding.PartitionSpec
+    n = len(procs)
+
+    if kind == "allreduce":
+        def body(x):
+            return _allreduce_block(x, op, n)
+    elif kind == "broadcast":
+        def body(x):
+            return lax.all_gather(x, "r")[arg]
+    elif kind == "allgather":
+        def body(x):  # (d0, ...) -> (n * d0, ...)
+            return lax.all_gather(x, "r", tiled=True)
+    elif kind == "reduce_scatter":
+        def body(x):  # (n * k, ...) -> (k, ...)
+            if op in (SUM, AVG) and x.dtype != np.bool_:
+                s = lax.psum_scatter(x, "r", scatter_dimension=0, tiled=True)
+                if op == AVG:
+                    if np.issubdtype(x.dtype, np.integer):
+                        s = lax.div(s, np.array(n, s.dtype))
+                    else:
+                        s = s / np.array(n, s.dtype)
+                return s
+            full = _allreduce_block(x, op, n)
+            k = x.shape[0] // n
+            return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
+    else:
+        raise AssertionError(kind)
+    f = jax.shard_map(body, mesh=mesh(procs), in_specs=P("r"), out_specs=P("r"))
+    return jax.jit(f)
+
+
+def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
+    """Run collective ``kind`` on this process's local JAX array ``arr`` (already on its
+    ``tpu`` device, at least 1-D) in the group ``procs``; returns this process's result
+    (a JAX array on the same device).
+
+    kinds: ``allreduce`` and ``broadcast`` (``arg``: the source's group rank): result
+    shape = input shape; ``allgather``: ``(n * d0, ...)``; ``reduce_scatter``: input
+    ``(n * k, ...)``, result ``(k, ...)``."""
+    jax = runtime.jax()
+    m = mesh(procs)
+    n = len(procs)
+    shape = tuple(arr.shape)
+    f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
+    sharding = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec("r"))
+    g = jax.make_array_from_single_device_arrays((n * shape[0],) + shape[1:], sharding, [arr])
+    return f(g).addressable_shards[0].data

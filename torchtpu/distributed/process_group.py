@@ -1,0 +1,483 @@
+"""``ProcessGroupTPU``: the ``torch.distributed.ProcessGroup`` behind ``tpu_dist``.
+
+PyTorch accepts a Python ``ProcessGroup`` subclass from a registered backend's creator
+(``torch/distributed/distributed_c10d.py``: "If the type is a subclass of ProcessGroup
+then return this process group"); C++ callers (DDP's reducer, functional collectives)
+reach its methods through PyTorch's ``PyProcessGroup`` trampoline.  It serves both
+devices:
+
+* tpu tensors: each collective XLA can express runs as one XLA computation over the
+  group's devices (:mod:`torchtpu.distributed.collectives`), path ``"xla"``;
+* calls XLA cannot express (send/recv, gather/scatter/reduce, all_to_all, object
+  collectives' byte exchanges): the tpu tensors are staged through host memory and the
+  call runs on the group's own gloo process group, path ``"gloo"``;
+* cpu tensors: straight to that gloo group, path ``"cpu"``.
+
+``torchtpu.metrics()["collectives"]`` counts the calls per path and collective.
+
+Every call returns a ``Work`` whose future is already complete: the XLA computation is
+dispatched asynchronously on the device's queue, and every later op on the result waits
+for it there, as later kernels on a CUDA stream wait for an NCCL collective.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
+from torch._C._distributed_c10d import _create_work_from_future
+
+from torchtpu import _metrics
+from torchtpu._tensor import storage
+from torchtpu.distributed import BACKEND, bringup, collectives
+
+M = _metrics.METRICS
+
+
+def _completed(result) -> dist.Work:
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+class _HostWork(dist._Work):
+    """A gloo call on host copies of tpu tensors: ``wait()`` waits for gloo, then writes
+    the host results back to their tpu tensors (so ``isend``/``irecv`` pairs posted by
+    both ranks before either waits do not deadlock)."""
+
+    def __init__(self, work, pairs):
+        super().__init__()
+        self._work = work
+        self._pairs = pairs
+        self._done = False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._work.wait()
+            with torch.no_grad():
+                for t, c in self._pairs:
+                    t.copy_(c)
+            self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def get_future(self):
+        self.wait()
+        fut = torch.futures.Future()
+        fut.set_result([t for t, _ in self._pairs])
+        return fut
+
+
+def _is_tpu(t) -> bool:
+    return t.device.type == "tpu"
+
+
+def _array(t: torch.Tensor):
+    """The concrete JAX array holding ``t``'s elements in ``t``'s shape, at least 1-D (a
+    copy through one dispatched op when ``t`` is a view that is not its whole storage)."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    sd = storage.data(t)
+    if len(storage.view_spec(t, sd)) != 2:
+        t = t.clone(memory_format=torch.contiguous_format)
+        sd = storage.data(t)
+    return sd.get()
+
+
+def _write(t: torch.Tensor, arr) -> None:
+    """Write the JAX array ``arr`` (``t``'s number of elements) into ``t`` (any view).
+
+    When ``t`` is its whole storage (contiguous, the storage's shape and dtype) the
+    storage's array is replaced, as an in-place op does (no copy); else through
+    ``copy_``.  Either way ``t``'s version counter is bumped, as for an in-place op."""
+    sd = storage.data(t)
+    if (len(storage.view_spec(t, sd)) == 2 and tuple(arr.shape) == sd.shape
+            and sd.arr.__class__ is not storage.Lazy):
+        sd.arr = arr
+        torch.autograd.graph.increment_version(t)
+        return
+    src = storage.wrap(arr, t.device.index or 0, t.dtype)
+    with torch.no_grad():
+        t.copy_(src if src.shape == t.shape else src.view(t.shape))
+
+
+_SIG_LEN = 12  # name, dtype, ndim, up to 8 dims, extra
+_CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "off", "false")
+
+
+def _code(x) -> int:
+    return zlib.crc32(str(x).encode())
+
+
+class ProcessGroupTPU(dist.ProcessGroup):
+    """The ``tpu_dist`` process group of ``size`` ranks (this process is ``rank``).
+
+    Args:
+        store: the group's rendezvous store (prefixed by PyTorch per group).
+        rank, size: this process's rank in the group, and the group's size.
+        global_ranks: the default-group ranks of the members, in group-rank order
+            (global rank ``i`` is JAX process ``i``).
+        timeout: ``datetime.timedelta`` for gloo calls and bring-up.
+    """
+
+    def __init__(self, store, rank: int, size: int, global_ranks, timeout):
+        super().__init__(rank, size)
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self._procs = tuple(global_ranks)
+        self._timeout = timeout
+        self._sigs: dict = {}  # signature tensors of _check, by (name, shape, dtype, extra)
+        self._sig_buf = torch.empty(size * _SIG_LEN, dtype=torch.int64)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size,
+                                           timeout)
+        # PyTorch asks the group for its per-device C++ backend in a few places
+        # (``init_process_group(device_id=...)``: ``pg._get_backend(device_id)``); the
+        # gloo group answers for both devices (collectives still go through this class).
+        for dev in ("cpu", "tpu"):
+            self._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.GLOO,
+                                   self._gloo)
+
+    @classmethod
+    def create(cls, opts) -> "ProcessGroupTPU":
+        """Build the group from PyTorch's ``_DistributedBackendOptions``; the default
+        group (no ``global_ranks_in_group``) first brings up ``jax.distributed``."""
+        ranks = list(opts.global_ranks_in_group)
+        timeout = opts.timeout
+        if not isinstance(timeout, datetime.timedelta):
+            timeout = datetime.timedelta(seconds=float(timeout))
+        if not ranks:
+            bringup.ensure(opts.store, opts.group_rank, opts.group_size, timeout)
+            ranks = list(range(opts.group_size))
+        return cls(opts.store, opts.group_rank, opts.group_size, ranks, timeout)
+
+    # ------------------------------------------------------------------ identity
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self):
+        return f"ProcessGroupTPU(rank={self._rank}, size={self._size}, ranks={list(self._procs)})"
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, name: str, tensors) -> str:
+        """``"xla"`` when every tensor is on tpu, ``"cpu"`` when every one is on cpu."""
+        kinds = {t.device.type for t in tensors}
+        if kinds == {"tpu"}:
+            return "xla"
+        if kinds <= {"cpu"}:
+            return "cpu"
+        raise ValueError(
+            f"tpu_dist {name}: tensors on {sorted(kinds)}; a collective takes tensors on "
+            "one device type (tpu or cpu)"
+        )
+
+    def _check(self, name: str, t: torch.Tensor, extra=0) -> None:
+        """Verify that every rank calls collective ``name`` with the same shape, dtype
+        and ``extra`` (reduce op / root) before the XLA computation runs: with different
+        shapes the ranks would run different XLA programs, and the collective would hang
+        or return garbage.  One small gloo all-gather of a signature (disable with
+        ``TORCHTPU_DIST_CHECK=0``).
+
+        Raises:
+            ValueError: naming the collective and each rank's shape and dtype.
+        """
+        if not _CHECK or self._size == 1:
+            return
+        shape = tuple(t.shape)
+        key = (name, shape, t.dtype, extra)
+        mine = self._sigs.get(key)
+        if mine is None:
+            sig = [_code(name), _code(t.dtype), len(shape)] + list(shape[:8])
+            sig += [-1] * (_SIG_LEN - 1 - len(sig)) + [_code(extra)]
+            mine = self._sigs[key] = torch.tensor(sig, dtype=torch.int64)
+        self._gloo._allgather_base(self._sig_buf, mine).wait()
+        if bool((self._sig_buf.view(self._size, _SIG_LEN) == mine).all()):
+            return
+        # each rank's shape and dtype, for the message
+        import pickle
+
+        desc = pickle.dumps((name, shape, str(t.dtype), str(extra)))
+        lens = torch.tensor([len(desc)], dtype=torch.int64)
+        all_lens = [torch.empty_like(lens) for _ in range(self._size)]
+        self._gloo.allgather([all_lens], [lens]).wait()
+        width = int(max(x.item() for x in all_lens))
+        buf = torch.zeros(width, dtype=torch.uint8)
+        buf[: len(desc)] = torch.frombuffer(bytearray(desc), dtype=torch.uint8)
+        bufs = [torch.empty_like(buf) for _ in range(self._size)]
+        self._gloo.allgather([bufs], [buf]).wait()
+        parts = []
+        for r, (b, n) in enumerate(zip(bufs, all_lens)):
+            nm, shp, dt, ex = pickle.loads(bytes(b[: int(n.item())].tolist()))
+            extra_s = f", {ex}" if ex != "0" else ""
+            parts.append(f"rank {self._procs[r]}: {nm} {list(shp)} {dt}{extra_s}")
+        raise ValueError(
+            f"tpu_dist {name}: ranks called collectives with different tensors: "
+            + "; ".join(parts))
+
+    def _count(self, path: str, name: str) -> None:
+        M.collectives[(path, name)] += 1
+
+    def _cpu(self, name: str, *args):
+        self._count("cpu", name)
+        return getattr(self._gloo, name)(*args)
+
+    def _cpu_each(self, name: str, outputs, inputs, opts):
+        """A coalesced call on cpu tensors as one gloo call per (output, input) pair
+        (gloo has no coalesced form of it)."""
+        for o, i in zip(outputs, inputs):
+            self._cpu(name, o, i, opts).wait()
+        return _completed(list(outputs))
+
+    def _via_host(self, name: str, args: tuple, outputs: tuple) -> dist.Work:
+        """Start gloo's ``name`` on host copies of the tpu tensors in ``args``; the
+        returned work's ``wait()`` writes the host results of argument positions
+        ``outputs`` back to their tpu tensors."""
+        self._count("gloo", name)
+        pairs = []
+
+        def host(a, pos):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "tpu":
+                    return a
+                c = a.detach().to("cpu")
+                if pos in outputs:
+                    pairs.append((a, c))
+                return c
+            if isinstance(a, (list, tuple)):
+                return type(a)(host(x, pos) for x in a)
+            return a
+
+        hargs = tuple(host(a, i) for i, a in enumerate(args))
+        return _HostWork(getattr(self._gloo, name)(*hargs), pairs)
+
+    # ------------------------------------------------------------------ XLA collectives
+    @staticmethod
+    def _op_name(opts) -> str:
+        op = opts.reduceOp.op.name
+        if op not in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+            raise NotImplementedError(f"tpu_dist: reduce op {op} is not supported")
+        return op
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceOptions()
+        if self._route("allreduce", tensors) == "cpu":
+            return self._cpu("allreduce", tensors, opts)
+        op = self._op_name(opts)
+        for t in tensors:
+            self._check("all_reduce", t, op)
+            self._count("xla", "allreduce")
+            _write(t, collectives.run("allreduce", self._procs, _array(t), op))
+        return _completed(list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or _c10d.AllreduceCoalescedOptions()
+        if self._route("allreduce_coalesced", tensors) == "cpu":
+            return self._cpu("allreduce_coalesced", tensors, opts)
+        op = self._op_name(opts)
+        for t in tensors:
+            self._check("all_reduce_coalesced", t, op)
+            self._count("xla", "allreduce_coalesced")
+            _write(t, collectives.run("allreduce", self._procs, _array(t), op))
+        return _completed(list(tensors))
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or _c10d.BroadcastOptions()
+        if self._route("broadcast", tensors) == "cpu":
+            return self._cpu("broadcast", tensors, opts)
+        for t in tensors:
+            self._check("broadcast", t, opts.rootRank)
+            self._count("xla", "broadcast")
+            _write(t, collectives.run("broadcast", self._procs, _array(t), arg=opts.rootRank))
+        return _completed(list(tensors))
+
+    def _gather_into(self, name, output, input):
+        """all_gather_into_tensor: ``output`` is ``(n * d0, ...)`` or ``(n, *input.shape)``."""
+        n = self._size
+        if output.numel() != n * input.numel() or output.dtype != input.dtype:
+            raise ValueError(
+                f"tpu_dist {name}: output tensor of shape {tuple(output.shape)} and dtype "
+                f"{output.dtype} must hold {n} x the input of shape {tuple(input.shape)} and "
+                f"dtype {input.dtype}"
+            )
+        self._check(name, input)
+        self._count("xla", name)
+        _write(output, collectives.run("allgather", self._procs, _array(input)))
+
+    def _allgather_base(self, output, input, opts=None):
+        if self._route("_allgather_base", [output, input]) == "cpu":
+            return self._cpu("_allgather_base", output, input, opts or _c10d.AllgatherOptions())
+        self._gather_into("all_gather_into_tensor", output, input)
+        return _completed([output])
+
+    def all_gather_single(self, output, input, opts=None):
+        if self._route("all_gather_single", [output, input]) == "cpu":
+            return self._cpu("_allgather_base", output, input,
+                             opts or _c10d.AllgatherOptions())
+        self._gather_into("all_gather_into_tensor", output, input)
+        return _completed([output])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        if self._route("all_gather_single_coalesced", list(outputs) + list(inputs)) == "cpu":
+            return self._cpu_each("_allgather_base", outputs, inputs,
+                                  opts or _c10d.AllgatherOptions())
+        for o, i in zip(outputs, inputs):
+            self._gather_into("all_gather_into_tensor_coalesced", o, i)
+        return _completed(list(outputs))
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self.all_gather_single_coalesced(outputs, inputs, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        flat = [t for lst in output_tensors for t in lst] + list(input_tensors)
+        if self._route("allgather", flat) == "cpu":
+            return self._cpu("allgather", output_tensors, input_tensors,
+                             opts or _c10d.AllgatherOptions())
+        n = self._size
+        for outs, inp in zip(output_tensors, input_tensors):
+            if len(outs) != n:
+                raise ValueError(f"tpu_dist all_gather: tensor_list has {len(outs)} "
+                                 f"tensors, the group has {n} ranks")
+            for o in outs:
+                if o.shape != inp.shape or o.dtype != inp.dtype:
+                    raise ValueError(
+                        f"tpu_dist all_gather: output tensors must match the input's shape "
+                        f"{tuple(inp.shape)} and dtype {inp.dtype}, got {tuple(o.shape)} "
+                        f"and {o.dtype}")
+            self._check("all_gather", inp)
+            self._count("xla", "allgather")
+            g = storage.wrap(collectives.run("allgather", self._procs, _array(inp)),
+                             inp.device.index or 0, inp.dtype).view((n,) + tuple(inp.shape))
+            with torch.no_grad():
+                for i, o in enumerate(outs):
+                    o.copy_(g[i])
+        return _completed(output_tensors)
+
+    def _scatter_into(self, name, output, input, op):
+        n = self._size
+        if (input.numel() != n * output.numel() or input.dtype != output.dtype
+                or input.dim() == 0):
+            raise ValueError(
+                f"tpu_dist {name}: input tensor of shape {tuple(input.shape)} and dtype "
+                f"{input.dtype} must hold {n} x the output of shape {tuple(output.shape)} "
+                f"and dtype {output.dtype}")
+        self._check(name, input, op)
+        self._count("xla", name)
+        if input.dim() == 0 or input.shape[0] % n:
+            input = input.reshape(-1)  # (n * k,)
+        _write(output, collectives.run("reduce_scatter", self._procs, _array(input), op))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        if self._route("reduce_scatter_single", [output, input]) == "cpu":
+            return self._cpu("_reduce_scatter_base", output, input, opts)
+        self._scatter_into("reduce_scatter_tensor", output, input, self._op_name(opts))
+        return _completed([output])
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        if self._route("reduce_scatter_single_coalesced", list(outputs) + list(inputs)) == "cpu":
+            return self._cpu_each("_reduce_scatter_base", outputs, inputs, opts)
+        op = self._op_name(opts)
+        for o, i in zip(outputs, inputs):
+            self._scatter_into("reduce_scatter_tensor_coalesced", o, i, op)
+        return _completed(list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.ReduceScatterOptions()
+        flat = list(output_tensors) + [t for lst in input_tensors for t in lst]
+        if self._route("reduce_scatter", flat) == "cpu":
+            return self._cpu("reduce_scatter", output_tensors, input_tensors, opts)
+        op = self._op_name(opts)
+        n = self._size
+        for out, ins in zip(output_tensors, input_tensors):
+            if len(ins) != n or any(i.shape != out.shape or i.dtype != out.dtype for i in ins):
+                raise ValueError(
+                    f"tpu_dist reduce_scatter: input_list must hold {n} tensors of the "
+                    f"output's shape {tuple(out.shape)} and dtype {out.dtype}, got "
+                    f"{[(tuple(i.shape), i.dtype) for i in ins]}")
+            self._check("reduce_scatter", out, op)
+            self._count("xla", "reduce_scatter")
+            stacked = torch.stack([i.reshape(-1) for i in ins]).reshape(-1)
+            _write(out, collectives.run("reduce_scatter", self._procs, _array(stacked), op))
+        return _completed(list(output_tensors))
+
+    def barrier(self, opts=None):
+        """All ranks reach this point: a 1-element all-reduce on the device, waited for
+        on the host (XLA path; gloo's barrier when no tpu device is in use)."""
+        self._count("xla", "barrier")
+        jax_arr = storage.data(torch.zeros(1, dtype=torch.int32, device="tpu")).get()
+        collectives.run("allreduce", self._procs, jax_arr, "SUM").block_until_ready()
+        return _completed(None)
+
+    # ------------------------------------------------------------------ through gloo
+    def send(self, tensors, dst, tag=0):
+        if self._route("send", tensors) == "cpu":
+            return self._cpu("send", tensors, dst, tag)
+        return self._via_host("send", (tensors, dst, tag), outputs=())
+
+    def recv(self, tensors, src, tag=0):
+        if self._route("recv", tensors) == "cpu":
+            return self._cpu("recv", tensors, src, tag)
+        return self._via_host("recv", (tensors, src, tag), outputs=(0,))
+
+    def recv_anysource(self, tensors, tag=0):
+        if self._route("recv_anysource", tensors) == "cpu":
+            return self._cpu("recv_anysource", tensors, tag)
+        return self._via_host("recv_anysource", (tensors, tag), outputs=(0,))
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.GatherOptions()
+        flat = [t for lst in output_tensors for t in lst] + list(input_tensors)
+        if self._route("gather", flat) == "cpu":
+            return self._cpu("gather", output_tensors, input_tensors, opts)
+        return self._via_host("gather", (output_tensors, input_tensors, opts), outputs=(0,))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.ScatterOptions()
+        flat = list(output_tensors) + [t for lst in input_tensors for t in lst]
+        if self._route("scatter", flat) == "cpu":
+            return self._cpu("scatter", output_tensors, input_tensors, opts)
+        return self._via_host("scatter", (output_tensors, input_tensors, opts), outputs=(0,))
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or _c10d.ReduceOptions()
+        if self._route("reduce", tensors) == "cpu":
+            return self._cpu("reduce", tensors, opts)
+        return self._via_host("reduce", (tensors, opts), outputs=(0,))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        if self._route("alltoall", list(output_tensors) + list(input_tensors)) == "cpu":
+            return self._cpu("alltoall", output_tensors, input_tensors, opts)
+        return self._via_host("alltoall", (output_tensors, input_tensors, opts), outputs=(0,))
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        opts = opts or _c10d.AllToAllOptions()
+        args = (output, input, output_split_sizes, input_split_sizes, opts)
+        if self._route("all_to_all_single", [output, input]) == "cpu":
+            return self._cpu("alltoall_base", *args)
+        return self._via_host("alltoall_base", args, outputs=(0,))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                      opts)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        flat = [t for lst in output_lists for t in lst] + list(input_list)
+        if self._route("allgather_coalesced", flat) == "cpu":
+            return self._cpu("allgather_coalesced", output_lists, input_list,
+                             opts or _c10d.AllgatherOptions())
+        return self.allgather(output_lists, input_list, opts)
