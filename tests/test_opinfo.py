@@ -352,3 +352,24 @@ def test_pinned_cpu_factory_result_must_be_on_cpu():
     moved_kw = to_device(s.kwargs, guide={"device": "meta"})
     assert result_device(SampleInput(moved[0], args=moved[1], kwargs=moved_kw)) == ("tpu", False)
     assert result_device(SampleInput(2, args=(), kwargs={})) == ("tpu", True)
+
+
+def test_float64_arbiter_accepts_closer_and_rejects_farther_results():
+    """``pass-f64``: a bfloat16 linspace whose CPU kernel accumulates a bfloat16 step
+    differs from tpu's beyond tolerance, but tpu is closer to the float64 result at every
+    element; a result made worse than CPU's at one element is still a mismatch."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from torchtpu.conformance import opinfo
+
+    op = opinfo.get_opinfo("linspace")
+    sample = SampleInput(4.3, args=(-3, 50), kwargs={"dtype": torch.bfloat16, "device": "cpu"})
+    expected = torch.linspace(4.3, -3, 50, dtype=torch.bfloat16)
+    actual = torch.linspace(4.3, -3, 50, dtype=torch.bfloat16, device="tpu").cpu()
+    assert not torch.equal(actual, expected)
+    ok, info = opinfo.f64_verdict(op, sample, expected, actual, 1e-2, 1.6e-2)
+    assert ok, info
+    worse = actual.clone()
+    worse[29] += 0.25
+    ok, info = opinfo.f64_verdict(op, sample, expected, worse, 1e-2, 1.6e-2)
+    assert not ok and "farther" in info

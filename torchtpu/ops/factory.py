@@ -220,6 +220,18 @@ def _halfway(start, end, steps, ct):
     return j.where(j.arange(steps) < halfway, s + step * idx, e - step * (steps - 1 - idx))
 
 
+def _space_ends(start, end, dtype):
+    """linspace/logspace end points as CPU and CUDA read them: ``Scalar::to<scalar_t>()``,
+    so an integer dtype truncates them and float16/bfloat16 round them
+    (``linspace(4.3, -3, 50, dtype=bfloat16)`` starts at 4.3125)."""
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return int(start), int(end)
+    if dtype in (torch.float16, torch.bfloat16):
+        return tuple(v if isinstance(v, complex) else float(torch.tensor(float(v), dtype=dtype))
+                     for v in (start, end))
+    return start, end
+
+
 def _space_ct(dtype):
     if dtype.is_complex:
         return npdt(dtype)
@@ -257,9 +269,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     if steps < 0:
         raise RuntimeError("number of steps must be non-negative")
     dtype = _dt(dtype)
-    start, end = _num(start), _num(end)
-    if not (dtype.is_floating_point or dtype.is_complex):
-        start, end = int(start), int(end)  # Scalar.to<int>() truncates
+    start, end = _space_ends(_num(start), _num(end), dtype)
     ct = _space_ct(dtype)
     return _to_int_trunc(_halfway(start, end, steps, ct), dtype)
 
@@ -270,10 +280,8 @@ def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
     if steps < 0:
         raise RuntimeError("number of steps must be non-negative")
     dtype = _dt(dtype)
-    start, end = _num(start), _num(end)
+    start, end = _space_ends(_num(start), _num(end), dtype)
     ct = _space_ct(dtype)
-    if not (dtype.is_floating_point or dtype.is_complex):
-        start, end = int(start), int(end)
     exps = _halfway(start, end, steps, ct)
     return _to_int_trunc(jnp().power(jnp().asarray(base, ct), exps), dtype)
 
