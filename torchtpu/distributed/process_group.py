@@ -265,24 +265,22 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return op
 
     def allreduce(self, tensors, opts=None):
-        opts = opts or _c10d.AllreduceOptions()
-        if self._route("allreduce", tensors) == "cpu":
-            return self._cpu("allreduce", tensors, opts)
-        op = self._op_name(opts)
-        for t in tensors:
-            self._check("all_reduce", t, op)
-            self._count("xla", "allreduce")
-            _write(t, collectives.run("allreduce", self._procs, _array(t), op))
-        return _completed(list(tensors))
+        return self._allreduce("allreduce", "all_reduce", tensors,
+                               opts or _c10d.AllreduceOptions())
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or _c10d.AllreduceCoalescedOptions()
-        if self._route("allreduce_coalesced", tensors) == "cpu":
-            return self._cpu("allreduce_coalesced", tensors, opts)
+        return self._allreduce("allreduce_coalesced", "all_reduce_coalesced", tensors,
+                               opts or _c10d.AllreduceCoalescedOptions())
+
+    def _allreduce(self, name, public, tensors, opts):
+        """One XLA all-reduce per tensor (``name``: the ProcessGroup method, ``public``:
+        the ``torch.distributed`` call named in errors)."""
+        if self._route(name, tensors) == "cpu":
+            return self._cpu(name, tensors, opts)
         op = self._op_name(opts)
         for t in tensors:
-            self._check("all_reduce_coalesced", t, op)
-            self._count("xla", "allreduce_coalesced")
+            self._check(public, t, op)
+            self._count("xla", name)
             _write(t, collectives.run("allreduce", self._procs, _array(t), op))
         return _completed(list(tensors))
 

@@ -169,6 +169,15 @@ def _raise_cpu_error(sig, op, meta_vals):
             return
 
 
+_NUMBER_DTYPE = {bool: torch.bool, int: torch.int64, complex: torch.complex64}
+
+
+def _meta_number(v):
+    """A 0-d meta tensor standing for the Python number ``v`` (its default dtype)."""
+    return torch.empty((), dtype=_NUMBER_DTYPE.get(type(v)) or torch.get_default_dtype(),
+                       device="meta")
+
+
 class _Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
@@ -468,14 +477,21 @@ class LoweredPlan:
         # a Python number in a Tensor slot stays a number: PyTorch wraps it as a "wrapped
         # number" 0-d tensor, which never widens a tensor's dtype within its category
         # (a 0-d bfloat16 tensor * 0.5 is bfloat16)
-        meta_vals = [
-            v if k in (T, OPT_T) and not isinstance(v, (torch.Tensor, type(None)))
-            else _meta_of(v)
-            for v, k in zip(vals, self.sig.kinds)
-        ]
+        numbers = [k in (T, OPT_T) and not isinstance(v, (torch.Tensor, type(None)))
+                   for v, k in zip(vals, self.sig.kinds)]
+        meta_vals = [v if num else _meta_of(v) for v, num in zip(vals, numbers)]
         out = None
         try:
-            out = call_op(self.sig, self.op, meta_vals)
+            try:
+                out = call_op(self.sig, self.op, meta_vals)
+            except (TypeError, RuntimeError) as e:
+                # a few ops' bindings take no number for a Tensor (special polynomials'
+                # ``n``): a 0-d stand-in of the number's default dtype there
+                if not (any(numbers) and "Expected a value of type 'Tensor'" in str(e)):
+                    raise
+                meta_vals = [_meta_number(v) if num else m
+                             for v, m, num in zip(vals, meta_vals, numbers)]
+                out = call_op(self.sig, self.op, meta_vals)
             if self.sig.mutated:
                 fvals = [v for i, v in enumerate(meta_vals) if i not in self.writeonly]
                 out = call_op(self.fsig, self.fsig.op, fvals[: len(self.fsig.args)])
