@@ -156,12 +156,18 @@ def fits(*positions, opmath=False, dtype=None):
     :func:`check_converts`."""
 
     def prepare(vals):
-        dt = dtype(vals) if dtype is not None else vals[0].dtype
-        if opmath:
-            dt = opmath_dtype(dt)
+        dt = None
         for i in positions:
-            if vals[i] is not None and not isinstance(vals[i], torch.Tensor):
-                vals[i] = check_converts(vals[i], dt)
+            v = vals[i]
+            # hot path (addmm's beta=1, alpha=1): 0 and 1 fit every dtype unchanged
+            if v is None or (type(v) in (int, float) and (v == 1 or v == 0)) \
+                    or isinstance(v, torch.Tensor):
+                continue
+            if dt is None:
+                dt = dtype(vals) if dtype is not None else vals[0].dtype
+                if opmath:
+                    dt = opmath_dtype(dt)
+            vals[i] = check_converts(v, dt)
         return vals
 
     return scalar_check(prepare)
