@@ -237,3 +237,24 @@ def test_data_dependent_op_out_on_cpu_raises_as_cuda():
     out = torch.empty(0, dtype=torch.long, device="tpu")
     torch.nonzero(t, out=out)
     assert torch.equal(out.cpu(), torch.nonzero(t.cpu()))
+
+
+def test_index_reduce_beta_warning_once_per_process_as_cpu():
+    """CPU warns "index_reduce() is in beta" once per process (TORCH_WARN_ONCE); so does
+    tpu (test_index_reduce checks the warning)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch, torchtpu\n"
+        "warnings.simplefilter('always')\n"
+        "for d in ('cpu', 'tpu'):\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        for _ in range(2):\n"
+        "            torch.ones(3, device=d).index_reduce_(0, torch.tensor([0], device=d),\n"
+        "                                                  torch.ones(1, device=d), 'prod')\n"
+        "    print(d, sum('index_reduce() is in beta' in str(x.message) for x in w))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert out == ["cpu", "1", "tpu", "1"], out

@@ -432,7 +432,20 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     return r.reshape(()) if zero_d else r
 
 
-@lower(aten.index_reduce.default)
+_INDEX_REDUCE_WARNED = []
+
+
+@scalar_check
+def _index_reduce_beta(vals):
+    """CPU's ``TORCH_WARN_ONCE``: the first ``index_reduce`` of the process warns."""
+    if not _INDEX_REDUCE_WARNED:
+        _INDEX_REDUCE_WARNED.append(True)
+        warnings.warn("index_reduce() is in beta and the API may change at any time.",
+                      UserWarning, stacklevel=2)
+    return vals
+
+
+@lower(aten.index_reduce.default, prepare=_index_reduce_beta)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
