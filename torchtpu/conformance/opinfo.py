@@ -24,12 +24,13 @@ sample's ``input`` is compared after the call too (catches wrong in-place writes
 Classes, per sample:
 
 ``pass``        same result as CPU;
-``pass-f64``    (bfloat16/float16 samples) values differ from CPU's beyond tolerance, but
-                at every element tpu is at least as close to the float64 result (the
-                sample run on CPU in float64) as CPU's own result is, or within tolerance
-                of it: CPU's half-precision kernels round intermediates (a bfloat16
-                ``linspace`` step, a bfloat16 ``col2im`` accumulation) that tpu keeps in
-                float32 (:func:`f64_verdict`);
+``pass-f64``    (bfloat16/float16/float32/complex64 samples, forward) values differ from
+                CPU's beyond tolerance, but at every element tpu is at least as close to
+                the float64 result (the sample run on CPU in float64/complex128) as CPU's
+                own result is, or within tolerance of it: CPU's half-precision kernels
+                round intermediates (a bfloat16 ``linspace`` step, a bfloat16 ``col2im``
+                accumulation) that tpu keeps in float32, and float32 FFTs or reductions
+                sum in another order (:func:`f64_verdict`);
 ``mismatch``    the op ran on tpu but the result differs (values, dtype, shape, device,
                 or a mutated input); max abs / rel error reported;
 ``error``       tpu raised and CPU did not (exception type + first line);
@@ -114,8 +115,11 @@ PASSING = ("pass", "pass-f64")
 # Worst first: a pair takes the worst class among its non-skipped samples.
 _SEVERITY = {"mismatch": 0, "error": 1, "unsupported": 2, "pass-f64": 3, "pass": 4,
              "skipped": 5}
-# sample dtypes whose value mismatches are arbitrated against a float64 CPU run
-_ARBITRATED = (torch.bfloat16, torch.float16)
+# sample dtypes whose value mismatches are arbitrated against a float64 CPU run, and the
+# dtype each becomes there
+_WIDE = {torch.bfloat16: torch.float64, torch.float16: torch.float64,
+         torch.float32: torch.float64, torch.complex64: torch.complex128}
+_ARBITRATED = tuple(_WIDE)
 # ops whose CPU (and CUDA) kernels first convert their Scalar end points to the result
 # dtype (Scalar::to<scalar_t>()): their float64 reference starts from the rounded values
 _ENDS_IN_DTYPE = ("linspace", "logspace")
@@ -996,9 +1000,9 @@ def run_sample(op, sample, dtype: torch.dtype, index: int = 0, random: Optional[
 def _to_f64(obj):
     """The sample with its float16/bfloat16 tensors (and dtype arguments) in float64."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to(torch.float64) if obj.dtype in _ARBITRATED else obj
+        return obj.detach().to(_WIDE[obj.dtype]) if obj.dtype in _WIDE else obj
     if isinstance(obj, torch.dtype):
-        return torch.float64 if obj in _ARBITRATED else obj
+        return _WIDE.get(obj, obj)
     if isinstance(obj, (list, tuple)):
         items = [_to_f64(o) for o in obj]
         if hasattr(obj, "_fields"):  # namedtuple
@@ -1011,8 +1015,9 @@ def _to_f64(obj):
 
 def f64_verdict(op, sample, expected, actual, atol: float, rtol: float,
                 seed: int = 0) -> tuple[bool, str]:
-    """Arbitrate a half-precision value mismatch with float64: run ``sample`` on CPU with
-    its float16/bfloat16 tensors and dtype arguments in float64 (the reference ``r``);
+    """Arbitrate a value mismatch with float64: run ``sample`` on CPU with its
+    float16/bfloat16/float32 tensors and dtype arguments in float64 (complex64 in
+    complex128: the reference ``r``);
     tpu's ``actual`` (``y``) passes if, at every element of every floating output,
     ``|y - r| <= max(|x - r|, atol + rtol * |r|)`` with ``x`` CPU's ``expected`` (tpu is
     as close to float64 as CPU, or within tolerance of it), NaN where ``x`` or ``r`` has
@@ -1044,13 +1049,14 @@ def f64_verdict(op, sample, expected, actual, atol: float, rtol: float,
         return False, "float64 output structure differs"
     worst_tpu = worst_cpu = 0.0
     for x, y, r in zip(xs, ys, rs):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        if not isinstance(x, torch.Tensor) or not (x.is_floating_point() or x.is_complex()):
             if compare(y, x, 0.0, 0.0, device="cpu") is not None:
                 return False, "a non-floating output differs"
             continue
         if not isinstance(r, torch.Tensor) or r.shape != x.shape or y.shape != x.shape:
             return False, "float64 output shape differs"
-        xf, yf, rf = (t.detach().to(torch.float64) for t in (x, y, r))
+        wide = torch.complex128 if (x.is_complex() or r.is_complex()) else torch.float64
+        xf, yf, rf = (t.detach().to(wide) for t in (x, y, r))
         ny, nx, nr = torch.isnan(yf), torch.isnan(xf), torch.isnan(rf)
         if bool(((ny & ~(nx | nr)) | (nx & nr & ~ny)).any()):
             return False, "NaN positions differ"
