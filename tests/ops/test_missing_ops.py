@@ -581,3 +581,27 @@ def test_rrelu_compiled():
     slope = y[x < 0] / x[x < 0]
     assert torch.equal(y[x >= 0], x[x >= 0])
     assert slope.min() >= 0.2 and slope.max() < 0.25
+
+
+# ------------------------------------------------------------------ cdist backward
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_cdist_backward(p):
+    """``_cdist_backward`` with CPU's per-p rules, including zero distances (a row of x1
+    equal to a row of x2) and broadcast batch dimensions."""
+    torch.manual_seed(0)
+    x1 = torch.randn(2, 1, 4, 3)
+    x2 = torch.randn(3, 5, 3)
+    x2[:, 0] = x1[0, 0, 0]  # zero distances
+    c1, d1 = _pair(x1)
+    c2, d2 = _pair(x2)
+    mode = "donot_use_mm_for_euclid_dist"
+    yc = torch.cdist(c1, c2, p=p, compute_mode=mode)
+    yd = torch.cdist(d1, d2, p=p, compute_mode=mode)
+    close(yd, yc)
+    g = torch.randn(yc.shape)
+    yc.backward(g)
+    yd.backward(g.to(TPU))
+    close(d1.grad, c1.grad)
+    close(d2.grad, c2.grad)

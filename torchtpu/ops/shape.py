@@ -246,6 +246,44 @@ def cdist_forward(x1, x2, p, compute_mode=None):
     return _pnorm_last(d, float(p))
 
 
+@lower(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, cdist):
+    """Gradient of ``_cdist_forward`` w.r.t. ``x1`` (autograd gets ``x2``'s by swapping
+    the operands), with CPU's per-p rules: 0 where the distance is 0 (p=2, general p,
+    and p < 2, where also a zero difference gives 0 for p < 1), ``sign(diff)`` for p=1,
+    the arg-max coordinates for p=inf, zeros for p=0."""
+    j = jnp()
+    ct = opmath(tdtype(x1))
+    a, b, g, dist = cast(x1, ct), cast(x2, ct), cast(grad, ct), cast(cdist, ct)
+    if a.size == 0 or b.size == 0 or g.size == 0:
+        return j.zeros(a.shape, a.dtype)  # CPU: a zero tensor of x1's shape
+    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    r1, r2, m = a.shape[-2], b.shape[-2], a.shape[-1]
+    a = j.broadcast_to(a, batch + (r1, m))
+    b = j.broadcast_to(b, batch + (r2, m))
+    p = float(p)
+    diff = a[..., :, None, :] - b[..., None, :, :]
+    gg, dd = g[..., None], dist[..., None]
+    zero = j.zeros((), a.dtype)
+    pv = j.asarray(p, a.dtype)
+    if p == 0:
+        res = j.zeros_like(diff)
+    elif p == 1:
+        res = gg * j.sign(diff)
+    elif p == 2:
+        res = j.where(dd == 0, zero, gg * diff / j.where(dd == 0, 1, dd))
+    elif p == math.inf:
+        res = gg * j.sign(diff) * (j.abs(diff) == dd).astype(a.dtype)
+    elif p < 2:
+        safe = j.where(dd == 0, 1, dd)
+        res = j.abs(diff) ** (pv - 1) * j.sign(diff) * gg / safe ** (pv - 1)
+        res = j.where((dd == 0) | ((diff == 0) & (p < 1)), zero, res)
+    else:
+        safe = j.where(dd == 0, 1, dd)
+        res = j.where(dd == 0, zero, diff * j.abs(diff) ** (pv - 2) * gg / safe ** (pv - 1))
+    return res.sum(axis=-2)
+
+
 @lower(aten._pdist_forward.default)
 def pdist_forward(x, p=2):
     j = jnp()
