@@ -1043,12 +1043,23 @@ class _MutableViaFunctional:
         self.sig = sig
         self.f = f
         self.fsig = Signature(f)
+        # a structured functional op comes back to this backend as its out= overload
+        # (``logit_backward`` -> ``logit_backward.grad_input``, this plan): run its
+        # decomposition directly, not the op
+        from torchtpu import ops as _ops
+
+        self.decomp = None if f in _ops.table() else _decomposition(f)
 
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
         _overlap.check_writes(self.op, self.sig.mutated, self.sig.out_args, vals)
         fvals = [v for i, v in enumerate(vals) if i not in self.sig.out_args]
-        res = call_op(self.fsig, self.f, fvals[: len(self.fsig.args)])
+        fvals = fvals[: len(self.fsig.args)]
+        if self.decomp is not None:
+            kw = {n: v for n, v, k in zip(self.fsig.names, fvals, self.fsig.kwarg_only) if k}
+            res = self.decomp(*[v for v, k in zip(fvals, self.fsig.kwarg_only) if not k], **kw)
+        else:
+            res = call_op(self.fsig, self.f, fvals)
         if isinstance(res, torch.Tensor):
             res = (res,)
         targets = _flatten([vals[i] for i in self.sig.mutated])
