@@ -373,3 +373,33 @@ def test_float64_arbiter_accepts_closer_and_rejects_farther_results():
     worse[29] += 0.25
     ok, info = opinfo.f64_verdict(op, sample, expected, worse, 1e-2, 1.6e-2)
     assert not ok and "farther" in info
+
+
+def test_gradient_float64_arbiter_accepts_summation_noise_and_rejects_a_wrong_gradient():
+    """Gradients: ``grid_sampler_2d``'s bicubic grid gradient (values ~100) differs
+    from CPU's by ~5e-5, float32 summation noise of the size CPU's own error against
+    float64 has, so it is ``pass-f64``; the same gradient with one element off by 1e-2
+    is still a mismatch (``wrong gradient``)."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from torchtpu.conformance import opinfo
+
+    op = opinfo.get_opinfo("grid_sampler_2d")
+    gen = torch.Generator().manual_seed(5)
+    inp = torch.randn(2, 3, 5, 20, generator=gen).requires_grad_(True)
+    grid = (torch.rand(2, 13, 10, 2, generator=gen) * 2.2 - 1.1).requires_grad_(True)
+    sample = SampleInput(inp, args=(grid, 2, 1, False))
+    result = opinfo.run_sample_backward(op, sample, torch.float32, index=14)
+    assert result.status in ("pass", "pass-f64"), result
+    leaves = [inp, grid]
+    out = torch.grid_sampler_2d(inp, grid, 2, 1, False)
+    cots = [torch.randn(out.shape, generator=gen)]
+    expected = torch.autograd.grad(out, leaves, cots)
+    wrong = [g.clone() for g in expected]
+    wrong[1].view(-1)[7] += 1e-2
+    ok, info = opinfo._grad_f64_verdict(op, sample, leaves, cots, expected, wrong,
+                                        2e-5, 2e-6)
+    assert not ok and "farther" in info
+    ok, info = opinfo._grad_f64_verdict(op, sample, leaves, cots, expected, expected,
+                                        2e-5, 2e-6)
+    assert ok, info
