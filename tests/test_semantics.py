@@ -556,3 +556,15 @@ def test_trunc_division_exact_quotients_and_half_types():
         y = torch.tensor([-0.216796875, 0.55859375, -0.06103515625], dtype=dt)
         same(torch.div(x.to(TPU), y.to(TPU), rounding_mode="trunc"),
              torch.div(x, y, rounding_mode="trunc"))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32])
+@pytest.mark.parametrize("args", [(0, 2.5, 0.5), (0, 5, 0.3), (1.7, 9, 2.6)])
+def test_arange_float_range_integer_dtype_as_cpu(args, dtype):
+    """``torch.arange(0, 2.5, 0.5, dtype=torch.int8)``: CPU takes the length from the
+    float range (5) and the values from the start and step cast to the integer type (0,
+    0, ...).  PyTorch's reference (meta) kernel casts first and rejects the 0 step."""
+    expected = torch.arange(*args, dtype=dtype)
+    actual = torch.arange(*args, dtype=dtype, device="tpu")
+    assert actual.dtype == dtype
+    assert torch.equal(actual.cpu(), expected)
