@@ -30,6 +30,12 @@ HOOKS: dict[str, str] = {
     "accelerate.state": "torchtpu.integrations.accelerate:install_state",
     "accelerate.utils.modeling": "torchtpu.integrations.accelerate:install_modeling",
     "transformers.pipelines.base": "torchtpu.integrations.transformers:install_pipeline",
+    "lightning.fabric.connector": "torchtpu.integrations.lightning:install",
+    "lightning.pytorch.trainer.connectors.accelerator_connector":
+        "torchtpu.integrations.lightning:install",
+    "lightning_fabric.connector": "torchtpu.integrations.lightning:install",
+    "pytorch_lightning.trainer.connectors.accelerator_connector":
+        "torchtpu.integrations.lightning:install",
     # imported by `import torch` already: applied at install (a small module, no imports)
     "torch.utils.data.dataloader": "torchtpu.integrations.torch_data:install",
 }
