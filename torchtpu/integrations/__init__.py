@@ -36,6 +36,8 @@ HOOKS: dict[str, str] = {
     "lightning_fabric.connector": "torchtpu.integrations.lightning:install",
     "pytorch_lightning.trainer.connectors.accelerator_connector":
         "torchtpu.integrations.lightning:install",
+    "sentence_transformers.util.environment":
+        "torchtpu.integrations.sentence_transformers:install",
     # imported by `import torch` already: applied at install (a small module, no imports)
     "torch.utils.data.dataloader": "torchtpu.integrations.torch_data:install",
 }
