@@ -107,6 +107,14 @@ def test_devices_beyond_the_machine_raise_like_cuda():
         L.Fabric(accelerator="tpu", devices=n + 1)
 
 
+def test_trainer_reports_the_tpu_device(caplog):
+    with caplog.at_level("INFO"):
+        L.Trainer(accelerator="auto", logger=False)
+    assert "TPU available: True (torchtpu" in caplog.text
+    assert "using: 1 tpu device" in caplog.text
+    assert "0 TPU cores" not in caplog.text
+
+
 def test_pytorch_lightning_package_too():
     pl = pytest.importorskip("pytorch_lightning")
     trainer = pl.Trainer(accelerator="auto", logger=False, enable_checkpointing=False)
@@ -131,7 +139,7 @@ def test_patches_still_needed_and_in_place():
     from torchtpu.integrations.lightning import _classes
 
     st = integrations.status()
-    for name in ("lightning.fabric.connector",
+    for name in ("lightning.fabric.connector", "lightning.pytorch.trainer.setup",
                  "lightning.pytorch.trainer.connectors.accelerator_connector"):
         assert st[name] == "ok", (name, st[name])
     assert not XLAAccelerator.is_available()
@@ -141,6 +149,10 @@ def test_patches_still_needed_and_in_place():
         for name in ("_choose_auto_accelerator", "_choose_strategy", "_check_and_init_precision"):
             assert getattr(conn, name)._torchtpu, (conn, name)
         assert conn._choose_auto_accelerator.__wrapped__() == "cpu"  # Lightning alone: CPU
+
+    from lightning.pytorch.trainer import setup
+
+    assert setup._log_device_info._torchtpu
 
     trainer = L.Trainer(accelerator="tpu", precision="bf16-mixed", logger=False)
     conn = trainer._accelerator_connector

@@ -33,7 +33,9 @@ HOOKS: dict[str, str] = {
     "lightning.fabric.connector": "torchtpu.integrations.lightning:install",
     "lightning.pytorch.trainer.connectors.accelerator_connector":
         "torchtpu.integrations.lightning:install",
+    "lightning.pytorch.trainer.setup": "torchtpu.integrations.lightning:install_setup",
     "lightning_fabric.connector": "torchtpu.integrations.lightning:install",
+    "pytorch_lightning.trainer.setup": "torchtpu.integrations.lightning:install_setup",
     "pytorch_lightning.trainer.connectors.accelerator_connector":
         "torchtpu.integrations.lightning:install",
     "sentence_transformers.util.environment":

@@ -21,6 +21,9 @@ Trainer, ``_Connector`` for Fabric), so each gets one narrow patch:
   ``MixedPrecision(device="tpu")`` (``torch.autocast("tpu")``, and for ``16-mixed`` a
   ``torch.amp.GradScaler("tpu")``).  A precision plugin the user passes is never changed.
 
+And ``trainer.setup._log_device_info`` (the Trainer's "GPU available / TPU available" lines)
+reports the tpu device in use instead of "TPU available: False, using: 0 TPU cores".
+
 Both the ``lightning`` package (``lightning.pytorch``, ``lightning.fabric``) and the
 standalone ``pytorch_lightning`` / ``lightning_fabric`` packages are handled.
 
@@ -193,6 +196,41 @@ def _patch_connector(conn_cls, accel_cls, precision_attr: str, plugin_attr: str,
     conn_cls._choose_auto_accelerator = staticmethod(_choose_auto_accelerator)
     conn_cls._choose_strategy = _choose_strategy
     conn_cls._check_and_init_precision = _check_and_init_precision
+
+
+def install_setup(module):
+    """Post-import hook for the Trainer's ``trainer.setup``: ``_log_device_info`` names the
+    tpu device in use (Lightning's own lines say "TPU available: False" for it)."""
+    from importlib.metadata import version
+
+    from torchtpu.integrations import check_version
+
+    trainer_pkg = module.__name__.rsplit(".trainer.setup", 1)[0]
+    dist = "lightning" if trainer_pkg == "lightning.pytorch" else "pytorch_lightning"
+    why = check_version(dist, version(dist), LO, HI)
+    if why:
+        return why
+    orig = getattr(module, "_log_device_info", None)
+    if orig is None:
+        return "skipped: no _log_device_info"
+    if getattr(orig, "_torchtpu", False):
+        return None
+
+    def _log_device_info(trainer) -> None:
+        cls = _classes.get(trainer_pkg)
+        if cls is None or not isinstance(trainer.accelerator, cls):
+            return orig(trainer)
+        import torch
+
+        module.rank_zero_info(f"TPU available: True (torchtpu, device kind "
+                              f"{torch.tpu.get_device_name()!r}), "
+                              f"using: {trainer.num_devices} tpu device"
+                              f"{'s' if trainer.num_devices > 1 else ''}")
+
+    _log_device_info.__wrapped__ = orig
+    _log_device_info._torchtpu = True
+    module._log_device_info = _log_device_info
+    return None
 
 
 def install(module):
