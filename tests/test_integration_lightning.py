@@ -120,6 +120,10 @@ def test_pytorch_lightning_package_too():
     trainer = pl.Trainer(accelerator="auto", logger=False, enable_checkpointing=False)
     assert trainer.strategy.root_device == torch.device("tpu", 0)
     assert isinstance(trainer.accelerator, pl.accelerators.Accelerator)
+    from lightning_fabric.utilities.exceptions import MisconfigurationException as PlError
+
+    with pytest.raises(PlError, match="But your machine only has"):
+        pl.Trainer(accelerator="tpu", devices=torch.tpu.device_count() + 1, logger=False)
 
 
 # ------------------------------------------------------------ patch guards

@@ -50,10 +50,11 @@ _PACKAGES = {
 _classes: dict[str, type] = {}  # package -> its TPUAccelerator class
 
 
-def _parse_devices(devices) -> list[int]:
+def _parse_devices(devices, fabric_pkg: str = "lightning.fabric") -> list[int]:
     """Lightning's ``devices=`` for tpu, as ``_parse_gpu_ids`` reads it for CUDA: an int
     ``n`` (``-1``: all) -> ``[0..n-1]``; ``"n"`` likewise; ``"0,2"`` or ``[0, 2]`` -> those
-    indices.  Raises ``MisconfigurationException`` for indices this machine lacks."""
+    indices.  Raises that Lightning package's ``MisconfigurationException`` for indices this
+    machine lacks."""
     import torch
 
     n_avail = torch.tpu.device_count()
@@ -71,18 +72,9 @@ def _parse_devices(devices) -> list[int]:
         ids = [int(d) for d in devices]
     bad = [i for i in ids if not 0 <= i < n_avail]
     if bad or not ids:
-        exc = _misconfiguration()
+        exc = importlib.import_module(f"{fabric_pkg}.utilities.exceptions").MisconfigurationException
         raise exc(f"You requested tpu: {ids}\n But your machine only has: {list(range(n_avail))}")
     return ids
-
-
-def _misconfiguration():
-    for mod in ("lightning.fabric.utilities.exceptions", "lightning_fabric.utilities.exceptions"):
-        try:
-            return importlib.import_module(mod).MisconfigurationException
-        except ImportError:
-            continue
-    return ValueError
 
 
 def _accelerator_class(fabric_pkg: str, trainer_pkg: str | None) -> type:
@@ -114,11 +106,11 @@ def _accelerator_class(fabric_pkg: str, trainer_pkg: str | None) -> type:
 
         @staticmethod
         def parse_devices(devices):
-            return _parse_devices(devices)
+            return _parse_devices(devices, fabric_pkg)
 
         @staticmethod
         def get_parallel_devices(devices):
-            return [torch.device("tpu", i) for i in _parse_devices(devices)]
+            return [torch.device("tpu", i) for i in _parse_devices(devices, fabric_pkg)]
 
         @staticmethod
         def auto_device_count() -> int:
