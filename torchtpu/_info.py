@@ -13,6 +13,7 @@ import platform as _platform
 import sys
 
 _LIBS = ("torch", "jax", "jaxlib", "numpy", "transformers", "accelerate", "safetensors",
+         "lightning", "sentence-transformers", "torchvision", "timm",
          "tokenizers", "huggingface_hub", "psutil")
 
 

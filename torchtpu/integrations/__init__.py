@@ -30,6 +30,16 @@ HOOKS: dict[str, str] = {
     "accelerate.state": "torchtpu.integrations.accelerate:install_state",
     "accelerate.utils.modeling": "torchtpu.integrations.accelerate:install_modeling",
     "transformers.pipelines.base": "torchtpu.integrations.transformers:install_pipeline",
+    "lightning.fabric.connector": "torchtpu.integrations.lightning:install",
+    "lightning.pytorch.trainer.connectors.accelerator_connector":
+        "torchtpu.integrations.lightning:install",
+    "lightning.pytorch.trainer.setup": "torchtpu.integrations.lightning:install_setup",
+    "lightning_fabric.connector": "torchtpu.integrations.lightning:install",
+    "pytorch_lightning.trainer.setup": "torchtpu.integrations.lightning:install_setup",
+    "pytorch_lightning.trainer.connectors.accelerator_connector":
+        "torchtpu.integrations.lightning:install",
+    "sentence_transformers.util.environment":
+        "torchtpu.integrations.sentence_transformers:install",
     # imported by `import torch` already: applied at install (a small module, no imports)
     "torch.utils.data.dataloader": "torchtpu.integrations.torch_data:install",
 }
