@@ -60,3 +60,33 @@ def test_off_disables_it(tmp_path):
     assert res["dir"] is None
     assert res["cache"] == {"hits": 0, "misses": 0, "load_seconds": 0.0}
     assert res["diff"] < 1e-5
+
+
+def test_trim_deletes_least_recently_used_entries_beyond_the_cap(tmp_path):
+    """The size cap: entries (``<key>-cache``) are deleted oldest use first, down to 80%
+    of the cap, only when the directory exceeds it; JAX's ``-atime`` files go."""
+    from torchtpu._device import persistent_cache
+
+    now = 1_700_000_000
+    for i in range(10):  # 10 entries of 1000 bytes, entry 0 the least recently used
+        f = tmp_path / f"jit_op-{i:02d}-cache"
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, (now + i, now + i))
+    (tmp_path / "jit_op-00-atime").write_bytes(b"12345678")
+    assert persistent_cache.trim(str(tmp_path), 20_000) == 0  # under the cap: kept
+    assert not (tmp_path / "jit_op-00-atime").exists()
+    assert persistent_cache.trim(str(tmp_path), 9_000) == 3  # down to 7,200 bytes
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [f"jit_op-{i:02d}-cache" for i in range(3, 10)]
+
+
+def test_no_lock_or_directory_scan_per_store():
+    """JAX's own size cap locks and scans the whole cache directory on every store
+    (0.75 s per compiled executable at 30,000 entries); torchtpu leaves it off."""
+    code = ("import jax, torch, torchtpu; torch.ones(2, device='tpu').cpu(); "
+            "print(jax.config.jax_compilation_cache_max_size, "
+            "torchtpu.persistent_cache_directory() is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["-1", "True"]
