@@ -91,21 +91,25 @@ def configure(jax) -> None:
 
 
 def _start_trim(path: str, max_bytes: int) -> None:
-    """Run :func:`trim` in a daemon thread unless a process did within the last
-    ``_TRIM_INTERVAL_S`` seconds (the stamp file's modification time)."""
+    """Run :func:`trim` in a daemon thread unless a process completed one within the
+    last ``_TRIM_INTERVAL_S`` seconds (the stamp file's modification time, written when
+    a trim completes: a process that exits first leaves the next one to do it)."""
     stamp = os.path.join(path, _TRIM_STAMP)
     try:
         if time.time() - os.stat(stamp).st_mtime < _TRIM_INTERVAL_S:
             return
     except OSError:
         pass
-    try:
-        with open(stamp, "w"):
+
+    def run():
+        trim(path, max_bytes)
+        try:
+            with open(stamp, "w"):
+                pass
+        except OSError:
             pass
-    except OSError:
-        return
-    threading.Thread(target=trim, args=(path, max_bytes), name="torchtpu-cache-trim",
-                     daemon=True).start()
+
+    threading.Thread(target=run, name="torchtpu-cache-trim", daemon=True).start()
 
 
 def trim(path: str, max_bytes: int) -> int:
