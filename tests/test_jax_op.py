@@ -274,6 +274,8 @@ def test_to_jax_snapshot_not_updated_by_later_writes(eager_mode):
     expect[:2] = -1
     assert torch.equal(t.cpu(), expect)
     np.testing.assert_array_equal(np.asarray(a), c.numpy())
+    # a result not computed yet (DEFER_AND_FUSE) is computed first
+    np.testing.assert_array_equal(np.asarray(torchtpu.to_jax(t * 2)), (expect * 2).numpy())
 
 
 def test_from_jax_array_not_changed_by_tensor_writes(eager_mode):
@@ -324,3 +326,15 @@ def test_device_index():
     r = subprocess.run([sys.executable, "-c", DEVICE_INDEX_SCRIPT], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_complex_backward_refused_not_wrong():
+    op = torchtpu.jax_op(_name("cmul"), lambda z, x: (z * x, jnp.abs(z) * x))
+    z = torch.randn(3, dtype=torch.complex128, device="tpu")
+    x = torch.randn(3, dtype=torch.float64, device="tpu", requires_grad=True)
+    prod, mag = op(z, x)
+    # a real output of a complex (non-differentiated) input: the gradient is right
+    mag.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), z.abs().cpu())
+    with pytest.raises(NotImplementedError, match="complex output"):
+        op(z, x)[0].abs().sum().backward()

@@ -53,6 +53,12 @@ def _lib(ns: str):
     return lib
 
 
+def _is_floating(dtype) -> bool:
+    import numpy as np
+
+    return bool(runtime.jax().numpy.issubdtype(dtype, np.floating))
+
+
 def _is_inexact(dtype) -> bool:
     import numpy as np
 
@@ -372,6 +378,7 @@ class JaxOp:
     # ---------------------------------------------------------------- autograd
     def _setup_context(self, ctx, inputs, output):
         arrays, key = self._split(inputs)
+        ctx.set_materialize_grads(False)  # unused outputs' gradients stay None
         ctx.key = key
         ctx.n = len(arrays)
         ctx.present = [t is not None for t in arrays]
@@ -384,14 +391,18 @@ class JaxOp:
         primals = [next(saved) if p else None for p in ctx.present]
         cts = []
         for g, (shape, dtype, device) in zip(grads, ctx.out_meta):
-            if not (dtype.is_floating_point or dtype.is_complex):
-                continue  # integer/bool outputs have no cotangent
+            if dtype.is_complex and g is not None:
+                raise NotImplementedError(
+                    f"torchtpu.jax_op {self.name}: backward through a complex output is not "
+                    f"supported (JAX's and PyTorch's complex gradient conventions differ)")
+            if not dtype.is_floating_point:
+                continue  # integer/bool (and unused complex) outputs: zero cotangents
             cts.append(g if g is not None else torch.zeros(shape, dtype=dtype, device=device))
         for t in primals:
-            if t is not None and t.dtype.is_complex:
+            if t is not None and t.dtype.is_complex and t.requires_grad:
                 raise NotImplementedError(
                     f"torchtpu.jax_op {self.name}: gradients of complex inputs are not "
-                    f"supported")
+                    f"supported (JAX's and PyTorch's complex gradient conventions differ)")
         diff = [i for i, t in enumerate(primals) if t is not None and t.dtype.is_floating_point]
         vjp_op = self._make_vjp_op()
         res = vjp_op(*primals, *cts, key=ctx.key, n=ctx.n)
@@ -426,13 +437,13 @@ class JaxOp:
         return op
 
     def _vjp(self, arrays, key, n):
-        """Traced: the gradients of ``fn``'s floating inputs, given the primals
-        ``arrays[:n]`` and one cotangent per floating output ``arrays[n:]``."""
+        """Traced: the gradients of ``fn``'s real floating inputs, given the primals
+        ``arrays[:n]`` and one cotangent per real floating output ``arrays[n:]``."""
         jax = runtime.jax()
         import numpy as np
 
         primals, cts = list(arrays[:n]), list(arrays[n:])
-        diff = [i for i, p in enumerate(primals) if p is not None and _is_inexact(p.dtype)]
+        diff = [i for i, p in enumerate(primals) if p is not None and _is_floating(p.dtype)]
 
         def f(*d):
             full = list(primals)
@@ -444,8 +455,10 @@ class JaxOp:
         it = iter(cts)
         full_ct = []
         for o in outs:
-            if _is_inexact(o.dtype):
+            if _is_floating(o.dtype):
                 full_ct.append(next(it).astype(o.dtype))
+            elif _is_inexact(o.dtype):  # complex: no gradient flows from it
+                full_ct.append(jax.numpy.zeros(o.shape, o.dtype))
             else:
                 full_ct.append(np.zeros(o.shape, dtype=jax.dtypes.float0))
         grads = pullback(full_ct)
@@ -558,7 +571,8 @@ def jax_op(name: str, fn=None, *, static_argnames=(), allow_cpu: bool = False):
             static); at call time: a non-hashable static value, unknown keyword arguments.
         RuntimeError: ``name`` already defined; cpu tensors without ``allow_cpu=True``
             (the message names the op); inputs on different devices (PyTorch's message).
-        NotImplementedError: backward through complex inputs.
+        NotImplementedError: backward through complex inputs or outputs (JAX and PyTorch
+            differ in their complex gradient conventions).
     """
     if fn is None:
         return lambda f: JaxOp(name, f, static_argnames, allow_cpu)
