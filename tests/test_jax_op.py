@@ -75,6 +75,13 @@ def test_gradcheck_float64(eager_mode):
     torch.testing.assert_close(w.grad.cpu(), wc.grad)
 
 
+def test_double_backward():
+    x = torch.randn(2, 2, dtype=torch.float64, device="tpu", requires_grad=True)
+    w = torch.randn(2, dtype=torch.float64, device="tpu", requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a, b: RMSNORM(a, b, eps=1e-3), (x, w),
+                                        fast_mode=True)
+
+
 def test_defer_and_fuse_records_into_the_segment():
     x = torch.randn(4, 8)
     with torch.tpu.set_eager_mode("defer_and_fuse"):
