@@ -345,3 +345,17 @@ def test_complex_backward_refused_not_wrong():
     torch.testing.assert_close(x.grad.cpu(), z.abs().cpu())
     with pytest.raises(NotImplementedError, match="complex output"):
         op(z, x)[0].abs().sum().backward()
+
+
+def test_static_arguments_by_position_and_keyword():
+    def axpy(x, y, a, mode="add"):
+        return a * x + y if mode == "add" else a * x - y
+
+    op = torchtpu.jax_op(_name("axpy"), axpy, static_argnames=("a", "mode"))
+    x, y = torch.randn(3), torch.randn(3)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    torch.testing.assert_close(op(xt, yt, 2.0).cpu(), 2.0 * x + y)
+    torch.testing.assert_close(op(xt, yt, 3.0, "sub").cpu(), 3.0 * x - y)
+    torch.testing.assert_close(op(xt, y=yt, a=0.5).cpu(), 0.5 * x + y)
+    with pytest.raises(TypeError, match="positional arguments"):
+        op(xt, yt, 1.0, "add", 5)

@@ -188,8 +188,7 @@ class JaxOp:
 
         _ops.LOWERINGS[self.op] = _ops.Lowering(self._lowering)
         self._nfixed = len(self._params.names)
-        self._fast_arity = None if self._params.list_mode or self._params.positional_static \
-            else self._nfixed
+        self._fast_arity = None if self._params.list_mode else self._nfixed
         from torchtpu.eager import executor
 
         self._plan = executor.plan_for(self.op)
@@ -238,7 +237,12 @@ class JaxOp:
 
     def _intern(self, statics: dict) -> str:
         key = _key_of(statics)
-        if key not in self._statics:
+        known = self._statics.get(key)
+        if known is not None and known != statics:
+            raise TypeError(
+                f"torchtpu.jax_op {self.name}: static arguments {statics} and {known} have "
+                f"the same repr but are not equal; static values are told apart by repr")
+        if known is None:
             for k, v in statics.items():
                 try:
                     hash(v)
@@ -472,12 +476,7 @@ def _intern(op: JaxOp, statics: dict) -> str:
     return op._intern(statics)
 
 
-try:
-    from torch._dynamo import assume_constant_result as _const
-
-    _intern = _const(_intern)
-except ImportError:  # pragma: no cover
-    pass
+_intern = torch.compiler.assume_constant_result(_intern)
 
 
 _NO_KW: dict = {}
