@@ -155,6 +155,13 @@ def test_integer_inputs_get_no_gradient():
     xc = x.clone().requires_grad_()
     (xc[i] ** 2).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    # an integer output beside a floating one: no gradient, and none needed from it
+    op2 = torchtpu.jax_op(_name("scaled_argmax"), lambda x: (x * 3, jnp.argmax(x)))
+    xt.grad = None
+    y, k = op2(xt)
+    assert not k.requires_grad and k.dtype == torch.int64 and k.item() == int(x.argmax())
+    y.sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), torch.full((5,), 3.0, dtype=torch.float64))
 
 
 def test_torch_compile_one_node_no_graph_break():

@@ -212,12 +212,19 @@ class JaxOp:
             tensors, statics = self._bind(args, kwargs)
             key = _intern(self, statics)
             call = (tensors, key) if self._params.list_mode else (*tensors, key)
-        if _direct(tensors):
+        how = _direct(tensors)
+        if how == _PLAN:
             # nothing between the call and the tpu backend would act (no autograd
             # recording, mode, transform, tracer or subclass): the backend's kernel
             # directly, as the dispatcher would reach it, without its Python hops
             _M.ops_dispatched += 1
             out = self._plan(call, _NO_KW)
+        elif how == _PLAN_GRAD:
+            # the same with autograd recording: one autograd.Function around the
+            # backend's kernel (the same setup and backward as the registered autograd
+            # kernel, without its per-call pytree flattening of Tensor[] arguments)
+            _M.ops_dispatched += 1
+            out = _Function.apply(self, key, *(tensors if self._params.list_mode else args))
         else:
             out = self.op(*call)
         rebuild = self._rebuild.get(key)
@@ -390,7 +397,14 @@ class JaxOp:
         ctx.out_meta = [(o.shape, o.dtype, o.device) for o in output]
 
     def _backward(self, ctx, *grads):
-        grads = grads[0]  # the one Tensor[] output: a list with one gradient per tensor
+        """The registered autograd formula (``torch.library.register_autograd``)."""
+        out = self._input_grads(ctx, grads[0])  # grads[0]: the one Tensor[] output's
+        if self._params.list_mode:
+            return out, None
+        return (*out, None)
+
+    def _input_grads(self, ctx, grads):
+        """One gradient (or None) per array input, from one (or None) per output."""
         saved = iter(ctx.saved_tensors)
         primals = [next(saved) if p else None for p in ctx.present]
         cts = []
@@ -415,9 +429,7 @@ class JaxOp:
         out = [None] * ctx.n
         for i, g in zip(diff, res):
             out[i] = g
-        if self._params.list_mode:
-            return out, None
-        return (*out, None)
+        return out
 
     def _make_vjp_op(self):
         op = self._vjp_op
@@ -490,26 +502,49 @@ _tracing_state = torch._C._get_tracing_state
 _functorch_stack = torch._C._functorch.peek_interpreter_stack
 
 
-def _direct(tensors) -> bool:
-    """Whether a call with ``tensors`` may go straight to the tpu backend's plan: plain
-    tpu tensors, no autograd to record, and no dispatch/function mode, functorch
-    transform, JIT tracer or Dynamo trace that must see the operator."""
+_DISPATCHER, _PLAN, _PLAN_GRAD = 0, 1, 2
+
+
+def _direct(tensors) -> int:
+    """How a call with ``tensors`` runs: straight to the tpu backend's plan (``_PLAN``;
+    ``_PLAN_GRAD`` when autograd must record it) for plain tpu tensors with no dispatch or
+    function mode, functorch transform, JIT tracer or Dynamo trace that must see the
+    operator; else through the dispatcher (``_DISPATCHER``)."""
     if _is_compiling() or _dispatch_modes() or _function_modes() or _tracing_state() \
             is not None or _functorch_stack() is not None:
-        return False
+        return _DISPATCHER
     grad = _grad_enabled()
     first = True
+    how = _PLAN
     for t in tensors:
         if t is None:
             continue
         tt = type(t)
-        if (tt is not _Tensor and tt is not _Parameter) or (grad and t.requires_grad):
-            return False
+        if tt is not _Tensor and tt is not _Parameter:
+            return _DISPATCHER
+        if grad and t.requires_grad:
+            how = _PLAN_GRAD
         if first:
             if t.device.type != "tpu":
-                return False
+                return _DISPATCHER
             first = False
-    return not first
+    return _DISPATCHER if first else how
+
+
+class _Function(torch.autograd.Function):
+    """Eager autograd around a jax_op's backend kernel (see ``JaxOp.__call__``)."""
+
+    @staticmethod
+    def forward(ctx, jaxop, key, *tensors):
+        call = (list(tensors), key) if jaxop._params.list_mode else (*tensors, key)
+        out = jaxop._plan(call, _NO_KW)
+        jaxop._setup_context(ctx, call, out)
+        ctx.jaxop = jaxop
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, *ctx.jaxop._input_grads(ctx, grads))
 
 
 def _first(out):
