@@ -14,7 +14,6 @@ Pallas runs compiled on TPU (and GPU); on the CPU platform it runs in Pallas' in
 mode, chosen automatically (``PALLAS_INTERPRET=0/1`` forces it).
 """
 
-import functools
 import os
 import sys
 

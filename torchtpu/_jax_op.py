@@ -186,7 +186,7 @@ class JaxOp:
                                         lib=lib)
         from torchtpu import ops as _ops
 
-        _ops.LOWERINGS[self.op] = _ops.Lowering(self._lowering)
+        _ops.lower(self.op)(self._lowering)  # the same table as ATen ops
         self._nfixed = len(self._params.names)
         self._fast_arity = None if self._params.list_mode else self._nfixed
         from torchtpu.eager import executor
