@@ -232,6 +232,15 @@ def test_pallas_rmsnorm_example():
     mod = _example("pallas_rmsnorm")
     assert mod.interpret_mode()  # the CPU platform: Pallas interpret mode
     assert mod.main(steps=1) == 0
+    # the Pallas op inside a compiled graph (one node, no graph break) and DEFER_AND_FUSE
+    norm = mod.PallasRMSNorm(16).to("tpu")
+    x = torch.randn(8, 16)
+    ref = torch.nn.RMSNorm(16, eps=1e-6)(x)
+    y = torch.compile(norm, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch.testing.assert_close(y.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        y = norm(x.to("tpu"))
+        torch.testing.assert_close(y.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
 
 
 def test_pallas_cross_entropy_example():
