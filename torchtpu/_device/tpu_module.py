@@ -326,6 +326,9 @@ enable_cpu_fallback: bool = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in 
 op, instead of raising ``NotImplementedError``.  Also set by ``TORCHTPU_CPU_FALLBACK=1``."""
 
 
+# ------------------------------------------------------------------ JAX interop
+from torchtpu._public import from_jax, jax_op, to_jax  # noqa: E402,F401  (torch.tpu.jax_op...)
+
 # ------------------------------------------------------------------ eager modes
 from torchtpu.eager.modes import EagerMode, set_eager_mode  # noqa: E402,F401
 

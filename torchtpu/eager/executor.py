@@ -508,8 +508,8 @@ class LoweredPlan:
             out = torch.utils._pytree.tree_map_only(
                 torch.Tensor, lambda t: torch.empty_strided(
                     t.shape, t.stride(), dtype=t.dtype, device="meta"), cpu_out)
-        if isinstance(out, torch.Tensor):
-            out = [out]
+        if isinstance(out, torch.Tensor) or (not self.sig.mutated and self.sig.nret == 1):
+            out = [out]  # (a single Tensor[] result, e.g. a torchtpu.jax_op, is one group)
         groups = [len(o) if isinstance(o, (list, tuple)) else None for o in out]
         self._groups = groups if any(g is not None for g in groups) else None
         out = _flatten(out)  # Tensor[] results: one entry per element
