@@ -187,27 +187,64 @@ def test_invalid_inputs_raise_as_cpu():
     assert str(tpu_err.value).replace("tpu:0", "cpu") == str(cpu_err.value)
 
 
-def test_dropout_runs_math_path_reproducibly():
+@pytest.mark.parametrize("path", ["fused", "math"])
+def test_dropout_is_reproducible_with_manual_seed(path):
     q, k, v = (t.to("tpu") for t in qkv(2, 2, 6, 7, 4))
+    backends = [SDPBackend.MATH] if path == "math" else [SDPBackend.FLASH_ATTENTION]
 
-    def run():
-        torch.manual_seed(123)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.4).cpu()
+    def run(seed):
+        torch.manual_seed(seed)
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.4).cpu()
 
-    n = torchtpu.metrics()["sdpa"]["math"]
-    a, b = run(), run()
-    assert torchtpu.metrics()["sdpa"]["math"] == n + 2
+    n = torchtpu.metrics()["sdpa"][path]
+    a, b, c = run(123), run(123), run(124)
+    assert torchtpu.metrics()["sdpa"][path] == n + 3
     torch.testing.assert_close(a, b, rtol=0, atol=0)
-    torch.manual_seed(124)
-    c = F.scaled_dot_product_attention(q, k, v, dropout_p=0.4).cpu()
     assert not torch.equal(a, c)
-    # the same computation as CPU's for the dropped-out weights: where no weight is
-    # dropped the row equals plain attention / (1 - p)... checked on the expectation:
-    # with p -> 0 it is plain attention
+
+
+def test_fused_dropout_statistics(small_blocks):
+    """Uniform weights (q = k = 0) and v = 1: each output is (kept weights in its row) /
+    (S (1 - p)), as PyTorch's dropout(softmax) @ v gives; about 1 - p of them are kept."""
+    B, H, L, S, p = 4, 4, 16, 20, 0.3
+    q = torch.zeros(B, H, L, 4, device="tpu")
+    v = torch.ones(B, H, S, 1, device="tpu")
     torch.manual_seed(0)
-    torch.testing.assert_close(
-        F.scaled_dot_product_attention(q, k, v, dropout_p=1e-9).cpu(),
-        F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu()), rtol=1e-5, atol=1e-5)
+    out = F.scaled_dot_product_attention(q, q[:, :, :1].expand(B, H, S, 4), v,
+                                         dropout_p=p).cpu()
+    kept = out * S * (1 - p)
+    torch.testing.assert_close(kept, kept.round(), rtol=0, atol=1e-4)
+    frac = kept.sum() / (B * H * L * S)
+    assert abs(frac.item() - (1 - p)) < 0.03
+    assert kept.std() > 0  # rows differ: not one mask for all
+
+
+def test_fused_dropout_backward_uses_the_forward_mask():
+    """Directional derivatives (float64, on tpu) of SDPA with dropout, the seed fixed per
+    call, against central differences: the backward regenerates the forward's masks."""
+    q, k, v = (t.double().to("tpu").requires_grad_() for t in qkv(2, 2, 5, 7, 3))
+    m = torch.randn(2, 1, 5, 7, dtype=torch.float64).to("tpu").requires_grad_()
+    xs = (q, k, v, m)
+    g = torch.randn(2, 2, 5, 3, dtype=torch.float64).to("tpu")
+
+    def f(q, k, v, m):
+        torch.manual_seed(5)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.3)
+
+    n = _fused_count()
+    f(*xs).backward(g)
+    assert _fused_count() == n + 1
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        d = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to("tpu") for x in xs]
+        eps = 1e-6
+        with torch.no_grad():
+            plus = f(*(x + eps * dx for x, dx in zip(xs, d)))
+            minus = f(*(x - eps * dx for x, dx in zip(xs, d)))
+        numeric = ((plus - minus) * g).sum().item() / (2 * eps)
+        analytic = sum((x.grad * dx).sum() for x, dx in zip(xs, d)).item()
+        assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(analytic)), (numeric, analytic)
 
 
 def test_fused_kernel_does_not_materialize_scores():
