@@ -105,6 +105,21 @@ def test_causal_matches_cpu(eager_mode, small_blocks, L, S):
     check(q, k, v, is_causal=True)
 
 
+def test_mask_and_causal_together_match_cpu(small_blocks):
+    """CPU's default (flash) kernel applies both; its math kernel refuses, so does ours."""
+    q, k, v = qkv(2, 2, 7, 10, 4)
+    m = torch.randn(2, 1, 7, 10)
+    check(q, k, v, attn_mask=m, is_causal=True)
+    check(q, k, v, attn_mask=m > 0, is_causal=True)
+    with sdpa_kernel([SDPBackend.MATH]):
+        with pytest.raises(RuntimeError) as cpu_err:
+            F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True)
+        with pytest.raises(RuntimeError) as tpu_err:
+            F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                           attn_mask=m.to("tpu"), is_causal=True)
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
 @pytest.mark.parametrize("mask", [None, "bool_heads"])
 def test_gqa_matches_cpu(small_blocks, mask):
     q, k, v = qkv(2, 6, 7, 9, 4, Hk=2)

@@ -567,7 +567,8 @@ def _fused_ok(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
     if Hq != Hk and not (enable_gqa and Hk > 0 and Hq % Hk == 0):
         return False
     if attn_mask is not None:
-        if is_causal or attn_mask.device != q.device or attn_mask.dim() > q.dim():
+        # with is_causal too: both apply, as CPU's flash kernel does (its math path refuses)
+        if attn_mask.device != q.device or attn_mask.dim() > q.dim():
             return False
         if attn_mask.dtype not in (torch.bool, q.dtype):
             return False
