@@ -219,6 +219,21 @@ def test_dropout_is_reproducible_with_manual_seed(path):
     assert not torch.equal(a, c)
 
 
+def test_compiled_dropout_matches_eager_for_the_same_seed():
+    torch._dynamo.reset()
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+
+    q, k, v = (t.to("tpu") for t in qkv(2, 2, 6, 7, 4))
+    torch.manual_seed(11)
+    eager = f(q, k, v).cpu()
+    torch.manual_seed(11)
+    compiled = torch.compile(f, backend="tpu")(q, k, v).cpu()
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 def test_fused_dropout_statistics(small_blocks):
     """Uniform weights (q = k = 0) and v = 1: each output is (kept weights in its row) /
     (S (1 - p)), as PyTorch's dropout(softmax) @ v gives; about 1 - p of them are kept."""
