@@ -300,3 +300,11 @@ def test_fused_kernel_does_not_materialize_scores():
     lse = jnp.zeros((1, 1, 1, L), jnp.float32)
     c = jax.jit(bwd).lower(q, q, k, k, q, lse).compile()
     assert c.memory_analysis().temp_size_in_bytes < scores / 8
+
+
+def test_platform_kernel_refusal_falls_back_to_blockwise(monkeypatch, small_blocks):
+    """On a platform whose fused kernel refuses the call (here: the "gpu" branch, whose
+    cuDNN attention is absent on this CPU machine), the blockwise kernel runs instead."""
+    monkeypatch.setattr(_sdpa, "_platform", lambda: "gpu")
+    q, k, v = qkv(2, 2, 7, 10, 8, dtype=torch.bfloat16, seed=4)
+    check(q, k, v, is_causal=True, tol=1e-2)

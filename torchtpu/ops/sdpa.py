@@ -18,8 +18,9 @@ The lowering per platform (``runtime.platform()``, fixed per process):
 
 * ``tpu``: the Pallas flash-attention kernel JAX ships
   (``jax.experimental.pallas.ops.tpu.flash_attention``) for the unmasked / causal case
-  with sequence lengths that are multiples of 128 and float32/bfloat16 inputs; backward is
-  that kernel's own VJP.  Other cases use the XLA path below.
+  with sequence lengths that are multiples of 128 (``L == S`` when causal) and
+  float32/bfloat16 inputs; backward is that kernel's own VJP.  The log-sum-exp output comes
+  from a blockwise pass (dead code when only the output is used, as in training).  Other cases use the XLA path below.
 * ``gpu``: ``jax.nn.dot_product_attention(implementation="cudnn")`` for float16/bfloat16
   when cuDNN takes the shapes (its VJP for backward); otherwise the XLA path below.
 * everywhere else (CPU): a blockwise attention written here with ``lax`` loops: queries
@@ -265,10 +266,13 @@ def blockwise_bwd(do, q, k, v, bias, out, lse, causal, scale, prec, bias_grad,
 # ---------------------------------------------------------------- platform kernels
 
 
-def _tpu_pallas_ok(q5, k, bias, dt):
+def _tpu_pallas_ok(q5, k, bias, dt, causal):
+    """Cases JAX's TPU flash-attention kernel takes as PyTorch defines them: no mask,
+    float32/bfloat16, sequence lengths that its 128-blocks divide, and L == S when causal
+    (PyTorch's causal mask is top-left aligned)."""
     L, S = q5.shape[3], k.shape[2]
     return (bias is None and dt in (torch.float32, torch.bfloat16)
-            and L % 128 == 0 and S % 128 == 0)
+            and L % 128 == 0 and S % 128 == 0 and (L == S or not causal))
 
 
 def _tpu_attention(q4, k4, v4, causal, scale):
@@ -288,12 +292,16 @@ def _gpu_attention(q4, k4, v4, causal, scale):
     return t(o)
 
 
-def _platform_kernel(q5, k, bias, dt):
-    """The platform's fused kernel for this call, or None (the XLA blockwise path)."""
+def _platform() -> str:
     from torchtpu._device import runtime
 
-    plat = runtime.platform()
-    if plat == "tpu" and _tpu_pallas_ok(q5, k, bias, dt):
+    return runtime.platform()
+
+
+def _platform_kernel(q5, k, bias, dt, causal):
+    """The platform's fused kernel for this call, or None (the XLA blockwise path)."""
+    plat = _platform()
+    if plat == "tpu" and _tpu_pallas_ok(q5, k, bias, dt, causal):
         return "tpu"
     if plat == "gpu" and bias is None and dt in (torch.float16, torch.bfloat16):
         return "gpu"
@@ -426,7 +434,7 @@ def flash_fwd(q, k, v, bias, is_causal, scale):
     sc = (1.0 / math.sqrt(D)) if scale is None else scale
     ct = _np_dtype(_compute_dtype(dt))
     q5, k4, v4, b5 = _to5(q, k, v, bias)
-    kind = _platform_kernel(q5, k4, b5, dt)
+    kind = _platform_kernel(q5, k4, b5, dt, is_causal)
     lse_shape = (q.shape[0], q.shape[1], q.shape[2]) if q.ndim == 4 else (1,) + tuple(q.shape[:2])
     if kind is not None:
         try:
@@ -455,7 +463,7 @@ def flash_bwd(grad_out, q, k, v, bias, out, lse, is_causal, scale, bias_grad, dr
     drop = None
     if dropout_p > 0.0:
         drop = (_key_of(seed, offset), float(dropout_p))
-    kind = _platform_kernel(q5, k4, b5, dt) if drop is None else None
+    kind = _platform_kernel(q5, k4, b5, dt, is_causal) if drop is None else None
     if kind is not None:
         try:
             _, vjp = jax.vjp(lambda a, b, c: _run_platform(kind, a, b, c, is_causal, sc, dt),
