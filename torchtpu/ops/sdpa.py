@@ -20,7 +20,7 @@ The lowering per platform (``runtime.platform()``, fixed per process):
   (``jax.experimental.pallas.ops.tpu.flash_attention``) for the unmasked / causal case
   with sequence lengths that are multiples of 128 (``L == S`` when causal) and
   float32/bfloat16 inputs; backward is that kernel's own VJP.  The log-sum-exp output comes
-  from a blockwise pass (dead code when only the output is used, as in training).  Other cases use the XLA path below.
+  from a blockwise pass over the keys (no value products), an extra cost of this path.  Other cases use the XLA path below.
 * ``gpu``: ``jax.nn.dot_product_attention(implementation="cudnn")`` for float16/bfloat16
   when cuDNN takes the shapes (its VJP for backward); otherwise the XLA path below.
 * everywhere else (CPU): a blockwise attention written here with ``lax`` loops: queries
@@ -427,6 +427,10 @@ def flash_fwd_dropout(q, k, v, bias, dropout_p, is_causal, scale, *, key):
 
 
 def flash_fwd(q, k, v, bias, is_causal, scale):
+    """Lowering of ``torchtpu_attn::flash_fwd``: (output, log-sum-exp float32 (B, Hq, L))
+    of attention over q (B, Hq, L, E) or (Hq, L, E), k/v (.., Hk, S, E/Ev), an additive
+    ``bias`` broadcastable to (B, Hq, L, S) or None; the platform kernel where it applies,
+    else the blockwise kernel."""
     from torchtpu.ops._util import tdtype
 
     dt = tdtype(q)
@@ -451,6 +455,9 @@ def flash_fwd(q, k, v, bias, is_causal, scale):
 
 def flash_bwd(grad_out, q, k, v, bias, out, lse, is_causal, scale, bias_grad, dropout_p=0.0,
               seed=None, offset=None):
+    """Lowering of ``torchtpu_attn::flash_bwd``: gradients of q, k, v and (when
+    ``bias_grad``) of the bias, reduced to its shape (else an empty tensor); with
+    ``dropout_p > 0`` the masks come back from the forward's key (``seed``, ``offset``)."""
     from torchtpu.ops._util import tdtype
 
     jax = _jax()
