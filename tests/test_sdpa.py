@@ -141,6 +141,7 @@ def test_half_dtypes_match_cpu(small_blocks, dtype):
     q, k, v = qkv(2, 2, 7, 10, 8, dtype=dtype)
     check(q, k, v, tol=1e-2, is_causal=True)
     check(q, k, v, attn_mask=torch.randn(7, 10).to(dtype), tol=1e-2)
+    check(q, k, v, attn_mask=torch.randn(7, 10), tol=1e-2)  # float32 mask (autocast's case)
 
 
 def test_default_blocks_long_sequence():

@@ -585,7 +585,7 @@ def _fused_ok(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
         # with is_causal too: both apply, as CPU's flash kernel does (its math path refuses)
         if attn_mask.device != q.device or attn_mask.dim() > q.dim():
             return False
-        if attn_mask.dtype not in (torch.bool, q.dtype):
+        if attn_mask.dtype not in (torch.bool, torch.float32, q.dtype):  # PyTorch's rule
             return False
         want = tuple(q.shape[:-1]) + (S,)
         m = (1,) * (q.dim() - attn_mask.dim()) + tuple(attn_mask.shape)
