@@ -309,3 +309,10 @@ def test_platform_kernel_refusal_falls_back_to_blockwise(monkeypatch, small_bloc
     monkeypatch.setattr(_sdpa, "_platform", lambda: "gpu")
     q, k, v = qkv(2, 2, 7, 10, 8, dtype=torch.bfloat16, seed=4)
     check(q, k, v, is_causal=True, tol=1e-2)
+
+
+def test_transposed_views_match_cpu(small_blocks):
+    """(B, L, H, E) projections viewed as (B, H, L, E), as transformers passes them."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, n, 3, 4, generator=g).transpose(1, 2) for n in (7, 10, 10))
+    check(q, k, v, is_causal=True)
