@@ -20,7 +20,8 @@ The lowering per platform (``runtime.platform()``, fixed per process):
   (``jax.experimental.pallas.ops.tpu.flash_attention``) for the unmasked / causal case
   with sequence lengths that are multiples of 128 (``L == S`` when causal) and
   float32/bfloat16 inputs; backward is that kernel's own VJP.  The log-sum-exp output comes
-  from a blockwise pass over the keys (no value products), an extra cost of this path.  Other cases use the XLA path below.
+  from a blockwise pass over the keys (no value products), an extra cost of this path.
+  Other cases use the XLA path below.
 * ``gpu``: ``jax.nn.dot_product_attention(implementation="cudnn")`` for float16/bfloat16
   when cuDNN takes the shapes (its VJP for backward); otherwise the XLA path below.
 * everywhere else (CPU): a blockwise attention written here with ``lax`` loops: queries
@@ -608,10 +609,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     XLA attention / Pallas / cuDNN, see the module docstring) when
     ``torch.nn.attention.sdpa_kernel`` allows FLASH_ATTENTION, EFFICIENT_ATTENTION or
     OVERRIDEABLE and the call is one it computes (3-D or 4-D inputs of one floating dtype,
-    ``0 <= dropout_p < 1``, masks broadcastable to ``(B, Hq, L, S)``); otherwise PyTorch's own composite
-    kernel (the math decomposition, PyTorch's checks and error messages) when MATH is
-    allowed; otherwise raises CPU's ``RuntimeError("No viable backend ...")``.  The choice
-    is counted in ``torchtpu.metrics()["sdpa"]`` (``"fused"`` / ``"math"``).
+    ``0 <= dropout_p < 1``, masks broadcastable to ``(B, Hq, L, S)``; a mask together with
+    ``is_causal`` applies both, as CPU's default kernel does); otherwise PyTorch's own
+    composite kernel (the math decomposition, PyTorch's checks and error messages) when
+    MATH is allowed; otherwise raises CPU's ``RuntimeError("No viable backend ...")``.
+    Raises what PyTorch raises for invalid inputs (they take the composite kernel).
+    The choice is counted in ``torchtpu.metrics()["sdpa"]`` (``"fused"`` / ``"math"``).
     """
     from torchtpu import _metrics
 
