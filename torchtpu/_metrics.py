@@ -52,6 +52,9 @@ class Metrics:
             collective: ``{"xla": {"allreduce": n, ...}, "gloo": {...}, "cpu": {...}}``
             ("xla": one XLA computation; "gloo": tpu tensors staged through host memory
             to gloo; "cpu": cpu tensors on gloo).
+        sdpa: ``F.scaled_dot_product_attention`` calls on tpu by the path that ran them
+            (``{"fused": n, "math": n}``, ``torchtpu.ops.sdpa``; chosen when traced in a
+            compiled graph).
     """
 
     def __init__(self):
@@ -88,6 +91,7 @@ class Metrics:
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.collectives = collections.Counter()
+        self.sdpa = {"fused": 0, "math": 0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

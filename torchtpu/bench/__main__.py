@@ -3,11 +3,15 @@ import sys
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile"):
-        print("usage: python -m torchtpu.bench {eager|overhead|shapes|compile} [options]  "
-              "(--help per command)")
+    if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile", "kernels"):
+        print("usage: python -m torchtpu.bench {eager|overhead|shapes|compile|kernels} "
+              "[options]  (--help per command)")
         return 2
     cmd, rest = argv[0], argv[1:]
+    if cmd == "kernels":
+        from torchtpu.bench import kernels
+
+        return kernels.main(rest)
     if cmd == "compile":
         from torchtpu.bench import compile as _compile
 

@@ -414,6 +414,8 @@ class GraphExecutable:
                 host_vals.append(np.array(v.detach().numpy(), copy=True))
                 key.append(("h", tuple(v.shape), v.dtype))
         keys = [state.rng(index).next_key_data() for _ in self.random]
+        # torch.set_float32_matmul_precision: read at each call, part of the key
+        key.append(("prec", torch._C._get_float32_matmul_precision()))
         key.append(index)
         key = tuple(key)
         ex = self.cache.get(key)
@@ -456,6 +458,7 @@ class GraphExecutable:
         random_pos = {n: i for i, n in enumerate(self.random)}
         result = {}  # filled by the trace: output storage slots, written inputs, checks
         n_inputs = len(arrays)
+        prec = key[-2][1]  # the float32 matmul precision setting (see __call__)
 
         def fn(arrays, host_vals, keys):
             jnp = jax.numpy
@@ -565,7 +568,8 @@ class GraphExecutable:
                                  for v, k, d in zip(ev, fsig.kinds, fsig.defaults)]
                         f = val[e]
                         res, ch = call_lowering(flow, fe, largs,
-                                                [(tuple(f.shape), tuple(f.stride()), f.dtype)])
+                                                [(tuple(f.shape), tuple(f.stride()), f.dtype)],
+                                                precision=prec)
                         checks.extend(ch)
                         vs.append(new_storage(res[0], f))
                     env[n] = vs
@@ -590,7 +594,7 @@ class GraphExecutable:
                             else (tuple(f.shape), tuple(f.stride()), f.dtype) for f in fakes]
                 k = keys[random_pos[n]] if low.random else None
                 try:
-                    res, ch = call_lowering(low, t, largs, out_meta, k)
+                    res, ch = call_lowering(low, t, largs, out_meta, k, prec)
                 except (TypeError, ValueError) as e:
                     raise RuntimeError(
                         f"torchtpu.compile: lowering {t} failed in graph node {n.name}: {e}"

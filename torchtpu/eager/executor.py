@@ -45,6 +45,7 @@ from torchtpu.ops._util import scalar_type_name
 
 M = _metrics.METRICS
 aten = torch.ops.aten
+_matmul_precision = torch._C._get_float32_matmul_precision
 
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 
@@ -322,6 +323,8 @@ def gather(plan, vals):
                 dev = torch.device(vals[i])
         c.index = dev.index if dev is not None and dev.index is not None else state.current_device
     key.append(c.index)
+    if plan.lowering.precision:  # torch.set_float32_matmul_precision, read at each call
+        key.append(_matmul_precision())
     if plan.lowering.random:
         gen = None
         for i, k in enumerate(kinds):
@@ -614,12 +617,13 @@ class LoweredPlan:
         # the compiled function would otherwise keep alive (and their device buffers).
         slot_meta = [(sd.shape, sd.dtype) for sd in c.sdatas]
         op = self.op
+        prec = key[-1] if lowering.precision else None  # gather put it last
 
         def traced(arrays, dyn):
             dyn_it = iter(dyn)
             largs = [_rebuild(item, arrays, dyn_it, slot_meta) for item in layout]
             key = next(dyn_it) if lowering.random else None
-            fixed, checks = call_lowering(lowering, op, largs[:nf], out_meta, key)
+            fixed, checks = call_lowering(lowering, op, largs[:nf], out_meta, key, prec)
             check_info[:] = [(exc, msg) for _, exc, msg in checks]
             flags = (jax.numpy.stack([jax.numpy.any(b) for b, _, _ in checks]),) \
                 if checks else ()

@@ -54,6 +54,10 @@ class Lowering:
             CPU kernel gives other output dtypes than PyTorch's meta kernel (which follows
             CUDA): the eager executor allocates and casts the outputs to these.
             ``torch.compile`` graphs keep the meta dtypes (their fake tensors have them).
+        precision: the lowering multiplies float32 matrices (matmul, convolution): it
+            reads ``torch.get_float32_matmul_precision()`` through
+            ``ops._util.matmul_precision``, and the setting is part of its executable's
+            cache key (see ``docs/precision.md``).
     """
 
     fn: Callable
@@ -62,17 +66,19 @@ class Lowering:
     static_scalars: bool = False
     prepare: Callable | None = None
     out_dtypes: Callable | None = None
+    precision: bool = False
 
 
 LOWERINGS: dict = {}
 
 
 def lower(*ops, random=False, dynamic_shape=False, static_scalars=False, prepare=None,
-          out_dtypes=None):
+          out_dtypes=None, precision=False):
     """Decorator registering ``fn`` as the lowering of each ATen overload in ``ops``."""
 
     def deco(fn):
-        entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare, out_dtypes)
+        entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare, out_dtypes,
+                         precision)
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"torchtpu: two lowerings for {op}")
@@ -93,6 +99,7 @@ _FAMILIES = (
     "factory",
     "special",
     "attention",
+    "sdpa",
     "amp",
 )
 _loaded = False

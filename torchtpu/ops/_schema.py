@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torchtpu._device import runtime
 from torchtpu.ops import _checks
+from torchtpu.ops._util import precision_scope
 
 # argument kinds
 T, OPT_T, T_LIST, OPT_T_LIST, SCALAR, OPT_SCALAR, GEN, STATIC = range(8)
@@ -96,20 +97,22 @@ def flatten(vals) -> list:
     return out
 
 
-def call_lowering(lowering, op, largs, out_meta, key=None):
+def call_lowering(lowering, op, largs, out_meta, key=None, precision=None):
     """Traced: call ``lowering`` (a :class:`torchtpu.ops.Lowering`) of ``op`` on the
     rebuilt arguments ``largs`` (schema order, functional arguments only).
 
     ``out_meta``: ``(size, stride, dtype)`` per output as PyTorch's meta kernel computes
     it (a ``Tensor[]`` result counts one entry per element; ``None`` for an output that
     is not computed).  ``key``: uint32[4] key data
-    for random lowerings.  Returns ``(outputs, checks)``: one array per output, cast to
+    for random lowerings.  ``precision``: the float32 matmul precision setting the
+    lowering is traced under (``ops._util.matmul_precision``; None: the caller's scope).
+    Returns ``(outputs, checks)``: one array per output, cast to
     the meta dtype (raises ``RuntimeError`` if a lowering returns another shape: an
     internal error, never a silently different result), and the device-side checks
     ``[(flag, exc_type, message)]`` the lowering recorded (``ops._checks``).
     """
     kw = {"key": key} if lowering.random else {}
-    with _checks.Tracing() as tr:
+    with _checks.Tracing() as tr, precision_scope(precision):
         res = lowering.fn(*largs, **kw)
     if not isinstance(res, (tuple, list)):
         res = (res,)

@@ -114,3 +114,44 @@ def float_compute(x) -> torch.dtype:
 def to_float_compute(x):
     """``x`` cast to :func:`float_compute` of it."""
     return cast(x, float_compute(x))
+
+
+# ------------------------------------------------------------ float32 matmul precision
+# torch.set_float32_matmul_precision -> XLA precision of float32 products (docs/precision.md)
+XLA_PRECISION = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
+_TRACE_PRECISION = ["highest"]  # the setting the lowering being traced runs under
+
+
+def host_matmul_precision() -> str:
+    """``torch.get_float32_matmul_precision()`` (read on the host when an op runs and put
+    in the cache key of every lowering marked ``precision=True``)."""
+    return torch._C._get_float32_matmul_precision()
+
+
+class precision_scope:
+    """Trace lowerings under the float32 matmul precision ``setting`` ("highest", "high",
+    "medium"); ``None`` leaves the current one."""
+
+    __slots__ = ("setting", "old")
+
+    def __init__(self, setting):
+        self.setting = setting
+
+    def __enter__(self):
+        self.old = _TRACE_PRECISION[0]
+        if self.setting is not None:
+            _TRACE_PRECISION[0] = self.setting
+        return self
+
+    def __exit__(self, *exc):
+        _TRACE_PRECISION[0] = self.old
+
+
+def matmul_precision(dt: torch.dtype):
+    """The ``jax.lax.Precision`` of a product of ``dt`` operands in the lowering being
+    traced: float32 follows ``torch.set_float32_matmul_precision`` ("highest" ->
+    HIGHEST, "high" -> HIGH, "medium" -> DEFAULT); every other dtype is HIGHEST (PyTorch's
+    setting is for float32 only).  A lowering that calls this must be registered with
+    ``precision=True`` so that the setting is part of its executable's key."""
+    name = XLA_PRECISION[_TRACE_PRECISION[0]] if dt == torch.float32 else "HIGHEST"
+    return getattr(lax().Precision, name)

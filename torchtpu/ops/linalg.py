@@ -1,10 +1,12 @@
 """linalg lowerings: matrix products (mm, bmm, addmm, addmv, mv, dot, vdot, baddbmm,
 addbmm, addr).
 
-Precision: every product is computed with ``precision=jax.lax.Precision.HIGHEST``.  On
-TPU (and on GPUs with TF32) XLA's default precision multiplies float32 operands in
-bfloat16 passes; PyTorch's CPU result is a true float32 product, so we always ask for the
-full-precision algorithm.  float16/bfloat16 operands are multiplied with a float32
+Precision: by default every product is computed with ``precision=jax.lax.Precision.HIGHEST``.
+On TPU (and on GPUs with TF32) XLA's default precision multiplies float32 operands in
+bfloat16 passes; PyTorch's CPU result is a true float32 product, so by default we ask for
+the full-precision algorithm.  ``torch.set_float32_matmul_precision("high" | "medium")``
+lowers the float32 products of mm/bmm/mv/dot/addmm/addmv/baddbmm/addbmm to HIGH / DEFAULT
+(``_util.matmul_precision``; docs/precision.md); the linalg solvers keep HIGHEST.  float16/bfloat16 operands are multiplied with a float32
 accumulator (``preferred_element_type``) and rounded once, like PyTorch's CPU kernels.
 ``matmul``/``linear``/``einsum`` are CompositeImplicit in PyTorch and reach the backend as
 ``mm``/``bmm``/``addmm``/``mv``/``dot`` (plus view ops).
@@ -16,7 +18,9 @@ import torch
 
 from torchtpu.ops import aten, lower
 from torchtpu.ops._scalar import fits
-from torchtpu.ops._util import cast, jnp, lax, opmath, promote, scalar_type_name, tdtype
+from torchtpu.ops._util import (
+    cast, jnp, lax, matmul_precision, opmath, promote, scalar_type_name, tdtype,
+)
 
 # C++ names of dtypes, as CPU's mm error spells them
 _CPP_NAME = {torch.float32: "float", torch.float64: "double", torch.int64: "long int",
@@ -66,12 +70,15 @@ def _acc_dtype(dt: torch.dtype):
     return npdt(opmath(dt))
 
 
-def matmul_(a, b, dt: torch.dtype | None = None):
-    """``a @ b`` (jnp.matmul broadcasting) in PyTorch's precision; result in opmath(dt)."""
+def matmul_(a, b, dt: torch.dtype | None = None, follow_setting: bool = False):
+    """``a @ b`` (jnp.matmul broadcasting) in PyTorch's precision; result in opmath(dt).
+    ``follow_setting``: float32 products follow ``torch.set_float32_matmul_precision``
+    (the calling lowering is registered with ``precision=True``)."""
     if dt is None:
         dt = promote(a, b)
     a, b = cast(a, dt), cast(b, dt)
-    return jnp().matmul(a, b, precision=highest(), preferred_element_type=_acc_dtype(dt))
+    prec = matmul_precision(dt) if follow_setting else highest()
+    return jnp().matmul(a, b, precision=prec, preferred_element_type=_acc_dtype(dt))
 
 
 def _scaled_add(prod, self_, beta, alpha, dt):
@@ -90,11 +97,11 @@ def _scaled_add(prod, self_, beta, alpha, dt):
     return sb + prod
 
 
-@lower(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
+@lower(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, precision=True)
 def mm(a, b):
-    """mm / bmm / mv / dot: one matrix product (full float32 precision)."""
+    """mm / bmm / mv / dot: one matrix product (float32 at the matmul precision setting)."""
     _product_checks(None, a, b)
-    return matmul_(a, b)
+    return matmul_(a, b, follow_setting=True)
 
 
 @lower(aten.vdot.default)
@@ -105,22 +112,22 @@ def vdot(a, b):
 
 # beta/alpha: CPU's checked Scalar::to<T>() on the compute type (float for float16 and
 # bfloat16 in addmm/baddbmm/addbmm's BLAS paths; the tensor's dtype in addmv/addr)
-@lower(aten.addmv.default, prepare=fits(3, 4))
-@lower(aten.addmm.default, aten.baddbmm.default, prepare=fits(3, 4, opmath=True))
+@lower(aten.addmv.default, prepare=fits(3, 4), precision=True)
+@lower(aten.addmm.default, aten.baddbmm.default, prepare=fits(3, 4, opmath=True), precision=True)
 def addmm(self_, m1, m2, beta=1, alpha=1):
     """addmm / addmv / baddbmm: ``beta * self + alpha * (m1 @ m2)``."""
     _product_checks(self_, m1, m2)
     dt = promote(m1, m2)
-    return _scaled_add(matmul_(m1, m2, dt), self_, beta, alpha, dt)
+    return _scaled_add(matmul_(m1, m2, dt, follow_setting=True), self_, beta, alpha, dt)
 
 
-@lower(aten.addbmm.default, prepare=fits(3, 4, opmath=True))
+@lower(aten.addbmm.default, prepare=fits(3, 4, opmath=True), precision=True)
 def addbmm(self_, b1, b2, beta=1, alpha=1):
     dt = promote(b1, b2)
     a, b = cast(b1, dt), cast(b2, dt)
     # sum over the batch inside the contraction: one dot_general, f32 accumulation
     prod = lax().dot_general(
-        a, b, (((0, 2), (0, 1)), ((), ())), precision=highest(),
+        a, b, (((0, 2), (0, 1)), ((), ())), precision=matmul_precision(dt),
         preferred_element_type=_acc_dtype(dt))
     return _scaled_add(prod, self_, beta, alpha, dt)
 

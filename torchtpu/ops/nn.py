@@ -35,6 +35,7 @@ from torchtpu.ops._scalar import fits
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, scalar_type_name,
                                 tdtype, to_float_compute)
 from torchtpu.ops.decomp_overrides import decomp
+from torchtpu.ops._util import matmul_precision
 from torchtpu.ops.linalg import highest
 
 
@@ -62,7 +63,7 @@ _PRIVATE: dict = {}
 _ATEN_IMPL = torch.library.Library("aten", "IMPL")
 
 
-def _masked_op(aten_op, fn, mask_arg="output_mask"):
+def _masked_op(aten_op, fn, mask_arg="output_mask", precision=False):
     """Lower ``aten_op`` (outputs may be undefined per ``output_mask``) through a private
     op that returns an empty tensor for each masked output (see the module docstring)."""
     base = aten_op._schema.name.split("::")[1]
@@ -91,7 +92,7 @@ def _masked_op(aten_op, fn, mask_arg="output_mask"):
         if priv not in LOWERINGS:
             # registered late: the import-time loop registering direct PrivateUse1 kernels
             # only knows the aten namespace
-            LOWERINGS[priv] = Lowering(fn)
+            LOWERINGS[priv] = Lowering(fn, precision=precision)
         mask = args[mi] if mi < len(args) else kwargs[mask_arg]
         res = priv(*args, **kwargs)
         return tuple(r if m else None for r, m in zip(res, mask))
@@ -117,8 +118,11 @@ def _empty():
 _SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
 
 
-def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
-    """Convolution of x (N, C, *sp) with w, no bias, result in the compute dtype."""
+def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups, prec=None):
+    """Convolution of x (N, C, *sp) with w, no bias, result in the compute dtype; ``prec``:
+    the XLA precision (``matmul_precision`` of the inputs' dtype; HIGHEST if None)."""
+    if prec is None:
+        prec = highest()
     nd = x.ndim - 2
     s = _tup(stride, nd)
     p = _tup(padding, nd)
@@ -128,7 +132,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     if not transposed:
         return lax().conv_general_dilated(
             x, w, window_strides=s, padding=[(pi, pi) for pi in p], rhs_dilation=d,
-            feature_group_count=groups, dimension_numbers=dn, precision=highest())
+            feature_group_count=groups, dimension_numbers=dn, precision=prec)
     op = _tup(output_padding, nd)
     cin, coutg = w.shape[0], w.shape[1]
     k = w.shape[2:]
@@ -139,7 +143,7 @@ def _conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
     dn = lax().conv_dimension_numbers(x.shape, w2.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
     return lax().conv_general_dilated(
         x, w2, window_strides=(1,) * nd, padding=pads, lhs_dilation=s, rhs_dilation=d,
-        feature_group_count=groups, dimension_numbers=dn, precision=highest())
+        feature_group_count=groups, dimension_numbers=dn, precision=prec)
 
 
 def _conv_dtype(x, w):
@@ -171,7 +175,7 @@ def _check_output_padding(nd, stride, dilation, output_padding):
                        "got " + " ".join(parts))
 
 
-@lower(aten.convolution_overrideable.default, aten.convolution.default)
+@lower(aten.convolution_overrideable.default, aten.convolution.default, precision=True)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     ct = _conv_dtype(x, w)
     if not ct.is_floating_point and ct is not torch.int64:
@@ -192,7 +196,8 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
     xx = cast(x, ct)
     if unbatched:
         xx = xx[None]
-    out = _conv(xx, cast(w, ct), stride, padding, dilation, transposed, output_padding, groups)
+    out = _conv(xx, cast(w, ct), stride, padding, dilation, transposed, output_padding, groups,
+                matmul_precision(tdtype(x)))
     if bias is not None:
         out = out + cast(bias, ct).reshape((1, -1) + (1,) * (out.ndim - 2))
     return out[0] if unbatched else out
@@ -206,7 +211,8 @@ def convolution_backward(grad_output, x, w, stride, padding, dilation, transpose
     unbatched = x.ndim == w.ndim - 1
     if unbatched:
         xx, g = xx[None], g[None]
-    f = lambda a, b: _conv(a, b, stride, padding, dilation, transposed, output_padding, groups)  # noqa: E731
+    prec = matmul_precision(tdtype(x))
+    f = lambda a, b: _conv(a, b, stride, padding, dilation, transposed, output_padding, groups, prec)  # noqa: E731
     _, vjp = _jax().vjp(f, xx, ww)
     gi, gw = vjp(g)
     if unbatched:
@@ -216,9 +222,10 @@ def convolution_backward(grad_output, x, w, stride, padding, dilation, transpose
     return tuple(o if m else _empty() for o, m in zip(outs, output_mask))
 
 
-_masked_op(aten.convolution_backward_overrideable.default, convolution_backward)
+_masked_op(aten.convolution_backward_overrideable.default, convolution_backward, precision=True)
 _masked_op(aten.convolution_backward.default,
-           lambda go, x, w, bias_sizes, *rest: convolution_backward(go, x, w, *rest))
+           lambda go, x, w, bias_sizes, *rest: convolution_backward(go, x, w, *rest),
+           precision=True)
 
 
 # ============================================================ pooling

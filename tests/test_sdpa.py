@@ -1,0 +1,318 @@
+"""F.scaled_dot_product_attention on tpu (the fused path of torchtpu.ops.sdpa and the
+math path), against CPU PyTorch: masks, causal, GQA, scale, backward, odd sizes, dtypes,
+every eager mode and torch.compile; sdpa_kernel selection and metrics()["sdpa"]."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torchtpu
+from torchtpu.ops import sdpa as _sdpa
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks smaller than the test sequences, so the kernels' loops run several blocks
+    (and the last one partial)."""
+    monkeypatch.setattr(_sdpa, "BLOCK_Q", 4)
+    monkeypatch.setattr(_sdpa, "BLOCK_K", 3)
+
+
+def _fused_count():
+    return torchtpu.metrics()["sdpa"]["fused"]
+
+
+def check(q, k, v, attn_mask=None, tol=2e-5, grads=True, expect="fused", backends=None, **kw):
+    """Run SDPA (forward, and backward of q, k, v and a float mask that requires grad) on
+    CPU and on tpu; compare.  ``expect``: the tpu path that must run; ``backends``: the
+    ``sdpa_kernel`` list the tpu call runs under."""
+    leaves = [q, k, v] + ([attn_mask] if attn_mask is not None and attn_mask.requires_grad
+                          else [])
+    cpu = [t.detach().clone().requires_grad_(grads and t.dtype.is_floating_point)
+           for t in leaves]
+    dev = [t.detach().to("tpu").requires_grad_(grads and t.dtype.is_floating_point)
+           for t in leaves]
+
+    def args(ts):
+        m = ts[3] if len(ts) > 3 else (attn_mask if attn_mask is None else None)
+        if m is None and attn_mask is not None:
+            m = attn_mask.to(ts[0].device)
+        return ts[0], ts[1], ts[2], m
+
+    ref = F.scaled_dot_product_attention(*args(cpu), **kw)
+    before = dict(torchtpu.metrics()["sdpa"])
+    with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(*args(dev), **kw)
+    after = torchtpu.metrics()["sdpa"]
+    assert after[expect] == before[expect] + 1, (before, after)
+    torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol)
+    if grads:
+        g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7)).to(ref.dtype)
+        ref.backward(g)
+        out.backward(g.to("tpu"))
+        for c, d in zip(cpu, dev):
+            if c.requires_grad:
+                torch.testing.assert_close(d.grad.cpu(), c.grad, rtol=tol * 5, atol=tol * 5)
+    return out
+
+
+def qkv(B, Hq, L, S, E, Ev=None, Hk=None, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Hk = Hk or Hq
+    Ev = Ev or E
+    shape = lambda *s: (B, *s) if B is not None else s  # noqa: E731
+    return (torch.randn(shape(Hq, L, E), generator=g).to(dtype),
+            torch.randn(shape(Hk, S, E), generator=g).to(dtype),
+            torch.randn(shape(Hk, S, Ev), generator=g).to(dtype))
+
+
+MASKS = ["none", "bool", "float", "bool_2d", "float_key_padding", "float_grad"]
+
+
+def _mask(kind, B, H, L, S):
+    g = torch.Generator().manual_seed(3)
+    if kind == "none":
+        return None
+    if kind == "bool":  # (B, H, L, S), one fully masked row (CPU gives zeros there)
+        m = torch.rand(B, H, L, S, generator=g) > 0.3
+        m[0, 1, 2] = False
+        return m
+    if kind == "float":
+        return torch.randn(B, H, L, S, generator=g)
+    if kind == "bool_2d":  # broadcast over batch and heads
+        return torch.rand(L, S, generator=g) > 0.4
+    if kind == "float_key_padding":  # (B, 1, 1, S) additive, -inf on padded keys
+        m = torch.zeros(B, 1, 1, S)
+        m[1, ..., -3:] = float("-inf")
+        return m
+    m = torch.randn(1, H, L, S, generator=g)  # broadcast over batch, needs a gradient
+    return m.requires_grad_()
+
+
+@pytest.mark.parametrize("kind", MASKS)
+def test_masks_match_cpu(eager_mode, small_blocks, kind):
+    # L != S, S not a multiple of the block, head dim 5 (not a power of two), Ev != E
+    q, k, v = qkv(2, 3, 7, 10, 5, Ev=6)
+    check(q, k, v, attn_mask=_mask(kind, 2, 3, 7, 10))
+
+
+@pytest.mark.parametrize("L,S", [(9, 6), (6, 9), (8, 8)])
+def test_causal_matches_cpu(eager_mode, small_blocks, L, S):
+    q, k, v = qkv(2, 2, L, S, 4)
+    check(q, k, v, is_causal=True)
+
+
+def test_mask_and_causal_together_match_cpu(small_blocks):
+    """CPU's default (flash) kernel applies both; its math kernel refuses, so does ours."""
+    q, k, v = qkv(2, 2, 7, 10, 4)
+    m = torch.randn(2, 1, 7, 10)
+    check(q, k, v, attn_mask=m, is_causal=True)
+    check(q, k, v, attn_mask=m > 0, is_causal=True)
+    with sdpa_kernel([SDPBackend.MATH]):
+        with pytest.raises(RuntimeError) as cpu_err:
+            F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True)
+        with pytest.raises(RuntimeError) as tpu_err:
+            F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                           attn_mask=m.to("tpu"), is_causal=True)
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
+@pytest.mark.parametrize("mask", [None, "bool_heads"])
+def test_gqa_matches_cpu(small_blocks, mask):
+    q, k, v = qkv(2, 6, 7, 9, 4, Hk=2)
+    m = None
+    if mask:
+        m = torch.rand(2, 6, 7, 9, generator=torch.Generator().manual_seed(1)) > 0.3
+    check(q, k, v, attn_mask=m, enable_gqa=True)
+    check(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_scale_and_3d_inputs_match_cpu(small_blocks):
+    q, k, v = qkv(None, 3, 7, 10, 6)  # (H, L, E): 3-D
+    check(q, k, v, scale=0.37)
+    check(q, k, v, is_causal=True, scale=1.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_dtypes_match_cpu(small_blocks, dtype):
+    q, k, v = qkv(2, 2, 7, 10, 8, dtype=dtype)
+    check(q, k, v, tol=1e-2, is_causal=True)
+    check(q, k, v, attn_mask=torch.randn(7, 10).to(dtype), tol=1e-2)
+    check(q, k, v, attn_mask=torch.randn(7, 10), tol=1e-2)  # float32 mask (autocast's case)
+
+
+def test_default_blocks_long_sequence():
+    """One sequence longer than the default block (several blocks, last partial)."""
+    q, k, v = qkv(1, 2, 700, 1030, 16)
+    check(q, k, v, is_causal=True, tol=1e-4)
+
+
+def test_compiled_matches_cpu_and_runs_fused(small_blocks):
+    torch._dynamo.reset()
+    q, k, v = qkv(2, 2, 7, 10, 5)
+    m = torch.randn(2, 1, 7, 10)
+
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m).square().sum()
+
+    cf = torch.compile(f, backend="tpu")
+    qc, kc, vc = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = f(qc, kc, vc, m)
+    ref.backward()
+    qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
+    n0 = _fused_count()
+    out = cf(qt, kt, vt, m.to("tpu"))
+    out.backward()
+    assert _fused_count() > n0
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    for a, b in ((qt, qc), (kt, kc), (vt, vc)):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backends,path", [
+    ([SDPBackend.MATH], "math"),
+    ([SDPBackend.FLASH_ATTENTION], "fused"),
+    ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "fused"),
+    ([SDPBackend.OVERRIDEABLE], "fused"),
+])
+def test_sdpa_kernel_selects_path(backends, path):
+    q, k, v = qkv(1, 2, 5, 6, 4)
+    check(q, k, v, is_causal=True, expect=path, backends=backends, grads=False)
+
+
+def test_no_viable_backend_raises_as_cpu():
+    q, k, v = qkv(1, 2, 5, 6, 4)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        with pytest.raises(RuntimeError) as cpu_err:
+            F.scaled_dot_product_attention(q, k, v)
+        with pytest.raises(RuntimeError) as tpu_err:
+            F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
+def test_invalid_inputs_raise_as_cpu():
+    q, k, v = qkv(1, 2, 5, 6, 4)
+    with pytest.raises(RuntimeError) as cpu_err:
+        F.scaled_dot_product_attention(q, k.double(), v)
+    with pytest.raises(RuntimeError) as tpu_err:
+        F.scaled_dot_product_attention(q.to("tpu"), k.double().to("tpu"), v.to("tpu"))
+    assert str(tpu_err.value).replace("tpu:0", "cpu") == str(cpu_err.value)
+
+
+@pytest.mark.parametrize("path", ["fused", "math"])
+def test_dropout_is_reproducible_with_manual_seed(path):
+    q, k, v = (t.to("tpu") for t in qkv(2, 2, 6, 7, 4))
+    backends = [SDPBackend.MATH] if path == "math" else [SDPBackend.FLASH_ATTENTION]
+
+    def run(seed):
+        torch.manual_seed(seed)
+        with sdpa_kernel(backends):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.4).cpu()
+
+    n = torchtpu.metrics()["sdpa"][path]
+    a, b, c = run(123), run(123), run(124)
+    assert torchtpu.metrics()["sdpa"][path] == n + 3
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(a, c)
+
+
+def test_compiled_dropout_matches_eager_for_the_same_seed():
+    torch._dynamo.reset()
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+
+    q, k, v = (t.to("tpu") for t in qkv(2, 2, 6, 7, 4))
+    torch.manual_seed(11)
+    eager = f(q, k, v).cpu()
+    torch.manual_seed(11)
+    compiled = torch.compile(f, backend="tpu")(q, k, v).cpu()
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+def test_fused_dropout_statistics(small_blocks):
+    """Uniform weights (q = k = 0) and v = 1: each output is (kept weights in its row) /
+    (S (1 - p)), as PyTorch's dropout(softmax) @ v gives; about 1 - p of them are kept."""
+    B, H, L, S, p = 4, 4, 16, 20, 0.3
+    q = torch.zeros(B, H, L, 4, device="tpu")
+    v = torch.ones(B, H, S, 1, device="tpu")
+    torch.manual_seed(0)
+    out = F.scaled_dot_product_attention(q, q[:, :, :1].expand(B, H, S, 4), v,
+                                         dropout_p=p).cpu()
+    kept = out * S * (1 - p)
+    torch.testing.assert_close(kept, kept.round(), rtol=0, atol=1e-4)
+    frac = kept.sum() / (B * H * L * S)
+    assert abs(frac.item() - (1 - p)) < 0.03
+    assert kept.std() > 0  # rows differ: not one mask for all
+
+
+def test_fused_dropout_backward_uses_the_forward_mask():
+    """Directional derivatives (float64, on tpu) of SDPA with dropout, the seed fixed per
+    call, against central differences: the backward regenerates the forward's masks."""
+    q, k, v = (t.double().to("tpu").requires_grad_() for t in qkv(2, 2, 5, 7, 3))
+    m = torch.randn(2, 1, 5, 7, dtype=torch.float64).to("tpu").requires_grad_()
+    xs = (q, k, v, m)
+    g = torch.randn(2, 2, 5, 3, dtype=torch.float64).to("tpu")
+
+    def f(q, k, v, m):
+        torch.manual_seed(5)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.3)
+
+    n = _fused_count()
+    f(*xs).backward(g)
+    assert _fused_count() == n + 1
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        d = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to("tpu") for x in xs]
+        eps = 1e-6
+        with torch.no_grad():
+            plus = f(*(x + eps * dx for x, dx in zip(xs, d)))
+            minus = f(*(x - eps * dx for x, dx in zip(xs, d)))
+        numeric = ((plus - minus) * g).sum().item() / (2 * eps)
+        analytic = sum((x.grad * dx).sum() for x, dx in zip(xs, d)).item()
+        assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(analytic)), (numeric, analytic)
+
+
+def test_fused_kernel_does_not_materialize_scores():
+    """The blockwise kernel's compiled working set is far below one (L, S) score matrix."""
+    import jax
+    import jax.numpy as jnp
+
+    L = S = 4096
+    q = jnp.zeros((1, 1, 1, L, 16), jnp.float32)
+    k = jnp.zeros((1, 1, S, 16), jnp.float32)
+    hi = jax.lax.Precision.HIGHEST
+
+    def fwd(q, k, v):
+        return _sdpa.blockwise_fwd(q, k, v, None, True, 0.25, hi)
+
+    c = jax.jit(fwd).lower(q, k, k).compile()
+    scores = L * S * 4
+    assert c.memory_analysis().temp_size_in_bytes < scores / 8
+
+    def bwd(do, q, k, v, o, lse):
+        return _sdpa.blockwise_bwd(do, q, k, v, None, o, lse, True, 0.25, hi, False)
+
+    lse = jnp.zeros((1, 1, 1, L), jnp.float32)
+    c = jax.jit(bwd).lower(q, q, k, k, q, lse).compile()
+    assert c.memory_analysis().temp_size_in_bytes < scores / 8
+
+
+def test_platform_kernel_refusal_falls_back_to_blockwise(monkeypatch, small_blocks):
+    """On a platform whose fused kernel refuses the call (here: the "gpu" branch, whose
+    cuDNN attention is absent on this CPU machine), the blockwise kernel runs instead."""
+    monkeypatch.setattr(_sdpa, "_platform", lambda: "gpu")
+    q, k, v = qkv(2, 2, 7, 10, 8, dtype=torch.bfloat16, seed=4)
+    check(q, k, v, is_causal=True, tol=1e-2)
+
+
+def test_transposed_views_match_cpu(small_blocks):
+    """(B, L, H, E) projections viewed as (B, H, L, E), as transformers passes them."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, n, 3, 4, generator=g).transpose(1, 2) for n in (7, 10, 10))
+    check(q, k, v, is_causal=True)
