@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import zlib
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,8 +33,12 @@ def module():
     from torch.utils.cpp_extension import load
 
     src = os.path.join(os.path.dirname(__file__), "_native.cpp")
+    # one build directory per source version: checkouts of different versions on one
+    # machine (worktrees, upgrades) would otherwise rebuild over each other's module
+    with open(src, "rb") as f:
+        name = f"torchtpu_native_{zlib.crc32(f.read()):08x}"
     try:
-        mod = load("torchtpu_native", [src], extra_cflags=["-O1"], verbose=False)
+        mod = load(name, [src], extra_cflags=["-O1"], verbose=False)
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
         raise NotImplementedError(
             f"torchtpu: tensors on tpu:N>0 need a small C++ helper that could not be "
