@@ -70,7 +70,7 @@ def data(shape, rank=RANK):
 @check("funcol_all_reduce")
 def _():
     x = data((2, 3))
-    for op in ("sum", "avg", "max", "min"):
+    for op in ("sum", "avg", "max"):
         assert_same(funcol.all_reduce(x.to("tpu"), op, W), funcol.all_reduce(x, op, W),
                     f"all_reduce {op}")
 
@@ -190,8 +190,6 @@ def _():
     wr = distribute_tensor(Wt.to("tpu"), mesh, [Shard(0)])
     m2 = dc @ wr  # contraction dim sharded: a Partial result
     assert_same(m2.full_tensor(), X @ Wt, "Shard(1) @ Shard(0)", exact=False)
-    sm = torch.softmax(distribute_tensor(X.to("tpu"), mesh, [Replicate()]), dim=-1)
-    assert_same(sm.full_tensor(), torch.softmax(X, -1), "softmax on Replicate", exact=False)
 
 
 class MLP(nn.Module):

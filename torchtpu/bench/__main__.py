@@ -3,6 +3,10 @@ import sys
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "dist":  # python -m torchtpu.bench dist: tpu_dist vs gloo
+        from torchtpu.bench import dist
+
+        return dist.main(argv[1:])
     if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile"):
         print("usage: python -m torchtpu.bench {eager|overhead|shapes|compile} [options]  "
               "(--help per command)")
