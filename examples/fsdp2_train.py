@@ -7,12 +7,15 @@
 the processes (each holds half of each weight as a DTensor); the forward all-gathers a
 layer's weights before it runs, and the backward reduce-scatters its gradients.  Each step
 trains on the same global batch of 16 samples, split across the processes; rank 0 prints
-the loss of the whole batch, so both commands print the same losses.  At the end the
+the loss of the whole batch, so both commands print the same losses (up to float32
+rounding in the last printed digit: the reduce-scatter sums the two halves' gradients in
+another order than one process does).  At the end the
 sharded state dict is saved with ``torch.distributed.checkpoint`` (each rank writes its
 shards) and loaded back.
 """
 
 import os
+import shutil
 import tempfile
 
 import torch
@@ -68,6 +71,8 @@ if distributed:
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=ckpt[0])
     model.load_state_dict(state["model"])
+    dist.barrier()
     if rank == 0:
-        print(f"saved and loaded a sharded checkpoint in {ckpt[0]}", flush=True)
+        print(f"saved and loaded a sharded checkpoint ({ckpt[0]}, removed)", flush=True)
+        shutil.rmtree(ckpt[0])
     dist.destroy_process_group()

@@ -9,7 +9,8 @@ For each world size, launches that many processes on this machine (one per devic
 * ``all_reduce`` (SUM), ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (SUM) on
   float32 tensors of 4 KiB to 64 MiB, on tpu tensors (``tpu_dist``: XLA collectives) and
   on cpu tensors (the group's gloo), as time per call (the slowest rank's mean over
-  ``--iters`` calls after 2 warm-up calls, the device queue drained at the end) and bus
+  ``--iters`` calls after 2 warm-up calls, the device queue drained at the end), also
+  without ``tpu_dist``'s cross-rank signature check (``TORCHTPU_DIST_CHECK=0``), and bus
   bandwidth in the nccl-tests convention: ``size / time * 2 (n - 1) / n`` for
   all_reduce, ``size / time * (n - 1) / n`` for the other two (``size``: the all_reduce
   tensor, the gathered output, the scattered input);
@@ -149,14 +150,22 @@ def worker(argv) -> None:
     iters, steps, warmup, train = int(argv[5]), int(argv[6]), int(argv[7]), argv[8]
     import torch.distributed as dist
 
+    from torchtpu.distributed import process_group
+
+    check = process_group._CHECK
     dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     res = {"collectives": {}, "train": {}}
     for name in COLLECTIVES if world > 1 else ():
         for nbytes in sizes:
-            for backend, device in (("tpu_dist", "tpu"), ("gloo", "cpu")):
+            for backend, device in (("tpu_dist", "tpu"), ("tpu_dist_nocheck", "tpu"),
+                                    ("gloo", "cpu")):
+                # tpu_dist_nocheck: without the cross-rank signature check
+                # (TORCHTPU_DIST_CHECK=0), which is one host rendezvous per call
+                process_group._CHECK = backend != "tpu_dist_nocheck"
                 t = _time_collective(name, device, nbytes, world, iters)
                 res["collectives"].setdefault(name, {}).setdefault(str(nbytes), {})[backend] = t
+    process_group._CHECK = check
     for kind in [k for k in train.split(",") if k]:
         res["train"][kind] = _train(kind, world, rank, steps, warmup)
     if rank == 0:
@@ -219,15 +228,16 @@ def main(argv=None) -> int:
         coll = out["worlds"][str(w)]["collectives"]
         for name in COLLECTIVES:
             print(f"{name}, {w} processes, float32")
-            print(f"{'size':>8s} | {'tpu_dist ms':>11s} {'GB/s':>7s} | {'gloo cpu ms':>11s} "
-                  f"{'GB/s':>7s} | {'tpu_dist/gloo':>13s}")
+            print(f"{'size':>8s} | {'tpu_dist ms':>11s} {'GB/s':>7s} | {'no check ms':>11s} "
+                  f"{'GB/s':>7s} | {'gloo cpu ms':>11s} {'GB/s':>7s} | {'tpu_dist/gloo':>13s}")
             for nbytes in sizes:
                 r = coll[name][str(nbytes)]
-                bw = {b: _busbw(name, nbytes, w, r[b]) for b in r}
+                bw = {b: _busbw(name, nbytes, w, t) for b, t in r.items()}
                 r["busbw_GBps"] = bw
                 print(f"{_fmt_size(nbytes):>8s} | {r['tpu_dist'] * 1e3:11.3f} "
-                      f"{bw['tpu_dist']:7.3f} | {r['gloo'] * 1e3:11.3f} {bw['gloo']:7.3f} | "
-                      f"{bw['tpu_dist'] / bw['gloo']:12.2f}x")
+                      f"{bw['tpu_dist']:7.3f} | {r['tpu_dist_nocheck'] * 1e3:11.3f} "
+                      f"{bw['tpu_dist_nocheck']:7.3f} | {r['gloo'] * 1e3:11.3f} "
+                      f"{bw['gloo']:7.3f} | {bw['tpu_dist'] / bw['gloo']:12.2f}x")
             print()
     if train:
         print("MLP training step (784-1024-1024-10, AdamW, batch 64 per rank)")
