@@ -237,8 +237,7 @@ def fsdp_model(seed):
     return m, ref
 
 
-@check("fsdp2_step")
-def _():
+def fsdp2_equivalence():
     m, ref = fsdp_model(0)
     assert isinstance(m.w1.weight, DTensor) and m.w1.weight.placements == (Shard(0),)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -263,8 +262,19 @@ def _():
         ref_opt.step()
     for (n, p), rp in zip(m.named_parameters(), ref.parameters()):
         assert_same(p.full_tensor(), rp.detach(), f"parameter {n} after 2 steps", exact=False)
+    return m
+
+
+@check("fsdp2_step")
+def _():
     global TRAINED
-    TRAINED = m
+    TRAINED = fsdp2_equivalence()
+
+
+@check("fsdp2_step_defer_and_fuse")
+def _():
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        fsdp2_equivalence()
 
 
 @check("fsdp2_dcp_round_trip")

@@ -45,6 +45,10 @@ def test_fsdp2_step_matches_single_process(ranks):
     _assert(ranks, "fsdp2_step")
 
 
+def test_fsdp2_step_in_defer_and_fuse(ranks):
+    _assert(ranks, "fsdp2_step_defer_and_fuse")
+
+
 def test_fsdp2_distributed_checkpoint_round_trip(ranks):
     _assert(ranks, "fsdp2_dcp_round_trip")
 
