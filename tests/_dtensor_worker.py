@@ -1,5 +1,7 @@
 """One rank of tests/test_distributed_dtensor.py: ``python tests/_dtensor_worker.py RANK WORLD PORT OUT``.
 
+With 2 ranks: the 1-D mesh checks; with 4 ranks: the 2-D mesh checks.
+
 Functional collectives, DTensor, tensor parallelism and FSDP2 on tpu tensors over the
 ``tpu_dist`` group, each checked against the same computation on CPU (the functional
 collective on cpu tensors with gloo in the same process, or the single-process model on
@@ -26,9 +28,11 @@ seconds = {}
 ONLY = [c for c in os.environ.get("DIST_WORKER_ONLY", "").split(",") if c]
 
 
-def check(name):
+def check(name, world=2):
+    """Run ``fn`` as check ``name`` when the job has ``world`` ranks (the 1-D checks
+    with 2 ranks, the 2-D mesh checks with 4)."""
     def deco(fn):
-        if ONLY and not any(name.startswith(c) for c in ONLY):
+        if WORLD != world or (ONLY and not any(name.startswith(c) for c in ONLY)):
             return fn
         t0 = time.perf_counter()
         try:
@@ -293,6 +297,61 @@ def _():
         assert_same(q.to_local(), p.to_local().cpu(), f"loaded shard of {n}")
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(3)).to("tpu")
     assert_same(fresh(x), m(x).detach().cpu(), "forward of the loaded model", exact=False)
+
+
+# ------------------------------------------------------------- 2-D mesh, 4 ranks
+
+
+@check("mesh2d_dtensor", world=4)
+def _():
+    mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    d = distribute_tensor(X.to("tpu"), mesh, [Shard(0), Shard(1)])
+    dp, tp = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    assert_same(d.to_local(), X.chunk(2, 0)[dp].chunk(2, 1)[tp],
+                "local block of (Shard(0), Shard(1))")
+    assert_same(d.full_tensor(), X, "full_tensor on a 2-D mesh")
+    r = d.redistribute(mesh, [Replicate(), Shard(0)])
+    assert_same(r.to_local(), X.chunk(2, 0)[tp],
+                "(Shard(0), Shard(1)) -> (Replicate(), Shard(0))")
+    s = (d * 2).sum()
+    assert_same(s.full_tensor(), (X * 2).sum(), "sum on a 2-D mesh", exact=False)
+    w = distribute_tensor(Wt.to("tpu"), mesh, [Replicate(), Replicate()])
+    assert_same((d @ w).full_tensor(), X @ Wt, "matmul on a 2-D mesh", exact=False)
+
+
+@check("mesh2d_fsdp2_tp_step", world=4)
+def _():
+    # tensor parallel inside each "tp" pair, FSDP2 across the "dp" pairs
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    ref = MLP()
+    m = parallelize_module(copy.deepcopy(ref).to("tpu"), mesh["tp"],
+                           {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(m, mesh=mesh["dp"])
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    dp, per = mesh.get_local_rank("dp"), 4
+    for step in range(2):
+        X_ = torch.randn(per * 2, 8, generator=g)
+        Y = torch.randn(per * 2, 4, generator=g)
+        mine = slice(dp * per, (dp + 1) * per)  # the tp pair shares its batch
+        loss = F.mse_loss(m(X_[mine].to("tpu")), Y[mine].to("tpu"))
+        opt.zero_grad()
+        loss.backward()
+        ref_loss = F.mse_loss(ref(X_), Y)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        for (n, p), rp in zip(m.named_parameters(), ref.parameters()):
+            assert_same(p.grad.full_tensor(), rp.grad, f"step {step} grad {n}", exact=False)
+        opt.step()
+        ref_opt.step()
+    for (n, p), rp in zip(m.named_parameters(), ref.parameters()):
+        assert_same(p.full_tensor(), rp.detach(), f"parameter {n} after 2 steps", exact=False)
 
 
 with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:

@@ -1,5 +1,5 @@
 """Functional collectives, DTensor, tensor parallelism and FSDP2 on tpu tensors (the
-``tpu_dist`` backend), 2 ranks on the CPU platform.
+``tpu_dist`` backend), 2 ranks (1-D mesh) and 4 ranks (2-D mesh) on the CPU platform.
 
 The ranks are spawned once per module (``tests/_dtensor_worker.py``, with the spawning
 helper of tests/test_distributed.py); each check there compares with the same computation
@@ -51,6 +51,19 @@ def test_fsdp2_step_in_defer_and_fuse(ranks):
 
 def test_fsdp2_distributed_checkpoint_round_trip(ranks):
     _assert(ranks, "fsdp2_dcp_round_trip")
+
+
+@pytest.fixture(scope="module")
+def ranks4(tmp_path_factory):
+    return spawn_ranks("_dtensor_worker.py", 4, tmp_path_factory.mktemp("mesh2d"))
+
+
+def test_dtensor_on_a_2d_mesh(ranks4):
+    _assert(ranks4, "mesh2d_dtensor")
+
+
+def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(ranks4):
+    _assert(ranks4, "mesh2d_fsdp2_tp_step")
 
 
 # ------------------------------------------------------------ UntypedStorage.resize_
