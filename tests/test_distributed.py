@@ -24,32 +24,37 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist")
+def spawn_ranks(worker, world, out, timeout=300):
+    """Run ``python tests/<worker> RANK WORLD PORT OUT`` for every rank on the CPU platform
+    and return each rank's ``{check: "ok" | error}`` (``OUT/rank{RANK}.json``)."""
     port = str(_free_port())
     env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
     procs = [
-        subprocess.Popen([sys.executable, os.path.join(HERE, "_dist_worker.py"), str(r),
-                          str(WORLD), port, str(out)], env=env,
+        subprocess.Popen([sys.executable, os.path.join(HERE, worker), str(r),
+                          str(world), port, str(out)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(WORLD)
+        for r in range(world)
     ]
     logs = []
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=300)[0])
+            logs.append(p.communicate(timeout=timeout)[0])
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             pytest.fail("distributed worker timed out:\n" + "\n".join(logs))
     res = []
-    for r in range(WORLD):
+    for r in range(world):
         path = out / f"rank{r}.json"
         if not path.exists():
             pytest.fail(f"rank {r} wrote no results:\n{logs[r][-5000:]}")
         res.append(json.loads(path.read_text()))
     return res
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return spawn_ranks("_dist_worker.py", WORLD, tmp_path_factory.mktemp("dist"))
 
 
 def _assert(ranks, prefix):

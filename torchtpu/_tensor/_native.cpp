@@ -13,6 +13,11 @@
 //    process aborts.  This guard never calls into Python.  It holds the current tpu
 //    device index (the one source of truth once installed: torch.tpu.current_device /
 //    set_device read and write it through current_device()/set_current_device()).
+// 3. set_storage_nbytes: UntypedStorage.resize_ of a tpu storage (FSDP2 frees and
+//    re-allocates its unsharded parameters that way).  PyTorch sends it to the C++
+//    PrivateUse1 hooks' resizePrivateUse1Bytes, which the Python hooks cannot provide;
+//    the device data lives on the storage's Python object, so only the StorageImpl's
+//    byte size (and, when it grows, its never-dereferenced address) changes here.
 #include <torch/extension.h>
 #include <torch/csrc/Storage.h>
 
@@ -31,6 +36,18 @@ at::Tensor make_on_storage(py::object storage_obj, std::vector<int64_t> size,
       c10::scalarTypeToTypeMeta(dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
   return t;
+}
+
+void set_storage_nbytes(py::object storage_obj, int64_t nbytes, int64_t addr) {
+  c10::Storage storage = THPStorage_Unpack(storage_obj.ptr());
+  TORCH_CHECK(storage.device_type() == c10::DeviceType::PrivateUse1,
+              "set_storage_nbytes: expected a tpu storage, got ", storage.device());
+  auto* impl = storage.unsafeGetStorageImpl();
+  if (addr != 0) {
+    impl->set_data_ptr_noswap(
+        c10::DataPtr(reinterpret_cast<void*>(addr), storage.device()));
+  }
+  impl->set_nbytes(static_cast<size_t>(nbytes));
 }
 
 namespace {
@@ -118,6 +135,8 @@ void set_current_device(int64_t index) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_on_storage", &make_on_storage,
         "A PrivateUse1 tensor viewing a storage (any device index).");
+  m.def("set_storage_nbytes", &set_storage_nbytes,
+        "Set a tpu StorageImpl's byte size (and, if addr != 0, its fake address).");
   m.def("install_device_guard", &install_device_guard,
         "Register the C++ PrivateUse1 device guard (replaces the Python one).");
   m.def("device_guard_installed", &device_guard_installed);

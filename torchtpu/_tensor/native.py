@@ -1,18 +1,20 @@
 """A small C++ helper (``_native.cpp``), compiled on first use (``torch.utils.cpp_extension``).
 
-It provides two things PyTorch 2.13's Python backend API cannot:
+It provides three things PyTorch 2.13's Python backend API cannot:
 
 * tensors on ``tpu:N`` with N > 0 (the Python API creates every tensor on index 0);
 * a C++ device guard for PrivateUse1 (:func:`install_device_guard`), installed on the
   first ``backward()`` after a tpu op ran and on the first use of ``tpu:N>0``.  PyTorch's
   Python device guard calls into Python from a destructor while the autograd engine
   unwinds an exception raised by a backward hook, which aborts the process; the C++
-  guard never calls into Python.
+  guard never calls into Python;
+* ``UntypedStorage.resize_`` of a tpu storage (:func:`torchtpu._tensor.storage.resize_bytes`,
+  used by FSDP2): the StorageImpl's byte size set from Python.
 
-The build takes about half a minute once per machine (cached under
-``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``; loading the cached build
-takes ~0.3 s per process) and needs a C++ compiler and ``ninja`` (a dependency of
-torchtpu).
+The build takes about half a minute once per machine and version of ``_native.cpp``
+(cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, in one
+directory per source version; loading the cached build takes ~0.3 s per process) and
+needs a C++ compiler and ``ninja`` (a dependency of torchtpu).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import zlib
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,12 +35,16 @@ def module():
     from torch.utils.cpp_extension import load
 
     src = os.path.join(os.path.dirname(__file__), "_native.cpp")
+    # one build directory per source version: checkouts of different versions on one
+    # machine (worktrees, upgrades) would otherwise rebuild over each other's module
+    with open(src, "rb") as f:
+        name = f"torchtpu_native_{zlib.crc32(f.read()):08x}"
     try:
-        mod = load("torchtpu_native", [src], extra_cflags=["-O1"], verbose=False)
+        mod = load(name, [src], extra_cflags=["-O1"], verbose=False)
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
         raise NotImplementedError(
-            f"torchtpu: tensors on tpu:N>0 need a small C++ helper that could not be "
-            f"built here ({type(e).__name__}: {e})"
+            f"torchtpu: tensors on tpu:N>0 and UntypedStorage.resize_ on tpu need a "
+            f"small C++ helper that could not be built here ({type(e).__name__}: {e})"
         ) from e
     _install_guard(mod)
     return mod

@@ -34,12 +34,30 @@ def _storage_new(cls, *args, device=None, **kwargs):
     return _orig_new(cls, *args, device=device, **kwargs)
 
 
+_orig_resize = None
+
+
+def _storage_resize(self, size):
+    """``UntypedStorage.resize_``: PyTorch sends a tpu storage to the C++ PrivateUse1
+    hooks' ``resizePrivateUse1Bytes``, which a Python backend cannot provide."""
+    if self.device.type == "tpu":
+        from torchtpu._tensor import storage as _st
+
+        _st.resize_bytes(self, size)
+        return self
+    return _orig_resize(self, size)
+
+
 def install() -> None:
     """Install every patch (idempotent)."""
     global _orig_new
     if _orig_new is None:
         _orig_new = torch.UntypedStorage.__new__
         torch.UntypedStorage.__new__ = _storage_new
+    global _orig_resize
+    if _orig_resize is None:
+        _orig_resize = torch.UntypedStorage.resize_
+        torch.UntypedStorage.resize_ = _storage_resize
     install_pinned()
     install_accelerator()
     install_module_apply()

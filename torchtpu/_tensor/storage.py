@@ -179,6 +179,54 @@ def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):
 _DEVICES: dict = {}
 
 
+def resize_bytes(st, nbytes: int) -> None:
+    """``UntypedStorage.resize_(nbytes)`` of a ``tpu`` storage, in place (FSDP2 frees its
+    unsharded parameters with ``resize_(0)`` and re-allocates them with ``resize_(n)``).
+
+    As on CPU/CUDA, the first ``min(old, new)`` bytes are kept and the rest is
+    uninitialized (read as zeros here); every tensor viewing the storage sees the new
+    size.  The storage's array becomes flat (``(nbytes // itemsize,)``).  Growing gives
+    the storage a new (fake) address, as a CUDA reallocation does.
+
+    Raises:
+        NotImplementedError: ``nbytes`` is not a multiple of the storage's element size
+            while it holds data (its bytes would have to be reinterpreted).
+    """
+    from torchtpu._tensor import native
+
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise RuntimeError(f"Storage size must be non-negative, got {nbytes}")
+    sd = st._tpu
+    old = sd.nbytes
+    if nbytes == old:
+        return
+    dtype = sd.dtype
+    keep = min(old, nbytes)
+    if nbytes % dtype.itemsize:
+        if keep and sd.arr is not None:
+            raise NotImplementedError(
+                f"torchtpu: UntypedStorage.resize_({nbytes}) of a tpu storage of {dtype} "
+                f"elements ({dtype.itemsize} bytes each) is not supported")
+        dtype = torch.uint8
+    n = nbytes // dtype.itemsize
+    arr = None
+    if keep and sd.arr is not None:
+        jnp = runtime.jax().numpy
+        flat = sd.get().reshape(-1)
+        k = keep // dtype.itemsize
+        arr = flat[:n] if n <= k else jnp.zeros((n,), flat.dtype).at[:k].set(flat[:k])
+    if sd.counted:
+        ALLOCATOR.free(sd.index, old)
+    sd.arr, sd.shape, sd.dtype, sd.nbytes, sd.counted = arr, (n,), dtype, nbytes, True
+    ALLOCATOR.alloc(sd.index, nbytes)
+    addr = 0
+    if nbytes > old:
+        addr = _next_addr[0]
+        _next_addr[0] = addr + (nbytes // _ADDR_ALIGN + 1) * _ADDR_ALIGN
+    native.module().set_storage_nbytes(st, nbytes, addr)
+
+
 def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
     """A ``tpu`` tensor viewing ``storage`` with the given geometry."""
     if storage.device.index:
@@ -346,6 +394,18 @@ def _bitcast(flat, dtype):
     return out.astype(np.bool_) if to_bool else out
 
 
+def _check_bounds(size, stride, offset, dtype, storage_nbytes) -> None:
+    """A view reaching past its storage (one shrunk by ``UntypedStorage.resize_``, as
+    FSDP2 frees parameters) raises, with PyTorch's ``setStorage`` message, instead of
+    reading clamped indices (CPU reads freed memory there)."""
+    need = (offset + 1 + sum((n - 1) * abs(s) for n, s in zip(size, stride))) * dtype.itemsize
+    if need > storage_nbytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset "
+            f"{offset}, and itemsize {dtype.itemsize} requiring a storage size of {need} "
+            f"are out of bounds for storage of size {storage_nbytes}")
+
+
 def read_view(arr, spec):
     """Traced: the elements of a tensor with ``spec`` from its storage array ``arr``."""
     if len(spec) == 2:
@@ -360,6 +420,7 @@ def read_view(arr, spec):
         flat = _bitcast(flat, dtype)
     if math.prod(size) == 0:
         return jnp.zeros(size, flat.dtype)
+    _check_bounds(size, stride, offset, dtype, math.prod(arr.shape) * sdtype.itemsize)
     plan = _nested_plan(size, stride)
     if plan is None:
         return flat[_index_array(size, stride, offset)]
@@ -385,6 +446,7 @@ def write_view(arr, spec, value):
     lax = runtime.jax().lax
     if math.prod(size) == 0:
         return arr
+    _check_bounds(size, stride, offset, dtype, math.prod(sshape) * sdtype.itemsize)
     value = value.astype(runtime.to_np_dtype(dtype))
     if dtype is not sdtype:
         # write in the view's dtype over a reinterpreted copy of the storage, then back

@@ -3,11 +3,16 @@ import sys
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile", "kernels"):
-        print("usage: python -m torchtpu.bench {eager|overhead|shapes|compile|kernels} "
+    if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile", "kernels",
+                                   "dist"):
+        print("usage: python -m torchtpu.bench {eager|overhead|shapes|compile|kernels|dist} "
               "[options]  (--help per command)")
         return 2
     cmd, rest = argv[0], argv[1:]
+    if cmd == "dist":  # tpu_dist vs gloo, launches its own processes
+        from torchtpu.bench import dist
+
+        return dist.main(rest)
     if cmd == "kernels":
         from torchtpu.bench import kernels
 
