@@ -387,6 +387,8 @@ def to_device(obj, device: str = DEVICE, guide=None, memo: Optional[dict] = None
 
     def walk(o, g, key=None):
         if isinstance(o, torch.Tensor):
+            if o.device.type == device:  # already moved (a gradient leaf)
+                return o
             if isinstance(g, torch.Tensor) and g.device.type == "cpu":
                 return o.detach().clone()
             return _move_tensor(o, device, memo)
@@ -1782,12 +1784,15 @@ def _swap_leaves(obj, mapping):
 
 def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None,
                         seed: int = 0, device: str = DEVICE,
-                        compiled: bool = False) -> SampleResult:
+                        compiled: bool = False, guide=None) -> SampleResult:
     """Gradients of ``op`` for one ``requires_grad`` sample, tpu vs CPU: the same random
-    output cotangents on both, ``torch.autograd.grad`` with respect to every leaf input.
-    ``compiled``: the tpu forward is the one-op function compiled with the ``tpu``
-    backend (:func:`compiled_call`), so the gradients come from AOTAutograd's compiled
-    backward graph."""
+    output cotangents on both (each on its output's device), ``torch.autograd.grad``
+    with respect to every leaf input.  ``compiled``: the tpu forward is the one-op
+    function compiled with the ``tpu`` backend (:func:`compiled_call`), so the gradients
+    come from AOTAutograd's compiled backward graph.  ``guide``: the sample's ``meta``
+    twin, which moves the inputs that need no gradient as in the forward check
+    (:func:`to_device`: ``tensor_split``'s CPU indices stay on the CPU, a ``"cpu"``
+    device argument becomes tpu)."""
     from torch.testing._internal.opinfo.core import SampleInput
 
     desc = describe({"input": sample.input, "args": tuple(sample.args), **sample.kwargs})
@@ -1820,13 +1825,15 @@ def run_sample_backward(op, sample, dtype: torch.dtype, index: int = 0, tol=None
                                  kwargs=_swap_leaves(dict(sample.kwargs), mapping))
         dev_leaves = [mapping[id(t)] for t in leaves]
         # tensors of the sample that need no grad move too
+        g_in, g_args, g_kwargs = guide if guide is not None else (None, None, None)
         dev_sample = SampleInput(
-            _move_rest(dev_sample.input, device, memo),
-            args=_move_rest(tuple(dev_sample.args), device, memo),
-            kwargs=_move_rest(dict(dev_sample.kwargs), device, memo))
+            to_device(dev_sample.input, device, g_in, memo),
+            args=to_device(tuple(dev_sample.args), device, g_args, memo),
+            kwargs=to_device(dict(dev_sample.kwargs), device, g_kwargs, memo))
         douts = _grad_outputs(process((compiled_call if compiled else _call)(op, dev_sample)),
                               [])
-        actual = torch.autograd.grad(douts, dev_leaves, [c.to(device) for c in cots],
+        actual = torch.autograd.grad(douts, dev_leaves,
+                                     [c.to(o.device) for c, o in zip(cots, douts)],
                                      allow_unused=True)
         actual = [None if a is None else a.cpu() for a in actual]
     except Exception as exc:
@@ -1890,19 +1897,6 @@ def _grad_f64_verdict(op, sample, leaves, cots, expected, actual, atol: float,
     return closer_to_f64(xs, ys, rs, atol, rtol, per_tensor=True)
 
 
-def _move_rest(obj, device, memo=None):
-    memo = {} if memo is None else memo
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type == device or obj.requires_grad:
-            return obj
-        return _move_tensor(obj, device, memo)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move_rest(x, device, memo) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _move_rest(v, device, memo) for k, v in obj.items()}
-    return obj
-
-
 def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
                       seed: int = 0, compiled: Optional[bool] = None) -> Optional[PairResult]:
     """The (op, dtype) backward pair, or None when the OpInfo has no autograd support.
@@ -1922,11 +1916,12 @@ def check_op_backward(op, dtype: torch.dtype, limit: Optional[int] = None,
     except Exception as exc:
         r = SampleResult(0, "skipped", "", f"sample_inputs raised {type(exc).__name__}")
         return aggregate(op_id(op) + ".backward", dtype, [r], tol, 0.0)
+    guides = _meta_guides(op, dtype, len(every), seed)
     results = []
     for i, s in zip(indices, samples):
         try:
             results.append(run_sample_backward(op, s, dtype, i, tol[:2], seed,
-                                               compiled=compiled))
+                                               compiled=compiled, guide=guides[i]))
         except Exception as exc:
             results.append(SampleResult(i, "error", f"harness: {type(exc).__name__}",
                                         _first_line(str(exc))[:300]))
