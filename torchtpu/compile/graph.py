@@ -350,6 +350,10 @@ class GraphExecutable:
         self.symbolic = _is_symbolic(gm)
         # host-side argument checks of the lowerings (eager runs them at every call)
         self.arg_error, self.overrides = argument_checks(gm, self.host)
+        # host nodes only the executable reads (an optimizer's bias corrections, computed
+        # from its CPU step counters) are computed in it, from their host inputs: fewer
+        # PyTorch CPU ops per call and fewer values to transfer
+        self.host -= _device_side(self.nodes, self.host, self.output, table)
         # per-call host work, precomputed: the host nodes in order, and the host values
         # the executable reads
         self.host_calls = [n for n in self.nodes if n.op == "call_function" and n in self.host]
@@ -818,6 +822,46 @@ class GraphExecutable:
 
         check_info = result["checks"]
         return (compiled, n_new, result["written"], check_info, assemble, split)
+
+
+def _device_side(nodes, host, output, table) -> set:
+    """The host nodes (CPU tensors) that may run inside the executable instead: floating
+    point ops with a lowering (no views, no mutation, no randomness, static shapes) whose
+    values nothing on the host needs (not a graph output, not copied into a CPU input,
+    not read by a host node that stays).  Their lowerings give the values PyTorch's CPU
+    kernels give to within rounding (``pow`` may differ in the last bit)."""
+
+    def movable(n):
+        t = n.target
+        if t is operator.getitem:
+            return True  # follows its source, below
+        if not isinstance(t, torch._ops.OpOverload) or t is aten.copy_.default or t in _EMPTY:
+            return False
+        sig = _sig(t)
+        if sig.mutated or sig.is_view:
+            return False
+        low = table.get(t)
+        if low is None:
+            fe = foreach_element_op(t)
+            low = table.get(fe) if fe is not None else None
+        if low is None or low.random or low.dynamic_shape:
+            return False
+        vals = list(_fake_tensors(n.meta.get("val")))
+        for a in n.all_input_nodes:
+            vals += _fake_tensors(a.meta.get("val"))
+        return bool(vals) and all(v.dtype.is_floating_point for v in vals)
+
+    calls = [n for n in nodes if n in host and n.op == "call_function"]
+    keep = {n for n in calls if not movable(n)}
+    keep |= {o for o in flatten(list(output.args[0])) if isinstance(o, torch.fx.Node)
+             and o in host}
+    for n in reversed(nodes):  # what a kept node reads stays on the host too
+        if n in keep:
+            keep.update(a for a in n.all_input_nodes if a in host)
+    for n in calls:  # an element of a kept list is read on the host
+        if n.target is operator.getitem and n.args[0] in keep:
+            keep.add(n)
+    return {n for n in calls if n not in keep}
 
 
 _CPU_KEY = ("c",)
