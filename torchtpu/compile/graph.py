@@ -397,9 +397,13 @@ class GraphExecutable:
         index = None
         view_spec = _st.view_spec
         for a in args:
-            if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+            if isinstance(a, torch.Tensor) and not a.is_cpu:
                 st = a.untyped_storage()
-                sd = st._tpu
+                sd = getattr(st, "_tpu", None)
+                if sd is None:
+                    raise RuntimeError(
+                        f"torchtpu.compile: graph {self.name} got a tensor on {a.device}; "
+                        f"expected tpu or cpu tensors")
                 if index is None:
                     index = sd.index
                 elif sd.index != index:
@@ -780,8 +784,9 @@ class GraphExecutable:
             if o in host_pos:
                 plan.append((2, host_pos[o]))
                 continue
-            if o in host or o.op in ("placeholder", "get_attr") and not (
-                    isinstance(out_env.get(o), tuple)):
+            if o in host or o.op in ("placeholder", "get_attr"):
+                # an input returned as is (a forward's saved inputs): the input tensor
+                # itself, as Inductor's code returns it
                 plan.append((1, in_pos[o]))
                 continue
             v = out_env[o]
