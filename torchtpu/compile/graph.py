@@ -10,9 +10,14 @@ reads a view.  A non-view node's result is a new storage, laid out as its fake t
 strides say.
 
 Nodes on CPU tensors whose inputs are all on CPU (an optimizer's ``step`` counters) run on
-the host with PyTorch's CPU kernels before the executable; their values enter it as
-inputs.  Input mutations (``copy_`` into a graph input, e.g. BatchNorm running stats kept
-in the graph by AOTAutograd) are written back to the input's storage after the call.
+the host with PyTorch's CPU kernels before the executable (one generated ``torch.fx``
+function); their values enter it as inputs, packed into one array per dtype.  Floating
+point host nodes whose values only the executable reads (the optimizer's bias
+corrections) are computed inside it instead.  Input mutations (``copy_`` into a graph
+input, e.g. BatchNorm running stats kept in the graph by AOTAutograd, an optimizer's
+parameters and moments) are written back to the input's storage after the call, and the
+old buffers are donated to the executable (updated in place) when nothing but their
+storage holds them; otherwise a copy is donated (:func:`_own`).
 Random ops draw one key per node per call from the tpu generator (``state.rng``), passed
 as an input, so masks change between calls and ``torch.manual_seed`` replays them.
 """
