@@ -44,7 +44,11 @@ class Metrics:
             again for the ``tpu`` backend after a guard failed), ``recompile_reasons``
             (dict: the guard failure behind each of those recompiles, as Dynamo words it
             for ``TORCH_LOGS=recompiles`` without the compile id, e.g. ``"tensor 'x'
-            dtype mismatch. expected Float, actual Int"`` -> count).
+            dtype mismatch. expected Float, actual Int"`` -> count), ``donated_buffers``
+            (old buffers of inputs a graph writes, e.g. optimizer state, handed to XLA
+            to be updated in place), ``donation_copies`` (of those, buffers something
+            else still held -- another tensor's storage, a user's array --: copied first,
+            the copy donated).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -88,6 +92,7 @@ class Metrics:
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0, "recompile_reasons": collections.Counter(),
+            "donated_buffers": 0, "donation_copies": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.collectives = collections.Counter()

@@ -10,16 +10,23 @@ reads a view.  A non-view node's result is a new storage, laid out as its fake t
 strides say.
 
 Nodes on CPU tensors whose inputs are all on CPU (an optimizer's ``step`` counters) run on
-the host with PyTorch's CPU kernels before the executable; their values enter it as
-inputs.  Input mutations (``copy_`` into a graph input, e.g. BatchNorm running stats kept
-in the graph by AOTAutograd) are written back to the input's storage after the call.
+the host with PyTorch's CPU kernels before the executable (one generated ``torch.fx``
+function); their values enter it as inputs, packed into one array per dtype.  Floating
+point host nodes whose values only the executable reads (the optimizer's bias
+corrections) are computed inside it instead.  Input mutations (``copy_`` into a graph
+input, e.g. BatchNorm running stats kept in the graph by AOTAutograd, an optimizer's
+parameters and moments) are written back to the input's storage after the call, and the
+old buffers are donated to the executable (updated in place) when nothing but their
+storage holds them; otherwise a copy is donated (:func:`_own`).
 Random ops draw one key per node per call from the tpu generator (``state.rng``), passed
 as an input, so masks change between calls and ``torch.manual_seed`` replays them.
 """
 
 from __future__ import annotations
 
+import math
 import operator
+import sys
 import time
 
 import numpy as np
@@ -55,6 +62,10 @@ def _fake_tensors(val) -> list:
     if isinstance(val, (list, tuple)):
         return [v for v in val if isinstance(v, torch.Tensor)]
     return []
+
+
+def _is_tpu(val) -> bool:
+    return isinstance(val, torch.Tensor) and val.device.type == "tpu"
 
 
 def _is_cpu(val) -> bool:
@@ -311,6 +322,7 @@ class GraphExecutable:
         self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
         self.get_attrs = [n for n in self.nodes if n.op == "get_attr"]
         self.output = next(n for n in self.nodes if n.op == "output")
+        self.inputs = self.placeholders + self.get_attrs
         table = ops.table()
         self.host = set()  # nodes computed on the host (CPU tensors)
         for n in self.nodes:
@@ -343,12 +355,30 @@ class GraphExecutable:
         self.symbolic = _is_symbolic(gm)
         # host-side argument checks of the lowerings (eager runs them at every call)
         self.arg_error, self.overrides = argument_checks(gm, self.host)
+        # host nodes only the executable reads (an optimizer's bias corrections, computed
+        # from its CPU step counters) are computed in it, from their host inputs: fewer
+        # PyTorch CPU ops per call and fewer values to transfer
+        self.host -= _device_side(self.nodes, self.host, self.output, table)
         # per-call host work, precomputed: the host nodes in order, and the host values
         # the executable reads
         self.host_calls = [n for n in self.nodes if n.op == "call_function" and n in self.host]
+        # (inputs the tracer saw as tpu tensors are not host values: Dynamo guards devices)
         self.host_feed = [n for n in self.nodes
                           if (n in self.host or n.op in ("placeholder", "get_attr"))
-                          and _used_on_device(n, self.host)]
+                          and _used_on_device(n, self.host) and not _is_tpu(n.meta.get("val"))]
+        out_nodes = [o for o in flatten(list(self.output.args[0])) if isinstance(o, torch.fx.Node)]
+        self.host_outs = [o for o in out_nodes if o in self.host and o.op == "call_function"]
+        self.host_fn = self._build_host_fn()
+        self.feed_pos = [self.inputs.index(n) for n in self.host_feed] if self.host_fn is None \
+            else None
+        # inputs (positions in placeholders + get_attrs) whose storage the graph writes
+        inputs = self.inputs
+        pos = {n: i for i, n in enumerate(inputs)}
+        self.mutated_inputs = sorted({pos[b] for b in (
+            _written_input(n, table) for n in self.nodes
+            if n.op == "call_function" and n.target is aten.copy_.default and n not in self.host)
+            if b is not None})
+        self.executables: dict = {}
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
@@ -365,15 +395,20 @@ class GraphExecutable:
             defer.flush("compiled_graph", sync=False)
         c = M.compile
         c["graph_calls"] += 1
-        args = list(args) + [getattr(self.gm, n.target) for n in self.get_attrs]
-        env = {}
+        if self.get_attrs:
+            args = list(args) + [getattr(self.gm, n.target) for n in self.get_attrs]
+        # device inputs: one slot per distinct storage; the key is the inputs' layout
         sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
         index = None
-        host_in = []
-        for n, a in zip(self.placeholders + self.get_attrs, args):
-            if isinstance(a, torch.Tensor) and a.device.type == "tpu":
+        view_spec = _st.view_spec
+        for a in args:
+            if isinstance(a, torch.Tensor) and not a.is_cpu:
                 st = a.untyped_storage()
-                sd = st._tpu
+                sd = getattr(st, "_tpu", None)
+                if sd is None:
+                    raise RuntimeError(
+                        f"torchtpu.compile: graph {self.name} got a tensor on {a.device}; "
+                        f"expected tpu or cpu tensors")
                 if index is None:
                     index = sd.index
                 elif sd.index != index:
@@ -386,65 +421,138 @@ class GraphExecutable:
                     arrays.append(sd.get())
                     sdatas.append(sd)
                     storages.append(st)
-                spec = _st.view_spec(a, sd)
-                key.append(("t", j, spec))
-                env[n] = ("t", j, spec)
+                key.append(("t", j, view_spec(a, sd)))
             elif isinstance(a, torch.Tensor):
-                env[n] = a
-                key.append(("c",))
+                key.append(_CPU_KEY)
             else:
-                env[n] = a
                 key.append(("v", a))
         if index is None:
             index = state.current_device
-        # host part: CPU nodes with PyTorch's CPU kernels; copy_ into inputs waits
-        late_copies = []
-        for n in self.host_calls:
-            a, kw = _map(n.args, env), _map(n.kwargs, env)
-            if n.target is aten.copy_.default and n.args[0].op == "placeholder":
-                late_copies.append((a[0], a[1]))
-                env[n] = a[0]
-                continue
-            env[n] = n.target(*a, **kw)
-        host_vals = []
-        for n in self.host_feed:
-            v = env.get(n)
-            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-                host_in.append(n)
-                host_vals.append(np.array(v.detach().numpy(), copy=True))
-                key.append(("h", tuple(v.shape), v.dtype))
-        keys = [state.rng(index).next_key_data() for _ in self.random]
+        # host part: CPU nodes with PyTorch's CPU kernels (generated code); copy_ into
+        # inputs waits until the executable is dispatched
+        late, houts, host_vals = (), (), ()
+        if self.host_fn is not None:
+            feeds, late, houts = self.host_fn(*args)
+            host_vals = self._pack_host(feeds, key)
+        elif self.feed_pos:
+            host_vals = self._pack_host([args[i] for i in self.feed_pos], key)
+        keys = [state.rng(index).next_key_data() for _ in self.random] if self.random else []
         # torch.set_float32_matmul_precision: read at each call, part of the key
         key.append(("prec", torch._C._get_float32_matmul_precision()))
         key.append(index)
         key = tuple(key)
-        ex = self.cache.get(key)
+        # donation: the old buffers of the inputs the graph writes (optimizer state, running
+        # stats) are donated when nothing but their storage holds them
+        base = self.cache.get(key)
+        if base is None:
+            base = self.cache[key] = self._plan(key)
+        written_slots = base
+        if written_slots:
+            executor.LAST_OUTPUTS = ()  # synchronize() waits on this call's outputs below
+            _own(arrays, written_slots)
+        ex = self.executables.get(key)
         if ex is None:
             self._args = args
             try:
-                ex = self._compile(key, arrays, host_vals, keys, env, host_in, sdatas, index)
+                ex = self._compile(key, arrays, host_vals, keys, sdatas, index, written_slots)
             finally:
                 self._args = None
-            self.cache[key] = ex
+            self.executables[key] = ex
         else:
             c["cache_hits"] += 1
-        jitted, out_slots, written, check_info, assemble = ex
-        outs = jitted(arrays, host_vals, keys)
+        jitted, n_new, written, check_info, assemble, split = ex
+        if split is None:
+            outs = jitted(arrays, host_vals, keys)
+        else:
+            don_slots, kept_slots = split
+            outs = jitted([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
+                          host_vals, keys)
+            c["donated_buffers"] += len(don_slots)
         executor.dispatched(outs)
         del arrays
-        for dst, src in late_copies:
-            dst.copy_(src)
-        outs = list(outs)
+        for i, src in late:
+            args[i].copy_(src)
         if check_info:
-            executor.report_device_checks(outs.pop(), check_info, f"compiled graph {self.name}")
-        n_new = len(out_slots)
+            executor.report_device_checks(outs[-1], check_info, f"compiled graph {self.name}")
         for j, arr in zip(written, outs[n_new:]):
             sdatas[j].arr = arr
-        return assemble(outs[:n_new], storages, env, index)
+        return assemble(outs, storages, args, houts, index)
+
+    def _pack_host(self, feeds, key):
+        """The host values the executable reads (CPU tensors among ``feeds``), packed into
+        one flat numpy array per dtype (one host-to-device transfer each); their shapes
+        and dtypes are appended to ``key``."""
+        groups: dict = {}
+        for v in feeds:
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                key.append(("h", tuple(v.shape), v.dtype))
+                a = v.detach().numpy().reshape(-1)
+                g = groups.get(v.dtype)
+                if g is None:
+                    groups[v.dtype] = [a]
+                else:
+                    g.append(a)
+            else:
+                key.append(_NOT_FED)
+        return [np.concatenate(g) for g in groups.values()]
+
+    def _plan(self, key):
+        """The input slots the graph writes (``copy_`` into an input's storage), from the
+        call's input layout ``key``: their old buffers may be donated."""
+        slots = set()
+        for i in self.mutated_inputs:
+            k = key[i]
+            if k[0] == "t":
+                slots.add(k[1])
+        return tuple(sorted(slots))
+
+    def _build_host_fn(self):
+        """The host nodes as one generated Python function (``torch.fx`` code):
+        ``f(*inputs) -> (feeds, late, outs)``: the values of ``self.host_feed``, the
+        ``(input position, value)`` pairs to copy into CPU inputs after the call, and the
+        values of the host nodes the graph returns (``self.host_outs``)."""
+        if not self.host_calls:
+            return None
+        g = torch.fx.Graph()
+        m = {}
+        pos = {}
+        for i, n in enumerate(self.placeholders + self.get_attrs):
+            m[n] = g.placeholder(f"in{i}")
+            pos[n] = i
+        late = []
+        for n in self.host_calls:
+            if n.target is aten.copy_.default and n.args[0].op == "placeholder":
+                src = n.args[1]
+                late.append((pos[n.args[0]], m[src] if isinstance(src, torch.fx.Node) else src))
+                m[n] = m[n.args[0]]
+                continue
+            m[n] = g.node_copy(n, lambda x: m[x])
+        feeds = tuple(m[n] for n in self.host_feed)
+        outs = tuple(m[n] for n in self.host_outs)
+        g.output((feeds, tuple(late), outs))
+        return torch.fx.GraphModule(torch.nn.Module(), g).forward
 
     # ------------------------------------------------------------------ build
-    def _compile(self, key, arrays, host_vals, keys, env0, host_in, sdatas, index):
+    def _compile(self, key, arrays, host_vals, keys, sdatas, index, donate=()):
+        """Trace, lower and compile the executable for the input layout ``key``;
+        ``donate``: the input slots whose buffers it takes (written inputs only)."""
         jax = runtime.jax()
+        inputs = self.placeholders + self.get_attrs
+        env0 = {}
+        for i, n in enumerate(inputs):
+            env0[n] = key[i] if key[i][0] == "t" else self._args[i]
+        # host values: where each fed node sits in the packed per-dtype arrays
+        host_in, offs, gpos = [], {}, {}
+        for f, n in enumerate(self.host_feed):
+            k = key[len(inputs) + f]
+            if k[0] != "h":
+                continue
+            _, shape, dt = k
+            g = gpos.setdefault(dt, len(gpos))
+            o = offs.get(dt, 0)
+            size = math.prod(shape)
+            offs[dt] = o + size
+            host_in.append((n, g, o, size, shape))
         register_pytree()
         c = M.compile
         if self.symbolic or _geometry_differs(self.placeholders, self._args):
@@ -464,12 +572,9 @@ class GraphExecutable:
             jnp = jax.numpy
             storages = list(arrays)  # slot -> array (inputs first, then new storages)
             sdt = list(slot_dtypes)
-            env = {}
-            for n in self.placeholders + self.get_attrs:
-                v = env0[n]
-                env[n] = v
-            for n, hv in zip(host_in, host_vals):
-                env[n] = ("c", hv)
+            env = dict(env0)
+            for n, g, o, size, shape in host_in:
+                env[n] = ("c", host_vals[g][o:o + size].reshape(shape))
             written = {}
             checks = []
 
@@ -620,19 +725,44 @@ class GraphExecutable:
             result["checks"] = [(exc, msg) for _, exc, msg in checks]
             result["env"] = {o: env.get(o) for o in outs if isinstance(o, torch.fx.Node)}
             result["sdt"] = sdt
+            result["shapes"] = [tuple(storages[j].shape) for j in out_slots]
             flags = (jnp.stack([jnp.any(b) for b, _, _ in checks]),) if checks else ()
             return tuple(storages[j] for j in out_slots) + tuple(storages[j] for j in wr) + flags
 
         from jax.sharding import SingleDeviceSharding
 
-        jitted = jax.jit(fn, out_shardings=SingleDeviceSharding(runtime.jax_device(index)))
+        sharding = SingleDeviceSharding(runtime.jax_device(index))
+        if donate:
+            don_slots = tuple(donate)
+            kept_slots = tuple(j for j in range(n_inputs) if j not in set(don_slots))
+            split = (don_slots, kept_slots)
+
+            def fn_split(don, kept, host_vals, keys):
+                arrs = [None] * n_inputs
+                for j, x in zip(don_slots, don):
+                    arrs[j] = x
+                for j, x in zip(kept_slots, kept):
+                    arrs[j] = x
+                return fn(arrs, host_vals, keys)
+
+            jitted = jax.jit(fn_split, donate_argnums=(0,), out_shardings=sharding)
+            call_args = ([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
+                         host_vals, keys)
+        else:
+            split = None
+            jitted = jax.jit(fn, out_shardings=sharding)
+            call_args = (arrays, host_vals, keys)
         t0 = time.perf_counter()
-        lowered = jitted.lower(arrays, host_vals, keys)
+        lowered = jitted.lower(*call_args)
         t1 = time.perf_counter()
+        if donate and not set(donate) <= set(result["written"]):
+            # a donated buffer the graph does not write back would be lost: no donation
+            c["lowering_seconds"] += t1 - t0
+            return self._compile(key, arrays, host_vals, keys, sdatas, index, ())
         if self.dump_prefix is not None:
             from torchtpu.compile import dump
 
-            k = len(self.cache)  # executables of this graph built before this one
+            k = len(self.executables)  # executables of this graph built before this one
             dump.write(f"{self.dump_prefix}{f'.exe{k}' if k else ''}.stablehlo.mlir",
                        lowered.as_text())
             t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
@@ -648,38 +778,150 @@ class GraphExecutable:
         slot_pos = {j: i for i, j in enumerate(out_slots)}
         out_env = result["env"]
         sdt = result["sdt"]
-        output = self.output
-        host_nodes = host
+        shapes = result["shapes"]
+        inputs = self.placeholders + self.get_attrs
+        in_pos = {n: i for i, n in enumerate(inputs)}
+        host_pos = {n: i for i, n in enumerate(self.host_outs)}
+        # how each output is made, precomputed: (0, constant), (1, input position),
+        # (2, host output position), (3, new array position, storage shape, storage
+        # dtype, size, stride, offset, dtype), (4, input slot, size, stride, offset, dtype)
+        plan = []
+        for o in self.output.args[0]:
+            if not isinstance(o, torch.fx.Node):
+                plan.append((0, o))
+                continue
+            if o in host_pos:
+                plan.append((2, host_pos[o]))
+                continue
+            if o in host or o.op in ("placeholder", "get_attr"):
+                # an input returned as is (a forward's saved inputs): the input tensor
+                # itself, as Inductor's code returns it
+                plan.append((1, in_pos[o]))
+                continue
+            v = out_env[o]
+            fake = meta[o]
+            if isinstance(v, list):
+                raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
+            _, j, spec = v
+            geo = (tuple(fake.shape), tuple(fake.stride()), int(fake.storage_offset()),
+                   fake.dtype)
+            if j in slot_pos:
+                i = slot_pos[j]
+                plan.append((3, i, shapes[i], sdt[j]) + geo)
+            else:
+                plan.append((4, j) + geo)
+        n_new = len(out_slots)
+        new_storage, tensor_on = _st.new_storage, _st.tensor_on
 
-        def assemble(new_arrays, in_storages, env, index):
-            made = {}
+        def assemble(outs, storages, args, houts, index):
+            made = [None] * n_new
             res = []
-            for o in output.args[0]:
-                if not isinstance(o, torch.fx.Node):
-                    res.append(o)
-                    continue
-                if o in host_nodes or o.op in ("placeholder", "get_attr") and not (
-                        isinstance(out_env.get(o), tuple)):
-                    res.append(env[o])
-                    continue
-                v = out_env[o]
-                fake = meta[o]
-                if isinstance(v, list):
-                    raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
-                _, j, spec = v
-                if j in slot_pos:
-                    st = made.get(j)
+            for p in plan:
+                k = p[0]
+                if k == 3:
+                    i = p[1]
+                    st = made[i]
                     if st is None:
-                        arr = new_arrays[slot_pos[j]]
-                        st = made[j] = _st.new_storage(tuple(arr.shape), sdt[j], index, arr)
+                        st = made[i] = new_storage(p[2], p[3], index, outs[i])
+                    res.append(tensor_on(st, p[4], p[5], p[6], p[7]))
+                elif k == 4:
+                    res.append(tensor_on(storages[p[1]], p[2], p[3], p[4], p[5]))
+                elif k == 0:
+                    res.append(p[1])
+                elif k == 1:
+                    res.append(args[p[1]])
                 else:
-                    st = in_storages[j]
-                res.append(_st.tensor_on(st, tuple(fake.shape), tuple(fake.stride()),
-                                         int(fake.storage_offset()), fake.dtype))
+                    res.append(houts[p[1]])
             return res
 
         check_info = result["checks"]
-        return (compiled, out_slots, result["written"], check_info, assemble)
+        return (compiled, n_new, result["written"], check_info, assemble, split)
+
+
+def _device_side(nodes, host, output, table) -> set:
+    """The host nodes (CPU tensors) that may run inside the executable instead: floating
+    point ops with a lowering (no views, no mutation, no randomness, static shapes) whose
+    values nothing on the host needs (not a graph output, not copied into a CPU input,
+    not read by a host node that stays).  Their lowerings give the values PyTorch's CPU
+    kernels give to within rounding (``pow`` may differ in the last bit)."""
+
+    def movable(n):
+        t = n.target
+        if t is operator.getitem:
+            return True  # follows its source, below
+        if not isinstance(t, torch._ops.OpOverload) or t is aten.copy_.default or t in _EMPTY:
+            return False
+        sig = _sig(t)
+        if sig.mutated or sig.is_view:
+            return False
+        low = table.get(t)
+        if low is None:
+            fe = foreach_element_op(t)
+            low = table.get(fe) if fe is not None else None
+        if low is None or low.random or low.dynamic_shape:
+            return False
+        vals = list(_fake_tensors(n.meta.get("val")))
+        for a in n.all_input_nodes:
+            vals += _fake_tensors(a.meta.get("val"))
+        return bool(vals) and all(v.dtype.is_floating_point for v in vals)
+
+    calls = [n for n in nodes if n in host and n.op == "call_function"]
+    keep = {n for n in calls if not movable(n)}
+    keep |= {o for o in flatten(list(output.args[0])) if isinstance(o, torch.fx.Node)
+             and o in host}
+    for n in reversed(nodes):  # what a kept node reads stays on the host too
+        if n in keep:
+            keep.update(a for a in n.all_input_nodes if a in host)
+    for n in calls:  # an element of a kept list is read on the host
+        if n.target is operator.getitem and n.args[0] in keep:
+            keep.add(n)
+    return {n for n in calls if n not in keep}
+
+
+_CPU_KEY = ("c",)
+_NOT_FED = ("n",)
+# sys.getrefcount of an input array held only by its storage: the storage's StorageData,
+# the call's list of input arrays and getrefcount's own argument
+_REFS_IF_ONLY_STORAGE = 3
+
+
+def _own(arrays, slots) -> None:
+    """Make the input arrays of the written ``slots`` safe to donate: an array held by
+    anything but its storage (another storage sharing it, e.g. the small-constant cache
+    of host-to-device copies; a DeferAndFuse value; a user's ``to_jax`` result) is
+    replaced in ``arrays`` by a copy (one dispatch for all), which the graph then
+    consumes; the storage gets the graph's result either way."""
+    shared = [j for j in slots if sys.getrefcount(arrays[j]) > _REFS_IF_ONLY_STORAGE]
+    if not shared:
+        return
+    global _COPY
+    if _COPY is None:
+        jax = runtime.jax()
+        _COPY = jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
+    M.compile["donation_copies"] += len(shared)
+    for j, x in zip(shared, _COPY([arrays[j] for j in shared])):
+        arrays[j] = x
+
+
+_COPY = None
+
+
+def _written_input(n, table):
+    """The input (placeholder / get_attr) node whose storage ``copy_`` node ``n`` writes,
+    following the view nodes the graph reads through their base's storage (views with no
+    lowering), ``getitem`` of a multi-output view, and earlier ``copy_`` results; None
+    when ``n`` writes a storage the graph made."""
+    d = n.args[0]
+    while isinstance(d, torch.fx.Node) and d.op == "call_function":
+        t = d.target
+        if t is operator.getitem or t is aten.copy_.default or (
+                isinstance(t, torch._ops.OpOverload) and t not in table and _sig(t).is_view):
+            d = d.args[0]
+        else:
+            return None
+    if isinstance(d, torch.fx.Node) and d.op in ("placeholder", "get_attr"):
+        return d
+    return None
 
 
 def _used_on_device(n, host) -> bool:

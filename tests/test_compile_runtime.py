@@ -1,0 +1,159 @@
+"""torch.compile on tpu, the compiled graphs' runtime: buffer donation of the inputs a
+graph writes (optimizer state), executables launched and host syncs per training step,
+against CPU."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchtpu
+from torchtpu.eager import executor
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(a, b, tol=1e-5):
+    torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=tol, atol=tol)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
+
+
+def _step_fns(model, compiled):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def loss_fn(x, y):
+        return nn.functional.cross_entropy(model(x), y)
+
+    def opt_step():
+        opt.step()
+
+    if compiled:
+        loss_fn = torch.compile(loss_fn, backend="tpu")
+        opt_step = torch.compile(opt_step, backend="tpu")
+
+    def step(x, y):
+        loss = loss_fn(x, y)
+        loss.backward()
+        opt_step()
+        opt.zero_grad()
+        return loss
+
+    return step, opt
+
+
+def _batches(n):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g))
+            for _ in range(n)]
+
+
+def test_training_step_donates_optimizer_buffers_and_matches_cpu():
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    step_c, opt_c = _step_fns(cpu, False)
+    step_t, opt_t = _step_fns(tpu, True)
+    data = _batches(4)
+    for x, y in data[:2]:
+        ref = step_c(x, y)
+        out = step_t(x.to("tpu"), y.to("tpu"))
+        _close(out, ref)
+    torchtpu.reset_metrics()
+    for x, y in data[2:]:
+        ref = step_c(x, y)
+        out = step_t(x.to("tpu"), y.to("tpu"))
+        _close(out, ref)
+    c = torchtpu.metrics()["compile"]
+    # every parameter, exp_avg and exp_avg_sq (4 parameters x 3) updated in place
+    assert c["donated_buffers"] == 2 * 12, c
+    assert c["executables"] == 0 and c["recompiles"] == 0, c
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p, q)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        st_t, st_c = opt_t.state[p], opt_c.state[q]
+        _close(st_t["exp_avg"], st_c["exp_avg"])
+        _close(st_t["exp_avg_sq"], st_c["exp_avg_sq"])
+        # the step counters stay on the CPU, advanced as CPU's
+        assert st_t["step"].device.type == "cpu" and float(st_t["step"]) == float(st_c["step"])
+
+
+def test_steady_training_step_launches_three_graphs_and_never_syncs():
+    tpu = _mlp().to("tpu")
+    step, _ = _step_fns(tpu, True)
+    data = [(x.to("tpu"), y.to("tpu")) for x, y in _batches(5)]
+    for x, y in data[:2]:
+        step(x, y)
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    for x, y in data[2:]:
+        loss = step(x, y)
+    m = torchtpu.metrics()
+    # forward+loss, backward, optimizer update: one executable each; the only eager op
+    # is autograd's ones_like for the loss gradient
+    assert m["compile"]["graph_calls"] == 3 * 3, m["compile"]
+    assert m["lowered_ops"] == 3, m
+    assert m["compile"]["executables"] == 0 and m["compiles"] == 0, m
+    assert m["host_syncs_total"] == 0, m["host_syncs"]
+    assert np.isfinite(float(loss.detach().cpu()))
+
+
+def test_donation_spares_another_tensor_sharing_the_buffer():
+    # small host values copied to the device share one array (a by-value cache): updating
+    # one tensor in place in a compiled graph must leave the other one's values alone
+    vals = torch.arange(4, dtype=torch.float32)
+    a, b = vals.to("tpu"), vals.to("tpu")
+
+    @torch.compile(backend="tpu")
+    def bump(t):
+        t.mul_(2).add_(1)
+
+    with torch.no_grad():
+        for _ in range(3):
+            bump(a)
+    _close(a, (vals * 2 + 1) * 2 * 2 + 2 + 1)
+    _close(b, vals)
+    assert torchtpu.metrics()["compile"]["donation_copies"] >= 1
+
+
+def test_donation_spares_an_array_the_user_holds_and_views_see_the_update():
+    cpu = _mlp()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    step_c, _ = _step_fns(cpu, False)
+    step_t, _ = _step_fns(tpu, True)
+    w_t, w_c = tpu[0].weight, cpu[0].weight
+    held = executor.to_jax(w_t)  # a JAX array of the weight's current values
+    before = w_c.detach().clone()
+    row_t, row_c = w_t.detach()[1], w_c.detach()[1]  # views of the same storage
+    for x, y in _batches(3):
+        step_c(x, y)
+        step_t(x.to("tpu"), y.to("tpu"))
+        np.testing.assert_array_equal(np.asarray(held), before.numpy())
+    _close(row_t, row_c)
+    _close(w_t, w_c)
+    assert torchtpu.metrics()["compile"]["donation_copies"] >= 1
+
+
+def test_batchnorm_running_stats_donated_in_an_inference_graph():
+    torch.manual_seed(3)
+    cpu = nn.BatchNorm1d(4)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    keep_mean = tpu.running_mean.detach()  # same storage: sees the update, as on CPU
+    f = torch.compile(tpu, backend="tpu")
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(7, 4)
+            _close(f(x.to("tpu")), cpu(x))
+    _close(tpu.running_mean, cpu.running_mean)
+    _close(tpu.running_var, cpu.running_var)
+    _close(keep_mean, cpu.running_mean)
+    assert int(tpu.num_batches_tracked.cpu()) == 3
