@@ -595,3 +595,17 @@ def test_transfers_preserve_layout_as_cpu():
     nd = torch.randn(5, 6)[:, ::2]  # not dense: contiguous copy, as CPU
     assert nd.to("tpu").stride() == nd.clone().stride()
     assert t.to("tpu", torch.float64).stride() == t.to(torch.float64).stride()
+
+
+@pytest.mark.parametrize("fn", [torch.nn.functional.hardshrink, torch.nn.functional.softshrink])
+def test_shrink_backward_as_cpu(fn):
+    """``hardshrink``/``softshrink`` backward (``aten.*shrink_backward``, was missing):
+    zero inside ``[-lambd, lambd]`` (ends included), the gradient elsewhere and at NaN."""
+    x = torch.tensor([-1.0, -0.5, -0.25, 0.0, 0.5, 0.75, float("nan"), 3.0])
+    g = torch.arange(1.0, 9.0)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        xd = x.detach().to(dev).requires_grad_(True)
+        fn(xd, 0.5).backward(g.to(dev))
+        grads.append(xd.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])

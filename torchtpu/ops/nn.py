@@ -1269,6 +1269,16 @@ def hardshrink(x, lambd=0.5):
     return j.where((xx >= -lam) & (xx <= lam), j.zeros_like(xx), xx)
 
 
+@lower(aten.softshrink_backward.default, aten.hardshrink_backward.default)
+def shrink_backward(grad_out, x, lambd=0.5):
+    """Both shrinks' gradient, as CPU's kernels: 0 where ``-lambd <= x <= lambd``, else
+    ``grad_out`` (NaN inputs pass the gradient through)."""
+    xx = _f(x)
+    lam = cast(lambd, _ct(x))
+    j = jnp()
+    return j.where((xx >= -lam) & (xx <= lam), j.zeros_like(grad_out), grad_out)
+
+
 @lower(aten.huber_loss.default)
 def huber_loss(x, target, reduction=1, delta=1.0):
     ct = _ct(x)
