@@ -609,3 +609,18 @@ def test_shrink_backward_as_cpu(fn):
         fn(xd, 0.5).backward(g.to(dev))
         grads.append(xd.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")])
+def test_pdist_backward_as_cpu(p):
+    """``pdist`` backward (``aten._pdist_backward``, was missing) with CPU's per-p rules,
+    including a repeated row (zero distance) and a zero coordinate difference."""
+    x = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [1.0, -1.0, 0.5],
+                      [0.5, 1.0, -2.0]], dtype=torch.float64)
+    g = torch.arange(1.0, 7.0, dtype=torch.float64)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        xd = x.detach().to(dev).requires_grad_(True)
+        torch.nn.functional.pdist(xd, p).backward(g.to(dev))
+        grads.append(xd.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])

@@ -297,6 +297,23 @@ def pdist_forward(x, p=2):
     return _pnorm_last(d, float(p))
 
 
+@lower(aten._pdist_backward.default)
+def pdist_backward(grad, x, p, pdist):
+    """Gradient of ``_pdist_forward``: the pair distances scattered into an ``n x n``
+    matrix (row ``i`` < column ``k``), then :func:`cdist_backward` (CPU's per-p rules)
+    for each side of every pair."""
+    j = jnp()
+    ct = npdt(opmath(tdtype(x)))
+    n = x.shape[0]
+    if n <= 1 or grad.size == 0:
+        return j.zeros(x.shape, ct)
+    i, k = np.triu_indices(n, 1)
+    g = j.zeros((n, n), ct).at[i, k].set(grad.astype(ct))
+    d = j.zeros((n, n), ct).at[i, k].set(pdist.astype(ct))
+    d = d + d.T
+    return cdist_backward(g, x, x, p, d) + cdist_backward(g.T, x, x, p, d)
+
+
 # ------------------------------------------------------------------ im2col / col2im
 
 
