@@ -122,6 +122,22 @@ def test_quantized_tensors_raise_a_clear_error(make):
         make(TPU)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("use", [
+    lambda d: torch.eye(3).to_sparse().to(d),
+    lambda d: torch.eye(3).to_sparse_csr().to(d) @ torch.ones(3, 2, device=d),
+    lambda d: torch.eye(3).to_sparse_csc().to(d).to_dense(),
+    lambda d: torch.sparse.sampled_addmm(torch.eye(3).to_sparse_csr().to(d),
+                                         torch.ones(3, 3, device=d), torch.ones(3, 3, device=d)),
+], ids=["coo-move", "csr-matmul", "csc-to_dense", "csr-sampled_addmm"])
+def test_sparse_tensors_raise_a_clear_error(use):
+    """Sparse layouts work on CPU; on tpu they raise NotImplementedError naming sparse
+    tensors (was PyTorch's "Could not run ... from the 'SparseCsrtpu' backend")."""
+    assert isinstance(use("cpu"), torch.Tensor)
+    with pytest.raises(NotImplementedError, match="sparse tensors are not supported"):
+        use(TPU)
+
+
 # ---------------------------------------------------------------- complex32
 
 

@@ -74,10 +74,11 @@ def register() -> None:
     _libs.append(fallback)
     _register_direct_kernels()
     from torchtpu._device import autocast, generator
-    from torchtpu._tensor import patches, quantized
+    from torchtpu._tensor import patches, quantized, sparse
 
     patches.install()
     quantized.install()
+    sparse.install()
     generator.install()
     from torchtpu.eager import autograd as _autograd
 
