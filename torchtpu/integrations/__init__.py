@@ -163,3 +163,19 @@ def tpu_is_the_accelerator() -> bool:
 
     acc = torch.accelerator.current_accelerator()
     return acc is not None and acc.type == "tpu" and torch.accelerator.is_available()
+
+
+def replaces(orig, note: str):
+    """Decorator for a patch that replaces the library function ``orig``: the patch takes
+    ``orig``'s name, qualified name, module and docstring (``functools.update_wrapper``,
+    so ``__wrapped__`` is ``orig``), the docstring gains ``note``, and ``_torchtpu``
+    marks it so a second installation can tell it is already in place."""
+    import functools
+
+    def deco(fn):
+        functools.update_wrapper(fn, orig)
+        fn.__doc__ = (orig.__doc__ or "") + f"\n    torchtpu: {note}\n"
+        fn._torchtpu = True
+        return fn
+
+    return deco

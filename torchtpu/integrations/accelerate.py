@@ -76,7 +76,10 @@ def install_modeling(module):
         return "skipped: accelerate.utils.modeling has no get_max_memory"
     if getattr(orig, "_torchtpu", False):
         return None
+    from torchtpu.integrations import replaces
 
+    @replaces(orig, "with no argument, also lists each tpu device's free memory (key N = "
+              "tpu:N) when PyTorch's current accelerator is tpu.")
     def get_max_memory(max_memory=None):
         from torchtpu.integrations import tpu_is_the_accelerator
 
@@ -100,13 +103,5 @@ def install_modeling(module):
         return {**{k: conv(max_memory[k]) if isinstance(max_memory[k], str) else max_memory[k]
                    for k in ints}, **rest}
 
-    get_max_memory.__doc__ = (orig.__doc__ or "") + (
-        "\n    torchtpu: with no argument, also lists each tpu device's free memory "
-        "(key N = tpu:N) when PyTorch's current accelerator is tpu.\n")
-    get_max_memory.__name__ = orig.__name__
-    get_max_memory.__qualname__ = orig.__qualname__
-    get_max_memory.__module__ = orig.__module__
-    get_max_memory._torchtpu = True
-    get_max_memory.__wrapped__ = orig
     module.get_max_memory = get_max_memory
     return None

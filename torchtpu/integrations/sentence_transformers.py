@@ -39,7 +39,10 @@ def install(module):
         return "skipped: sentence_transformers.util.environment has no get_device_name"
     if getattr(orig, "_torchtpu", False):
         return None
+    from torchtpu.integrations import replaces
 
+    @replaces(orig, "``'tpu'`` when none of the devices above is found and PyTorch's "
+              "current accelerator is tpu.")
     def get_device_name() -> str:
         name = orig()
         if name == "cpu":
@@ -49,14 +52,6 @@ def install(module):
                 return "tpu"
         return name
 
-    get_device_name.__doc__ = (orig.__doc__ or "") + (
-        "\n    torchtpu: ``'tpu'`` when none of the devices above is found and PyTorch's "
-        "current accelerator is tpu.\n")
-    get_device_name.__name__ = orig.__name__
-    get_device_name.__qualname__ = orig.__qualname__
-    get_device_name.__module__ = orig.__module__
-    get_device_name.__wrapped__ = orig
-    get_device_name._torchtpu = True
     module.get_device_name = get_device_name
     for name in _REFERENCES:  # imported before torchtpu: update their references too
         mod = sys.modules.get(name)
