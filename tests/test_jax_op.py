@@ -375,3 +375,22 @@ def test_static_arguments_by_position_and_keyword():
     torch.testing.assert_close(op(xt, y=yt, a=0.5).cpu(), 0.5 * x + y)
     with pytest.raises(TypeError, match="positional arguments"):
         op(xt, yt, 1.0, "add", 5)
+
+
+def test_mistakes_raise_jax_s_error_not_a_device_error():
+    """A wrong shape or a missing static argument on tpu tensors raises the error
+    ``jax.eval_shape`` gives (it named cpu tensors before: the executor asked a CPU
+    kernel the op does not have)."""
+    import jax
+
+    def rmsnorm(x, w, *, eps):
+        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    op = torchtpu.jax_op("mistakes::rmsnorm", rmsnorm, static_argnames=("eps",))
+    x = torch.randn(4, 8, device="tpu")
+    with pytest.raises(Exception, match="[Ii]ncompatible shapes") as e:
+        op(x, torch.randn(5, device="tpu"), eps=1e-6)
+    assert "cpu tensors" not in str(e.value)
+    with pytest.raises(TypeError, match="eps") as e:
+        op(x, torch.randn(8, device="tpu"))
+    assert "cpu tensors" not in str(e.value)

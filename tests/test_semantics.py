@@ -568,3 +568,12 @@ def test_arange_float_range_integer_dtype_as_cpu(args, dtype):
     actual = torch.arange(*args, dtype=dtype, device="tpu")
     assert actual.dtype == dtype
     assert torch.equal(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("args", [(0, 2.5, 0.5), (0, 3, 1), (3,)])
+def test_arange_bool_raises_as_cpu(args):
+    """CPU has no bool arange kernel; tpu returned values."""
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.arange(*args, dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+        torch.arange(*args, dtype=torch.bool, device="tpu")

@@ -502,6 +502,10 @@ class LoweredPlan:
         except NotImplementedError:
             return None
         except Exception as meta_err:
+            if self.op.namespace != "aten":
+                # an op with no CPU kernel to ask (a torchtpu.jax_op: its fake kernel is
+                # jax.eval_shape, whose error names the real problem)
+                raise meta_err
             cpu_out = _raise_cpu_error(self.sig, self.op, meta_vals)
             if self.sig.mutated or any(isinstance(v, torch.Tensor) for v in vals):
                 raise meta_err

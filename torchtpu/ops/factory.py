@@ -59,7 +59,10 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def arange_size(start, end, step, dtype: torch.dtype) -> int:
-    """PyTorch's arange length (``compute_arange_size``), with its argument checks."""
+    """PyTorch's arange length (``compute_arange_size``), with its argument checks and
+    CPU's dtype check (no bool kernel)."""
+    if dtype is torch.bool:
+        raise NotImplementedError('"arange_cpu" not implemented for \'Bool\'')
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if dtype is torch.int64:
