@@ -394,3 +394,11 @@ def test_mistakes_raise_jax_s_error_not_a_device_error():
     with pytest.raises(TypeError, match="eps") as e:
         op(x, torch.randn(8, device="tpu"))
     assert "cpu tensors" not in str(e.value)
+
+
+def test_a_python_number_among_the_outputs_raises_a_clear_error():
+    """Outputs must be arrays; a Python number gave ``AttributeError: 'int' object has
+    no attribute 'dtype'``."""
+    op = torchtpu.jax_op("mistakes::with_number", lambda a: (a * 2, 3))
+    with pytest.raises(TypeError, match="every output must be a JAX array"):
+        op(torch.ones(3, device="tpu"))

@@ -314,6 +314,12 @@ class JaxOp:
         jax = runtime.jax()
         out = self.fn(*arrays, **self._statics_of(key))
         leaves, treedef = jax.tree_util.tree_flatten(out)
+        for leaf in leaves:
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                raise TypeError(
+                    f"torchtpu.jax_op {self.name}: the function returned a "
+                    f"{type(leaf).__name__} ({leaf!r}) in its outputs; every output must "
+                    f"be a JAX array (wrap constants with jnp.asarray)")
         self._record_structure(key, treedef, len(leaves))
         return leaves
 
