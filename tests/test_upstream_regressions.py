@@ -258,3 +258,18 @@ def test_index_reduce_beta_warning_once_per_process_as_cpu():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     assert out == ["cpu", "1", "tpu", "1"], out
+
+
+@pytest.mark.parametrize("value", [[], [1.0, 2.0, 3.0]])
+def test_mask_assignment_checks_shape_before_dtype_as_cpu(value):
+    """``a[a > -1] = tensor([])`` on an int64 ``a``: CPU reports the shape mismatch
+    before the dtype mismatch (upstream test_boolean_assignment_value_mismatch); tpu
+    reported the dtypes."""
+    msgs = []
+    for dev in ("cpu", "tpu"):
+        a = torch.arange(0, 4, device=dev)
+        with pytest.raises(RuntimeError) as e:
+            a[a > -1] = torch.tensor(value).to(dev)
+        msgs.append(str(e.value))
+    assert msgs[0].startswith("shape mismatch")
+    assert msgs[1] == msgs[0]

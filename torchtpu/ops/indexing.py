@@ -239,33 +239,38 @@ def _prepare_index_put(vals):
     vals = _indices_to_device(vals)
     indices = vals[1]
     x, values = vals[0], vals[2]
+    if any(_is_mask(t) for t in indices):
+        _check_masks(x, indices)
+        _check_mask_value(x, indices, values)  # CPU: shape mismatch before dtypes
     if isinstance(values, torch.Tensor) and values.dtype != x.dtype:
         raise RuntimeError(
             f"Index put requires the source and destination dtypes match, got "
             f"{scalar_type_name(x.dtype)} for the destination and "
             f"{scalar_type_name(values.dtype)} for the source.")
-    if not any(_is_mask(t) for t in indices):
-        return vals
-    _check_masks(x, indices)
+    return vals
+
+
+def _check_mask_value(x, indices, values) -> None:
+    """For one mask index: ``values`` must broadcast to the indexing result (see
+    :func:`_prepare_index_put`)."""
     used = [i for i, t in enumerate(indices) if t is not None]
     if len(used) != 1 or not isinstance(values, torch.Tensor):
-        return vals
+        return
     p = used[0]
     m = indices[p]
     if m.dim() == 0:
-        return vals
+        return
     pre, trail = tuple(x.shape[:p]), tuple(x.shape[p + m.dim():])
     vshape = tuple(values.shape)
     cd = len(vshape) - len(trail) - 1  # the value's dimension facing the count
     k = vshape[cd] if cd >= 0 else 1
     if k == 1 and _expandable(vshape, pre + (1,) + trail):
-        return vals  # right for any count: no sync
+        return  # right for any count: no sync
     count = int(m.count_nonzero().item())  # sync: the answer depends on the mask's values
     result = pre + (count,) + trail
     if not _expandable(vshape, result):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(vshape)} cannot be "
                            f"broadcast to indexing result of shape {list(result)}")
-    return vals
 
 
 @lower(aten.index_put.default, aten._unsafe_index_put.default, prepare=_prepare_index_put)
