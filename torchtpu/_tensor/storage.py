@@ -309,6 +309,64 @@ def view_spec(t: torch.Tensor, sd: StorageData):
     return (size, dtype, tuple(t.stride()), t.storage_offset(), sd.shape, sd.dtype)
 
 
+# A view's storage offset travels as a runtime int32 scalar, not a constant compiled
+# into the executable: one executable serves ``x[i]`` for every ``i``.  The spec then
+# holds ``("o", k)`` where the offset would be, and ``offs[k]`` holds the offset.
+_MARKS = tuple(("o", k) for k in range(64))
+_LIMITS: dict = {}  # offset-free spec -> largest in-bounds offset, or None (keep static)
+_INT32_ELEMS = 1 << 31
+
+
+def dynamic_view_spec(t: torch.Tensor, sd: StorageData, offs: list):
+    """:func:`view_spec` of ``t``, with the storage offset of a view replaced by a
+    marker ``("o", k)``; the offset itself is appended to ``offs`` (at ``k``).
+
+    The offset is checked against the storage on the host here (a view reaching past a
+    storage shrunk by ``UntypedStorage.resize_`` raises PyTorch's ``setStorage``
+    RuntimeError), since the executable no longer sees it.  Empty views get offset 0
+    (they read nothing); storages of 2**31 elements or more keep a static offset.
+    """
+    size = tuple(t.shape)
+    dtype = t.dtype
+    off = t.storage_offset()
+    if t.is_neg() or (dtype.is_complex and t.is_conj()):
+        tail = (sd.shape, sd.dtype, t.is_conj(), t.is_neg())
+    elif size == sd.shape and dtype is sd.dtype and off == 0 and t.is_contiguous():
+        return (size, dtype)
+    else:
+        tail = (sd.shape, sd.dtype)
+    stride = tuple(t.stride())
+    base = (size, dtype, stride) + tail
+    limit = _LIMITS.get(base, -1)
+    if limit == -1:
+        limit = _offset_limit(size, dtype, stride, sd.shape, sd.dtype)
+        if len(_LIMITS) > 100_000:
+            _LIMITS.clear()
+        _LIMITS[base] = limit
+    if limit is None:
+        return (size, dtype, stride, 0 if 0 in size else off) + tail
+    if off > limit:
+        _check_bounds(size, stride, off, dtype, math.prod(sd.shape) * sd.dtype.itemsize)
+    k = len(offs)
+    offs.append(off)
+    return (size, dtype, stride, _MARKS[k] if k < 64 else ("o", k)) + tail
+
+
+def _offset_limit(size, dtype, stride, sshape, sdtype):
+    """Largest storage offset at which a view of ``size``/``stride`` stays inside the
+    storage, or None where the offset stays a constant (empty views, huge storages)."""
+    elems = math.prod(sshape) * sdtype.itemsize // dtype.itemsize
+    if 0 in size or elems >= _INT32_ELEMS:
+        return None
+    return elems - (1 + sum((n - 1) * abs(s) for n, s in zip(size, stride)))
+
+
+def _offset(spec, offs):
+    """A spec's storage offset: its constant, or (traced) its runtime value in ``offs``."""
+    off = spec[3]
+    return off if off.__class__ is int else offs[off[1]]
+
+
 def _bits(x, spec):
     """Apply a spec's conj/neg bits (their own inverses) to values ``x``."""
     if len(spec) > 6:
@@ -406,12 +464,15 @@ def _check_bounds(size, stride, offset, dtype, storage_nbytes) -> None:
             f"are out of bounds for storage of size {storage_nbytes}")
 
 
-def read_view(arr, spec):
-    """Traced: the elements of a tensor with ``spec`` from its storage array ``arr``."""
+def read_view(arr, spec, offs=None):
+    """Traced: the elements of a tensor with ``spec`` from its storage array ``arr``.
+
+    ``offs``: the runtime offsets of a :func:`dynamic_view_spec` (int32[k]), else None.
+    """
     if len(spec) == 2:
         return arr
     if len(spec) > 6:
-        return _bits(read_view(arr, spec[:6]), spec)
+        return _bits(read_view(arr, spec[:6], offs), spec)
     size, dtype, stride, offset, _, sdtype = spec
     jnp = runtime.jax().numpy
     lax = runtime.jax().lax
@@ -420,12 +481,20 @@ def read_view(arr, spec):
         flat = _bitcast(flat, dtype)
     if math.prod(size) == 0:
         return jnp.zeros(size, flat.dtype)
-    _check_bounds(size, stride, offset, dtype, math.prod(arr.shape) * sdtype.itemsize)
+    dynamic = offset.__class__ is not int
+    if dynamic:  # checked on the host by dynamic_view_spec
+        offset = offs[offset[1]]
+    else:
+        _check_bounds(size, stride, offset, dtype, math.prod(arr.shape) * sdtype.itemsize)
     plan = _nested_plan(size, stride)
     if plan is None:
-        return flat[_index_array(size, stride, offset)]
+        return flat[_index_array(size, stride, 0) + offset]
     length, shape, index, order = plan
-    x = _region(flat, offset, length).reshape(shape)[index]
+    if dynamic:
+        x = _dynamic_region(flat, offset, length, _extent(size, stride))
+    else:
+        x = _region(flat, offset, length)
+    x = x.reshape(shape)[index]
     if not order:
         return lax.broadcast_in_dim(x.reshape(()), size, ())
     # x has the non-unit, non-broadcast dims in `order`; put them back in place.
@@ -434,31 +503,53 @@ def read_view(arr, spec):
     return lax.broadcast_in_dim(x, size, tuple(sorted(order)))
 
 
-def write_view(arr, spec, value):
-    """Traced: the storage array ``arr`` after writing ``value`` through a view ``spec``."""
+def _extent(size, stride):
+    """Number of storage elements from a (non-empty) view's first element to its last."""
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(size, stride))
+
+
+def _dynamic_region(flat, offset, length, extent):
+    """Traced: ``flat[offset: offset + length]`` for a runtime ``offset`` where only the
+    first ``extent`` elements are in bounds (the rest read as zeros, never used)."""
+    jnp = runtime.jax().numpy
+    x = runtime.jax().lax.dynamic_slice(flat, (offset,), (extent,))
+    if length > extent:
+        x = jnp.concatenate([x, jnp.zeros((length - extent,), flat.dtype)])
+    return x
+
+
+def write_view(arr, spec, value, offs=None):
+    """Traced: the storage array ``arr`` after writing ``value`` through a view ``spec``.
+
+    ``offs``: the runtime offsets of a :func:`dynamic_view_spec` (int32[k]), else None.
+    """
     if len(spec) == 2:
         return value.astype(arr.dtype).reshape(arr.shape)
     if len(spec) > 6:
         value = _bits(value.astype(runtime.to_np_dtype(spec[1])), spec)
-        return write_view(arr, spec[:6], value)
+        return write_view(arr, spec[:6], value, offs)
     size, dtype, stride, offset, sshape, sdtype = spec
     jnp = runtime.jax().numpy
     lax = runtime.jax().lax
     if math.prod(size) == 0:
         return arr
-    _check_bounds(size, stride, offset, dtype, math.prod(sshape) * sdtype.itemsize)
+    dynamic = offset.__class__ is not int
+    if not dynamic:  # else checked on the host by dynamic_view_spec
+        _check_bounds(size, stride, offset, dtype, math.prod(sshape) * sdtype.itemsize)
     value = value.astype(runtime.to_np_dtype(dtype))
     if dtype is not sdtype:
         # write in the view's dtype over a reinterpreted copy of the storage, then back
         flat = _bitcast(arr.reshape(-1), dtype)
-        new = write_view(flat, (size, dtype, stride, offset, flat.shape, dtype), value)
+        new = write_view(flat, (size, dtype, stride, offset, flat.shape, dtype), value, offs)
         back = _bitcast(new, sdtype)
         return back.reshape(arr.shape)
+    if dynamic:
+        offset = offs[offset[1]]
     flat = arr.reshape(-1)
     n = flat.shape[0]
     plan = _nested_plan(size, stride)
     if plan is None or any(s == 0 and k != 1 for k, s in zip(size, stride)):
-        idx = _index_array(size, stride, offset).reshape(-1)
+        idx = (_index_array(size, stride, 0) + offset).reshape(-1)
         return flat.at[idx].set(value.reshape(-1)).reshape(arr.shape)
     length, shape, index, order = plan
     if order:
@@ -467,6 +558,11 @@ def write_view(arr, spec, value):
         v = jnp.transpose(v, perm)
     else:
         v = value.reshape(())
+    if dynamic:
+        extent = _extent(size, stride)
+        region = _dynamic_region(flat, offset, length, extent).reshape(shape)
+        region = region.at[index].set(v).reshape(-1)[:extent]
+        return lax.dynamic_update_slice(flat, region, (offset,)).reshape(arr.shape)
     pad = max(0, offset + length - n)
     if pad:
         flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])

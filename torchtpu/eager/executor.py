@@ -183,9 +183,9 @@ def _meta_number(v):
 class _Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
-    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev")
+    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs")
 
-    def __init__(self):
+    def __init__(self, dynamic_offsets=True):
         self.arrays = []
         self.slots = {}
         self.sdatas = []
@@ -193,6 +193,9 @@ class _Call:
         self.key = []
         self.index = None
         self.first_dev = None
+        # views' storage offsets, passed at run time (storage.dynamic_view_spec); None:
+        # compiled in (ops writing tensor lists check their views for overlap when built)
+        self.offs = [] if dynamic_offsets else None
 
     def tensor(self, op, t, writeonly=False):
         st = t.untyped_storage()
@@ -219,12 +222,14 @@ class _Call:
             self.arrays.append(_input_array(sd, writeonly))
         elif self.arrays[j] is None and not writeonly:
             self.arrays[j] = _input_array(sd, False)
+        offs = self.offs
+        spec = _st.view_spec(t, sd) if offs is None else _st.dynamic_view_spec(t, sd, offs)
         if sd.arr is None and not writeonly:
             # an uninitialized storage (torch.empty) that is read: the executable reads
             # zeros made inside it, not a zeros array compiled per shape beforehand
-            self.key.append((j, _st.view_spec(t, sd), "uninit"))
+            self.key.append((j, spec, "uninit"))
         else:
-            self.key.append((j, _st.view_spec(t, sd)))
+            self.key.append((j, spec))
 
 
 def _input_array(sd, writeonly):
@@ -269,7 +274,7 @@ def _host_scalar(t):
 
 def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
-    c = _Call()
+    c = _Call(not plan.sig.mutated_lists)
     op = plan.op
     key = c.key
     key.append(op)
@@ -332,6 +337,8 @@ def gather(plan, vals):
                 gen = vals[i]
         rs = state.rng(c.index) if gen is None else _generator_state(gen, c.index)
         c.dyn.append(rs.next_key_data())
+    if c.offs:  # the views' storage offsets: one int32 array, always last
+        c.dyn.append(np.asarray(c.offs, dtype=np.int32))
     return c
 
 
@@ -623,9 +630,12 @@ class LoweredPlan:
         op = self.op
         prec = key[-1] if lowering.precision else None  # gather put it last
 
+        has_offs = bool(c.offs)  # the key fixes whether there are runtime view offsets
+
         def traced(arrays, dyn):
             dyn_it = iter(dyn)
-            largs = [_rebuild(item, arrays, dyn_it, slot_meta) for item in layout]
+            offs = dyn[-1] if has_offs else None
+            largs = [_rebuild(item, arrays, dyn_it, slot_meta, offs) for item in layout]
             key = next(dyn_it) if lowering.random else None
             fixed, checks = call_lowering(lowering, op, largs[:nf], out_meta, key, prec)
             check_info[:] = [(exc, msg) for _, exc, msg in checks]
@@ -646,7 +656,7 @@ class LoweredPlan:
                         base = jax.numpy.zeros(sshape, runtime.to_np_dtype(sdtype))
                     if tuple(r.shape) != tuple(spec[0]):
                         r = jax.numpy.broadcast_to(r, spec[0])
-                    cur[slot] = _st.write_view(base, spec, r)
+                    cur[slot] = _st.write_view(base, spec, r, offs)
                 return tuple(cur[s] for s in dict.fromkeys(writes)) + flags
             outs = []
             for r, perm in zip(fixed, perms):
@@ -741,7 +751,7 @@ def _check_disjoint_writes(op, writes, specs):
         seen.setdefault(slot, []).append(spec)
 
 
-def _rebuild(item, arrays, dyn_it, slot_meta):
+def _rebuild(item, arrays, dyn_it, slot_meta, offs=None):
     from torchtpu.ops._scalar import Scalar
 
     tag = item[0]
@@ -750,7 +760,7 @@ def _rebuild(item, arrays, dyn_it, slot_meta):
         if arr is None:  # an uninitialized storage reads as zeros (see _Call.tensor)
             shape, dtype = slot_meta[item[1]]
             arr = runtime.jax().numpy.zeros(shape, runtime.to_np_dtype(dtype))
-        return _st.read_view(arr, item[2])
+        return _st.read_view(arr, item[2], offs)
     if tag == "const":
         return item[1]
     if tag == "dyn":
@@ -758,7 +768,7 @@ def _rebuild(item, arrays, dyn_it, slot_meta):
     if tag == "scalar":
         return Scalar(next(dyn_it), item[1])
     if tag == "list":
-        return [_rebuild(x, arrays, dyn_it, slot_meta) for x in item[1]]
+        return [_rebuild(x, arrays, dyn_it, slot_meta, offs) for x in item[1]]
     if tag == "drop":
         return None
     raise AssertionError(tag)
@@ -773,14 +783,17 @@ _READERS: dict = {}
 def to_jax(t: torch.Tensor):
     """The JAX array holding the elements of ``tpu`` tensor ``t`` (its own shape)."""
     sd = _st.data(t)
-    spec = _st.view_spec(t, sd)
+    offs = []
+    spec = _st.dynamic_view_spec(t, sd, offs)
     arr = sd.get()
     if len(spec) == 2:
         return arr
     f = _READERS.get(spec)
-    if f is None:
-        f = _READERS[spec] = runtime.jax().jit(lambda a, _s=spec: _st.read_view(a, _s))
-    return f(arr)
+    if f is None:  # one reader per view geometry; the offset is an argument
+        if len(_READERS) > 4096:
+            _READERS.clear()
+        f = _READERS[spec] = runtime.jax().jit(lambda a, o, _s=spec: _st.read_view(a, _s, o))
+    return f(arr, np.asarray(offs, dtype=np.int32))
 
 
 PENDING_CHECKS: list = []  # (flags array or Lazy, [(exc, msg)], op) not verified yet
