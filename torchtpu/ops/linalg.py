@@ -399,11 +399,29 @@ def _linalg_eigh(A, UPLO="L", compute_v=True):
         w = j.zeros(A.shape[:-1], rdt)
         v = A
     else:
-        v, w = lax().linalg.eigh(A, lower=(UPLO.upper() == "L"), symmetrize_input=False,
+        X = _widened(A)
+        v, w = lax().linalg.eigh(X, lower=(UPLO.upper() == "L"), symmetrize_input=False,
                                  sort_eigenvalues=True)
+        v, w = v.astype(A.dtype), w.astype(rdt)
     if not compute_v:
         return w, j.zeros((0,), A.dtype)
     return w, v
+
+
+def _widened(A):
+    """``A`` in float64/complex128 where it is float32/complex64 and the platform has
+    native float64 (CPU, GPU): the factorizations XLA gives in single precision (SVD,
+    Hermitian eigendecomposition) err 2-3x more than LAPACK's, and their gradients
+    amplify that by 1/(s_i^2 - s_j^2); in float64 they round once.  On a TPU, which has
+    no native float64, ``A`` itself.  See docs/precision.md."""
+    from torchtpu._device import runtime
+
+    j = jnp()
+    wide = {j.dtype(j.float32): j.float64, j.dtype(j.complex64): j.complex128}.get(
+        j.dtype(A.dtype))
+    if wide is None or runtime.platform() == "tpu":
+        return A
+    return A.astype(wide)
 
 
 @lower(aten._linalg_svd.default)
@@ -419,10 +437,14 @@ def _linalg_svd(A, full_matrices=False, compute_uv=True, driver=None):
             U, Vh = _eye_like(batch, m, A.dtype), _eye_like(batch, n, A.dtype)
         else:
             U, Vh = j.zeros(batch + (m, k), A.dtype), j.zeros(batch + (k, n), A.dtype)
-    elif compute_uv:
-        U, S, Vh = lax().linalg.svd(A, full_matrices=full_matrices, compute_uv=True)
     else:
-        S = lax().linalg.svd(A, full_matrices=False, compute_uv=False)
+        X = _widened(A)  # float64 where native: XLA's float32 SVD errs ~3x LAPACK's
+        if compute_uv:
+            U, S, Vh = lax().linalg.svd(X, full_matrices=full_matrices, compute_uv=True)
+            U, Vh = U.astype(A.dtype), Vh.astype(A.dtype)
+        else:
+            S = lax().linalg.svd(X, full_matrices=False, compute_uv=False)
+        S = S.astype(rdt)
     if not compute_uv:
         e = j.zeros((0,), A.dtype)
         return e, S, e
