@@ -393,7 +393,6 @@ def linalg_cholesky_ex(A, upper=False, check_errors=False):
 @lower(aten._linalg_eigh.default)
 def _linalg_eigh(A, UPLO="L", compute_v=True):
     j = jnp()
-    n = A.shape[-1]
     rdt = j.finfo(A.dtype).dtype if j.iscomplexobj(A) else A.dtype
     if A.size == 0:
         w = j.zeros(A.shape[:-1], rdt)
@@ -614,7 +613,7 @@ def linalg_lstsq(A, B, rcond=None, *, driver=None):
         raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of "
                            "(gels, gelsy, gelsd, gelss)")
     if A.dim() < 2:
-        raise RuntimeError(f"torch.linalg.lstsq: input must have at least 2 dimensions.")
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
     vector = B.dim() == A.dim() - 1
     Bm = B.unsqueeze(-1) if vector else B
     m, n = A.shape[-2:]
