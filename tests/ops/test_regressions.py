@@ -626,6 +626,15 @@ def test_pdist_backward_as_cpu(p):
     torch.testing.assert_close(grads[1], grads[0])
 
 
+
+def _assert_as_accurate_as_cpu(names, run, wide, dtype):
+    """``run(device, dtype)`` returns tensors; tpu's in ``dtype`` must be at least as
+    close to CPU's in ``wide`` (the exact reference) as CPU's in ``dtype`` are."""
+    exact, cpu, tpu = run("cpu", wide), run("cpu", dtype), run("tpu", dtype)
+    for name, e, c, t in zip(names, exact, cpu, tpu):
+        cpu_err, tpu_err = (c - e).abs().max().item(), (t - e).abs().max().item()
+        assert tpu_err <= cpu_err, f"{name}: tpu error {tpu_err:.2e} > CPU's {cpu_err:.2e}"
+
 def test_svd_float32_is_as_accurate_as_cpu():
     # XLA's float32 SVD erred ~3x more than LAPACK's, and the SVD gradient amplifies it by
     # 1/(s_i^2 - s_j^2): tpu's gradient was up to 2.8x farther from float64 than CPU's.
@@ -642,12 +651,7 @@ def test_svd_float32_is_as_accurate_as_cpu():
         loss.backward()
         return [x.detach().cpu().double() for x in (S, U @ Vh, a.grad)]
 
-    exact = run("cpu", torch.float64)
-    cpu = run("cpu", torch.float32)
-    tpu = run("tpu", torch.float32)
-    for name, e, c, t in zip(("S", "U @ Vh", "grad"), exact, cpu, tpu):
-        cpu_err, tpu_err = (c - e).abs().max().item(), (t - e).abs().max().item()
-        assert tpu_err <= cpu_err, f"{name}: tpu error {tpu_err:.2e} > CPU's {cpu_err:.2e}"
+    _assert_as_accurate_as_cpu(("S", "U @ Vh", "grad"), run, torch.float64, torch.float32)
 
 
 def test_hermitian_eigh_complex64_is_as_accurate_as_cpu():
@@ -665,9 +669,5 @@ def test_hermitian_eigh_complex64_is_as_accurate_as_cpu():
         g, = torch.autograd.grad(p, a, cot.to(device, dtype))
         return [x.detach().cpu().to(torch.complex128) for x in (w, p, g)]
 
-    exact = run("cpu", torch.complex128)
-    cpu = run("cpu", torch.complex64)
-    tpu = run("tpu", torch.complex64)
-    for name, e, c, t in zip(("eigenvalues", "pinv", "grad"), exact, cpu, tpu):
-        cpu_err, tpu_err = (c - e).abs().max().item(), (t - e).abs().max().item()
-        assert tpu_err <= cpu_err, f"{name}: tpu error {tpu_err:.2e} > CPU's {cpu_err:.2e}"
+    _assert_as_accurate_as_cpu(("eigenvalues", "pinv", "grad"), run, torch.complex128,
+                               torch.complex64)
