@@ -398,7 +398,10 @@ def _identity(reduce, dt):
 
 
 @lower(aten.scatter_reduce.two)
-def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+def scatter_reduce(x, dim, index, src, reduce, include_self=True, sum_in_dtype=False):
+    """``reduce="mean"`` rounds as CPU does: the sum in opmath rounded to ``x``'s dtype,
+    then divided (``sum_in_dtype``: each element added in the dtype, as CPU's
+    ``index_reduce``)."""
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got "
                            f"{reduce}")
@@ -416,7 +419,11 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     base = x if include_self else j.where(hit, _identity(reduce, dt), x)
     if reduce == "mean":
         ct = opmath(dt)
-        acc = _scatter(base.astype(npdt(ct)), dim, index, src, "sum")
+        if sum_in_dtype:  # index_reduce: CPU adds each source element in the dtype
+            acc = _scatter(base, dim, index, src, "sum")
+        else:  # scatter_reduce: CPU sums in opmath, then rounds the sum to the dtype
+            acc = _scatter(base.astype(npdt(ct)), dim, index, src, "sum").astype(npdt(dt))
+        acc = acc.astype(npdt(ct))
         cnt = j.zeros(x.shape, npdt(torch.int64)).at[key].add(1)
         if include_self:
             cnt = cnt + 1
@@ -457,14 +464,15 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
                            f"amin but got {reduce}.")
     j = jnp()
     if x.ndim == 0:
-        return scatter_reduce(x, 0, index.reshape(()), source.reshape(()), reduce, include_self)
+        return scatter_reduce(x, 0, index.reshape(()), source.reshape(()), reduce, include_self,
+                              sum_in_dtype=True)
     dim = _dim(dim, x.ndim)
     src = source if source.ndim else source.reshape((1,) * x.ndim)
     shape = [1] * src.ndim
     shape[dim] = -1
     idx = _wrap(index.reshape(shape), x.shape[dim])
     idx = j.broadcast_to(idx, src.shape)
-    return scatter_reduce(x, dim, idx, src, reduce, include_self)
+    return scatter_reduce(x, dim, idx, src, reduce, include_self, sum_in_dtype=True)
 
 
 # --------------------------------------------------------------------- index_* ops
