@@ -72,6 +72,43 @@ def _allreduce_block(x, op: str, n: int):
     return _reduce_stacked(lax.all_gather(x, "r"), op, n)
 
 
+def allreduce_block(x, op: str, n: int):
+    """Traced inside a ``shard_map`` over axis ``"r"`` of ``n`` devices: this device's
+    block ``x`` all-reduced with reduce op ``op`` (one of the names above; a sum of bools
+    is their OR, AVG of integers truncates as NCCL's ``ncclAvg``)."""
+    return _allreduce_block(x, op, n)
+
+
+def broadcast_block(x, src: int):
+    """Traced inside a ``shard_map`` over axis ``"r"``: group rank ``src``'s block ``x``."""
+    return runtime.jax().lax.all_gather(x, "r")[src]
+
+
+def allgather_block(x):
+    """Traced inside a ``shard_map`` over axis ``"r"``: the blocks ``x`` (shape
+    ``(d0, ...)``) of the group's ranks concatenated on dim 0 in group-rank order,
+    ``(n * d0, ...)``."""
+    return runtime.jax().lax.all_gather(x, "r", tiled=True)
+
+
+def reduce_scatter_block(x, op: str, n: int):
+    """Traced inside a ``shard_map`` over axis ``"r"`` of ``n`` devices: ``x`` of shape
+    ``(n * k, ...)`` reduced over the group with ``op``, and this rank's rows
+    ``[i * k, (i + 1) * k)`` (``i``: its group rank) of the result."""
+    lax = runtime.jax().lax
+    if op in (SUM, AVG) and x.dtype != np.bool_:
+        s = lax.psum_scatter(x, "r", scatter_dimension=0, tiled=True)
+        if op == AVG:
+            if np.issubdtype(x.dtype, np.integer):
+                s = lax.div(s, np.array(n, s.dtype))
+            else:
+                s = s / np.array(n, s.dtype)
+        return s
+    full = _allreduce_block(x, op, n)
+    k = x.shape[0] // n
+    return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
+
+
 @functools.lru_cache(maxsize=None)
 def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     """The jitted computation for one collective signature.  It takes and returns global
@@ -79,7 +116,6 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     belongs to group rank ``i``, so a process's local array is its block as is (no
     reshape dispatched on either side)."""
     jax = runtime.jax()
-    lax = jax.lax
     P = jax.sharding.PartitionSpec
     n = len(procs)
 
@@ -88,23 +124,13 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
             return _allreduce_block(x, op, n)
     elif kind == "broadcast":
         def body(x):
-            return lax.all_gather(x, "r")[arg]
+            return broadcast_block(x, arg)
     elif kind == "allgather":
         def body(x):  # (d0, ...) -> (n * d0, ...)
-            return lax.all_gather(x, "r", tiled=True)
+            return allgather_block(x)
     elif kind == "reduce_scatter":
         def body(x):  # (n * k, ...) -> (k, ...)
-            if op in (SUM, AVG) and x.dtype != np.bool_:
-                s = lax.psum_scatter(x, "r", scatter_dimension=0, tiled=True)
-                if op == AVG:
-                    if np.issubdtype(x.dtype, np.integer):
-                        s = lax.div(s, np.array(n, s.dtype))
-                    else:
-                        s = s / np.array(n, s.dtype)
-                return s
-            full = _allreduce_block(x, op, n)
-            k = x.shape[0] // n
-            return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
+            return reduce_scatter_block(x, op, n)
     else:
         raise AssertionError(kind)
     f = jax.shard_map(body, mesh=mesh(procs), in_specs=P("r"), out_specs=P("r"))
