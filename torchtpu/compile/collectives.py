@@ -43,8 +43,9 @@ _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
 
 def is_collective(target) -> bool:
-    """A ``_c10d_functional`` op (any, lowered or not)."""
-    return isinstance(target, torch._ops.OpOverload) and target.namespace == "_c10d_functional"
+    """A ``_c10d_functional`` (or ``_c10d_functional_autograd``) op, lowered or not."""
+    return isinstance(target, torch._ops.OpOverload) and target.namespace in (
+        "_c10d_functional", "_c10d_functional_autograd")
 
 
 def _group_ranks(name) -> tuple:

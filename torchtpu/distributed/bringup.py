@@ -204,8 +204,7 @@ def share_devices(store, rank: int, world_size: int, index: int, timeout) -> Non
         _state["devices"] = mapping
         from torchtpu.distributed import collectives
 
-        collectives.mesh.cache_clear()
-        collectives._program.cache_clear()
+        collectives.clear_caches()
 
 
 def process_devices() -> dict:

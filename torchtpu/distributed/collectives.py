@@ -137,6 +137,9 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     return jax.jit(f)
 
 
+_RUNS: dict = {}  # (kind, procs, shape, dtype, op, arg) -> (program, sharding, global shape)
+
+
 def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
     """Run collective ``kind`` on this process's local JAX array ``arr`` (already on its
     ``tpu`` device, at least 1-D) in the group ``procs``; returns this process's result
@@ -144,12 +147,24 @@ def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
 
     kinds: ``allreduce`` and ``broadcast`` (``arg``: the source's group rank): result
     shape = input shape; ``allgather``: ``(n * d0, ...)``; ``reduce_scatter``: input
-    ``(n * k, ...)``, result ``(k, ...)``."""
-    jax = runtime.jax()
-    m = mesh(procs)
-    n = len(procs)
-    shape = tuple(arr.shape)
-    f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
-    sharding = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec("r"))
-    g = jax.make_array_from_single_device_arrays((n * shape[0],) + shape[1:], sharding, [arr])
-    return f(g).addressable_shards[0].data
+    ``(n * k, ...)``, result ``(k, ...)``.  Per call: one dict lookup, the global array
+    around ``arr`` (no copy) and the program's dispatch."""
+    shape = arr.shape
+    key = (kind, procs, shape, arr.dtype, op, arg)
+    ent = _RUNS.get(key)
+    if ent is None:
+        jax = runtime.jax()
+        shape = tuple(shape)
+        f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
+        sharding = jax.sharding.NamedSharding(mesh(procs), jax.sharding.PartitionSpec("r"))
+        ent = _RUNS[key] = (f, sharding, (len(procs) * shape[0],) + shape[1:],
+                            jax.make_array_from_single_device_arrays)
+    f, sharding, gshape, make = ent
+    return f(make(gshape, sharding, [arr])).addressable_data(0)
+
+
+def clear_caches() -> None:
+    """Forget meshes and programs (the ranks' devices changed: a new default group)."""
+    mesh.cache_clear()
+    _program.cache_clear()
+    _RUNS.clear()
