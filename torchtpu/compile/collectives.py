@@ -24,21 +24,23 @@ import torch
 
 from torchtpu._device import runtime
 
-_ns = torch.ops._c10d_functional
-
-# the functional collectives lowered inside the executable, and the argument holding
-# the group name
-LOWERED = {
-    _ns.all_reduce.default: 2,
-    _ns.all_reduce_coalesced.default: 2,
-    _ns.all_gather_into_tensor.default: 2,
-    _ns.all_gather_into_tensor_coalesced.default: 2,
-    _ns.reduce_scatter_tensor.default: 3,
-    _ns.reduce_scatter_tensor_coalesced.default: 3,
-    _ns.all_to_all_single.default: 3,
-    _ns.broadcast.default: 2,
-}
-WAIT = _ns.wait_tensor.default
+try:
+    _ns = torch.ops._c10d_functional
+    # the functional collectives lowered inside the executable, and the argument holding
+    # the group name
+    LOWERED = {
+        _ns.all_reduce.default: 2,
+        _ns.all_reduce_coalesced.default: 2,
+        _ns.all_gather_into_tensor.default: 2,
+        _ns.all_gather_into_tensor_coalesced.default: 2,
+        _ns.reduce_scatter_tensor.default: 3,
+        _ns.reduce_scatter_tensor_coalesced.default: 3,
+        _ns.all_to_all_single.default: 3,
+        _ns.broadcast.default: 2,
+    }
+    WAIT = _ns.wait_tensor.default
+except (AttributeError, RuntimeError):  # PyTorch built without torch.distributed
+    _ns, LOWERED, WAIT = None, {}, None
 _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
 
