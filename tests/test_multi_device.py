@@ -68,3 +68,21 @@ def test_two_devices():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+def test_set_device_first_then_tpu_without_index():
+    # torch.tpu.set_device(1) before any tpu op (what init_process_group does for
+    # LOCAL_RANK=1): "tpu" without an index then means tpu:1, as cuda after
+    # torch.cuda.set_device(1)
+    script = textwrap.dedent(r"""
+        import torch
+        torch.tpu.set_device(1)
+        assert torch.accelerator.current_device_index() == 1
+        x = torch.arange(3.0).to("tpu")
+        assert x.device == torch.device("tpu", 1), x.device
+        print("OK")
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr

@@ -48,14 +48,21 @@ class Metrics:
             (old buffers of inputs a graph writes, e.g. optimizer state, handed to XLA
             to be updated in place), ``donation_copies`` (of those, buffers something
             else still held -- another tensor's storage, a user's array --: copied first,
-            the copy donated).
+            the copy donated), ``collectives`` (functional collectives lowered into
+            compiled executables: the graphs that hold them run as one SPMD program over
+            the group's devices, ``torchtpu.compile.collectives``), and
+            ``eager_collective_graphs`` (graphs whose collectives could not be lowered --
+            several process groups in one graph, uneven ``all_to_all_single`` -- and so
+            run op by op in eager).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
         collectives: ``torch.distributed`` calls on the ``tpu_dist`` backend by path and
             collective: ``{"xla": {"allreduce": n, ...}, "gloo": {...}, "cpu": {...}}``
             ("xla": one XLA computation; "gloo": tpu tensors staged through host memory
-            to gloo; "cpu": cpu tensors on gloo).
+            to gloo; "cpu": cpu tensors on gloo; "compiled": a functional collective
+            run inside a torch.compile executable, counted per call of the graph by
+            ``_c10d_functional`` op name).
         sdpa: ``F.scaled_dot_product_attention`` calls on tpu by the path that ran them
             (``{"fused": n, "math": n}``, ``torchtpu.ops.sdpa``; chosen when traced in a
             compiled graph).
@@ -92,7 +99,8 @@ class Metrics:
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0, "recompile_reasons": collections.Counter(),
-            "donated_buffers": 0, "donation_copies": 0,
+            "donated_buffers": 0, "donation_copies": 0, "collectives": 0,
+            "eager_collective_graphs": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.collectives = collections.Counter()

@@ -31,9 +31,18 @@ def get_current_device() -> int:
 
 
 def set_current_device(index: int) -> None:
-    """Make ``tpu:index`` current (the caller checked the index)."""
+    """Make ``tpu:index`` current (the caller checked the index).
+
+    A device other than ``tpu:0`` installs the C++ device guard first
+    (``torchtpu._tensor.native``): PyTorch's Python backend API resolves ``"tpu"``
+    without an index (``x.to("tpu")``, ``torch.accelerator.current_device_index()``)
+    through its own guard, which knows only index 0."""
     global _current
     _current = int(index)
+    if _native is None and _current != 0:
+        from torchtpu._tensor import native
+
+        native.install_device_guard()  # hands _current to the C++ guard
     if _native is not None:
         _native.set_current_device(_current)
 

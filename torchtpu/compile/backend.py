@@ -75,6 +75,9 @@ def _compiler(kind, dump_prefix=None):
 
             prefix = f"{dump_prefix}.{kind}"
             dump.write(prefix + ".fx.txt", dump.fx_text(gm))
+        eager = _eager_collective_graph(gm)
+        if eager is not None:
+            return eager
         ex = GraphExecutable(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
 
         def run(args):
@@ -85,6 +88,33 @@ def _compiler(kind, dump_prefix=None):
         return run
 
     return compile_graph
+
+
+def _eager_collective_graph(gm):
+    """For an ATen graph whose functional collectives cannot be one SPMD executable
+    (``torchtpu.compile.collectives.unsupported_reason``: several process groups, uneven
+    all_to_all, point-to-point ops): a boxed callable running the graph op by op in
+    eager (each collective a ``tpu_dist`` call), counted in
+    ``metrics()["compile"]["eager_collective_graphs"]``; None for any other graph."""
+    import logging
+
+    from torchtpu.compile import collectives as coll
+    from torchtpu.compile.graph import _is_cpu
+
+    nodes = [n for n in coll.graph_collectives(gm.graph.nodes)
+             if not _is_cpu(n.meta.get("val"))]
+    why = coll.unsupported_reason(nodes) if nodes else None
+    if why is None:
+        return None
+    logging.getLogger("torchtpu.compile").info(
+        "torchtpu.compile: graph run op by op in eager: %s", why)
+    M.compile["eager_collective_graphs"] += 1
+
+    def run(args):
+        return list(gm(*args))
+
+    run._boxed_call = True
+    return run
 
 
 _last_recompile = [None]  # CompileContext last counted (one frame compile, one count)

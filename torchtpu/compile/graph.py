@@ -35,6 +35,7 @@ import torch
 from torchtpu import _metrics, ops
 from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
+from torchtpu.compile import collectives as _coll
 from torchtpu.ops._scalar import Scalar, register_pytree
 from torchtpu.ops._schema import (
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, T, T_LIST, Signature, call_lowering, flatten,
@@ -217,7 +218,7 @@ def check_graph(gm) -> None:
         fe = foreach_element_op(t) if t not in table else None
         if fe is not None and fe in table:
             continue
-        if t in _SYM_OPS:
+        if t in _SYM_OPS or t in _coll.LOWERED or t is _coll.WAIT:
             continue
         if t in table and table[t].dynamic_shape:
             raise NotImplementedError(
@@ -379,6 +380,18 @@ class GraphExecutable:
             if n.op == "call_function" and n.target is aten.copy_.default and n not in self.host)
             if b is not None})
         self.executables: dict = {}
+        # functional collectives on the device: the executable is one SPMD program over
+        # their group's devices (torchtpu.compile.collectives)
+        coll = _coll.graph_collectives(self.nodes, self.host)
+        self.group = None
+        self.collectives = [n.target._schema.name.split("::")[1] for n in coll]
+        if coll:
+            why = _coll.unsupported_reason(coll)
+            if why is not None:
+                raise NotImplementedError(f"torchtpu.compile: {why}")
+            self.group = _coll.group_of(coll)
+            self.mutated_inputs = []  # no donation across the SPMD boundary
+            M.compile["collectives"] += len(coll)
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
@@ -395,6 +408,8 @@ class GraphExecutable:
             defer.flush("compiled_graph", sync=False)
         c = M.compile
         c["graph_calls"] += 1
+        for name in self.collectives:
+            M.collectives[("compiled", name)] += 1
         if self.get_attrs:
             args = list(args) + [getattr(self.gm, n.target) for n in self.get_attrs]
         # device inputs: one slot per distinct storage; the key is the inputs' layout
@@ -638,6 +653,23 @@ class GraphExecutable:
                     env[n] = _SYM_OPS[t](meta[n.args[0]], *a[1:])
                     continue
                 val = meta[n]
+                if t is _coll.WAIT:  # XLA orders the collective before its readers
+                    env[n] = a[0]
+                    continue
+                if t in _coll.LOWERED:
+                    fakes = list(val) if isinstance(val, (list, tuple)) else [val]
+                    def carg(v):
+                        if isinstance(v, list):
+                            return [carg(x) for x in v]
+                        if isinstance(v, tuple) and v and v[0] in ("t", "c"):
+                            return read(v)
+                        return v
+
+                    cargs = [carg(v) for v in a]
+                    res = _coll.lower(t, cargs, fakes, len(self.group))
+                    vs = [new_storage(r, f) for r, f in zip(res, fakes)]
+                    env[n] = vs if isinstance(val, (list, tuple)) else vs[0]
+                    continue
                 if t is aten.copy_.default:
                     dst, src = a[0], a[1]
                     j, spec = dst[1], dst[2]
@@ -732,7 +764,13 @@ class GraphExecutable:
         from jax.sharding import SingleDeviceSharding
 
         sharding = SingleDeviceSharding(runtime.jax_device(index))
-        if donate:
+        spmd = None
+        if self.group is not None:
+            spmd = _SPMD(self.group, index, fn, result)
+            split = None
+            jitted = spmd.jitted
+            call_args = spmd.global_args(arrays, host_vals, keys)
+        elif donate:
             don_slots = tuple(donate)
             kept_slots = tuple(j for j in range(n_inputs) if j not in set(don_slots))
             split = (don_slots, kept_slots)
@@ -768,6 +806,8 @@ class GraphExecutable:
             t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
             t1 = time.perf_counter()
         compiled = lowered.compile()
+        if spmd is not None:
+            compiled = spmd.runner(compiled)
         t2 = time.perf_counter()
         c["lowering_seconds"] += t1 - t0
         c["xla_seconds"] += t2 - t1
@@ -836,6 +876,75 @@ class GraphExecutable:
 
         check_info = result["checks"]
         return (compiled, n_new, result["written"], check_info, assemble, split)
+
+
+class _SPMD:
+    """A graph with collectives as one SPMD program over the group's devices.
+
+    ``fn(arrays, host_vals, keys)`` (the graph on this process's arrays) becomes the body
+    of a ``shard_map`` over the group's 1-D mesh (axis ``"r"``); every input and output
+    is a global array sharded on dim 0 whose block ``i`` is group rank ``i``'s local
+    array (0-d arrays travel as shape ``(1,)``), so a process passes its arrays as they
+    are and reads back its own blocks."""
+
+    def __init__(self, group, index, fn, result):
+        from torchtpu.distributed import collectives as C
+
+        jax = runtime.jax()
+        self.jax = jax
+        self.n = len(group)
+        self.mesh = C.mesh(group)
+        self.dev = runtime.jax_device(index)
+        if self.dev not in list(self.mesh.devices.flat):
+            raise RuntimeError(
+                f"torchtpu.compile: the graph's collectives run over the devices "
+                f"{list(self.mesh.devices.flat)} of ranks {list(group)}, but its tensors are "
+                f"on {self.dev} (tpu:{index}); this process's tpu_dist device is the one "
+                f"its collectives use")
+        P = jax.sharding.PartitionSpec
+        self.sharding = jax.sharding.NamedSharding(self.mesh, P("r"))
+        self.in_scalar = None  # per flat input: 0-d
+        self.out_scalar = result  # filled by the trace: "out_scalar"
+
+        def body(arrays, host_vals, keys):
+            sc = iter(self.in_scalar)
+            unpack = [[x.reshape(()) if next(sc) else x for x in xs]
+                      for xs in (arrays, host_vals, keys)]
+            outs = fn(*unpack)
+            result["out_scalar"] = [o.ndim == 0 for o in outs]
+            return tuple(o.reshape((1,)) if o.ndim == 0 else o for o in outs)
+
+        self.jitted = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P("r"),) * 3,
+                                            out_specs=P("r")))
+
+    def _global(self, x):
+        jax = self.jax
+        if not isinstance(x, jax.Array) or x.ndim == 0:
+            x = jax.device_put(np.reshape(x, (1,)) if np.ndim(x) == 0 else x, self.dev) \
+                if not isinstance(x, jax.Array) else x.reshape((1,))
+        return jax.make_array_from_single_device_arrays(
+            (self.n * x.shape[0],) + tuple(x.shape[1:]), self.sharding, [x])
+
+    def global_args(self, arrays, host_vals, keys):
+        """The call's arguments as global arrays (this process's blocks)."""
+        flat = list(arrays) + list(host_vals) + list(keys)
+        if self.in_scalar is None:
+            self.in_scalar = [np.ndim(x) == 0 for x in flat]
+        g = self._global
+        return ([g(x) for x in arrays], [g(x) for x in host_vals], [g(x) for x in keys])
+
+    def runner(self, compiled):
+        """``run(arrays, host_vals, keys) -> this process's outputs`` calling the compiled
+        SPMD executable."""
+        scalar = self.out_scalar["out_scalar"]
+        global_args = self.global_args
+
+        def run(arrays, host_vals, keys):
+            outs = compiled(*global_args(arrays, host_vals, keys))
+            return [o.addressable_data(0).reshape(()) if s else o.addressable_data(0)
+                    for o, s in zip(outs, scalar)]
+
+        return run
 
 
 def _device_side(nodes, host, output, table) -> set:

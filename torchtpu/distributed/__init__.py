@@ -46,4 +46,28 @@ def _create(opts, backend_options):
     ``new_group`` with the group's prefixed store, rank, size, timeout and global ranks."""
     from torchtpu.distributed.process_group import ProcessGroupTPU
 
-    return ProcessGroupTPU.create(opts)
+    device = _caller_device_id()
+    pg = ProcessGroupTPU.create(opts, device)
+    if device is not None:
+        pg.bound_device_id = device
+    return pg
+
+
+def _caller_device_id():
+    """The ``device_id`` that ``init_process_group(device_id=...)`` / ``new_group`` handed
+    to PyTorch's ``_new_process_group_helper``, which binds it to the group object it
+    made and then replaces that object by the Python ``ProcessGroup`` a creator returns
+    (its "TODO ... overwrites the ProcessGroup instance"), dropping the binding.  Read
+    from the helper's frame so the binding survives (``split_group`` requires it, as
+    with nccl); None when not called from there or no device was given."""
+    import sys
+
+    f = sys._getframe(2)
+    for _ in range(8):
+        if f is None:
+            return None
+        if f.f_code.co_name == "_new_process_group_helper":
+            d = f.f_locals.get("device_id")
+            return d if d is not None and getattr(d, "type", None) == "tpu" else None
+        f = f.f_back
+    return None

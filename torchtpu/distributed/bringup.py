@@ -20,8 +20,10 @@ only *before* its backend is started in the process (the first ``jax.devices()``
 * If a tpu tensor already exists (its buffer lives on the old backend) and the world
   has more than one process, :func:`ensure` raises ``RuntimeError`` saying so.
 
-JAX process ``i`` is global rank ``i`` of the default group; each process has one local
-PJRT device, ``tpu:0``.  On the CPU platform JAX's collectives run over gloo
+JAX process ``i`` is global rank ``i`` of the default group.  Each process's collectives
+run on one of its local PJRT devices: ``init_process_group(device_id=tpu:k)``'s, else
+the one ``LOCAL_RANK`` picks when the process sees several (one process per chip on a
+TPU host), else the current one; it becomes the current device (:func:`select_device`).  On the CPU platform JAX's collectives run over gloo
 (``jax_cpu_collectives_implementation``).
 """
 
@@ -137,9 +139,84 @@ def _initialize(jax, store, rank: int, world_size: int, timeout) -> None:
     _state.update(world_size=world_size, rank=rank, coordinator=addr)
 
 
+def local_device_index(count: int, env=None) -> int | None:
+    """The local ``tpu`` device index ``LOCAL_RANK`` picks on a host with ``count``
+    devices: ``LOCAL_RANK`` itself when the process sees several devices (one process
+    per chip, as ``torchrun --nproc-per-node`` starts them), 0 when it sees one (JAX
+    restricted to the process's own chip, or the CPU platform), None when
+    ``LOCAL_RANK`` is not set.
+
+    Raises:
+        RuntimeError: ``LOCAL_RANK`` is not a number, or names a device the host does
+            not have.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("LOCAL_RANK")
+    if raw is None or raw == "":
+        return None
+    try:
+        k = int(raw)
+    except ValueError:
+        raise RuntimeError(f"tpu_dist: LOCAL_RANK={raw!r} is not a number") from None
+    if count <= 1:
+        return 0
+    if not 0 <= k < count:
+        raise RuntimeError(
+            f"tpu_dist: LOCAL_RANK={k} but this process sees {count} tpu devices "
+            f"(tpu:0 .. tpu:{count - 1}); start at most {count} processes per host")
+    return k
+
+
+def select_device(device=None) -> int:
+    """Make this process's collective device current and return its index: ``device``
+    (``init_process_group(device_id=...)``) if given, else the one ``LOCAL_RANK`` picks
+    (:func:`local_device_index`), else the current device (``torch.tpu.set_device``),
+    as ``torch.cuda.set_device(local_rank)`` does for nccl.
+
+    Raises:
+        RuntimeError: the index is out of range (CUDA's wording).
+    """
+    from torchtpu._device import state
+
+    if device is not None and getattr(device, "index", None) is not None:
+        index = device.index
+    else:
+        index = local_device_index(runtime.device_count())
+        if index is None:
+            index = state.current_device
+    runtime.jax_device(index)  # raises when out of range
+    state.set_current_device(index)
+    return index
+
+
+def share_devices(store, rank: int, world_size: int, index: int, timeout) -> None:
+    """Publish this process's collective device (``tpu:index``) in the default group's
+    store and read every rank's, for :func:`process_devices`."""
+    dev = runtime.jax_device(index)
+    if world_size == 1:
+        mapping = {runtime.jax().process_index(): dev.id}
+    else:
+        store.set(f"tpu_dist/device/{rank}", str(dev.id))
+        keys = [f"tpu_dist/device/{r}" for r in range(world_size)]
+        store.wait(keys, timeout)
+        mapping = {r: int(store.get(k)) for r, k in enumerate(keys)}
+    if _state.get("devices") != mapping:
+        _state["devices"] = mapping
+        from torchtpu.distributed import collectives
+
+        collectives.clear_caches()
+
+
 def process_devices() -> dict:
-    """``{JAX process index: its PJRT device}`` for the ``tpu`` platform (one each)."""
+    """``{JAX process index: the PJRT device its collectives use}`` for the ``tpu``
+    platform: the devices the ranks chose at ``init_process_group``
+    (:func:`share_devices`), else each process's first device."""
+    devs = runtime.jax().devices(runtime.platform())
+    chosen = _state.get("devices")
+    if chosen:
+        by_id = {d.id: d for d in devs}
+        return {p: by_id[i] for p, i in chosen.items()}
     out = {}
-    for d in runtime.jax().devices(runtime.platform()):
+    for d in devs:
         out.setdefault(d.process_index, d)
     return out

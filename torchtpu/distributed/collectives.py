@@ -72,6 +72,43 @@ def _allreduce_block(x, op: str, n: int):
     return _reduce_stacked(lax.all_gather(x, "r"), op, n)
 
 
+def allreduce_block(x, op: str, n: int):
+    """Traced inside a ``shard_map`` over axis ``"r"`` of ``n`` devices: this device's
+    block ``x`` all-reduced with reduce op ``op`` (one of the names above; a sum of bools
+    is their OR, AVG of integers truncates as NCCL's ``ncclAvg``)."""
+    return _allreduce_block(x, op, n)
+
+
+def broadcast_block(x, src: int):
+    """Traced inside a ``shard_map`` over axis ``"r"``: group rank ``src``'s block ``x``."""
+    return runtime.jax().lax.all_gather(x, "r")[src]
+
+
+def allgather_block(x):
+    """Traced inside a ``shard_map`` over axis ``"r"``: the blocks ``x`` (shape
+    ``(d0, ...)``) of the group's ranks concatenated on dim 0 in group-rank order,
+    ``(n * d0, ...)``."""
+    return runtime.jax().lax.all_gather(x, "r", tiled=True)
+
+
+def reduce_scatter_block(x, op: str, n: int):
+    """Traced inside a ``shard_map`` over axis ``"r"`` of ``n`` devices: ``x`` of shape
+    ``(n * k, ...)`` reduced over the group with ``op``, and this rank's rows
+    ``[i * k, (i + 1) * k)`` (``i``: its group rank) of the result."""
+    lax = runtime.jax().lax
+    if op in (SUM, AVG) and x.dtype != np.bool_:
+        s = lax.psum_scatter(x, "r", scatter_dimension=0, tiled=True)
+        if op == AVG:
+            if np.issubdtype(x.dtype, np.integer):
+                s = lax.div(s, np.array(n, s.dtype))
+            else:
+                s = s / np.array(n, s.dtype)
+        return s
+    full = _allreduce_block(x, op, n)
+    k = x.shape[0] // n
+    return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
+
+
 @functools.lru_cache(maxsize=None)
 def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     """The jitted computation for one collective signature.  It takes and returns global
@@ -79,7 +116,6 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     belongs to group rank ``i``, so a process's local array is its block as is (no
     reshape dispatched on either side)."""
     jax = runtime.jax()
-    lax = jax.lax
     P = jax.sharding.PartitionSpec
     n = len(procs)
 
@@ -88,27 +124,20 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
             return _allreduce_block(x, op, n)
     elif kind == "broadcast":
         def body(x):
-            return lax.all_gather(x, "r")[arg]
+            return broadcast_block(x, arg)
     elif kind == "allgather":
         def body(x):  # (d0, ...) -> (n * d0, ...)
-            return lax.all_gather(x, "r", tiled=True)
+            return allgather_block(x)
     elif kind == "reduce_scatter":
         def body(x):  # (n * k, ...) -> (k, ...)
-            if op in (SUM, AVG) and x.dtype != np.bool_:
-                s = lax.psum_scatter(x, "r", scatter_dimension=0, tiled=True)
-                if op == AVG:
-                    if np.issubdtype(x.dtype, np.integer):
-                        s = lax.div(s, np.array(n, s.dtype))
-                    else:
-                        s = s / np.array(n, s.dtype)
-                return s
-            full = _allreduce_block(x, op, n)
-            k = x.shape[0] // n
-            return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
+            return reduce_scatter_block(x, op, n)
     else:
         raise AssertionError(kind)
     f = jax.shard_map(body, mesh=mesh(procs), in_specs=P("r"), out_specs=P("r"))
     return jax.jit(f)
+
+
+_RUNS: dict = {}  # (kind, procs, shape, dtype, op, arg) -> (program, sharding, global shape)
 
 
 def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
@@ -118,12 +147,24 @@ def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
 
     kinds: ``allreduce`` and ``broadcast`` (``arg``: the source's group rank): result
     shape = input shape; ``allgather``: ``(n * d0, ...)``; ``reduce_scatter``: input
-    ``(n * k, ...)``, result ``(k, ...)``."""
-    jax = runtime.jax()
-    m = mesh(procs)
-    n = len(procs)
-    shape = tuple(arr.shape)
-    f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
-    sharding = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec("r"))
-    g = jax.make_array_from_single_device_arrays((n * shape[0],) + shape[1:], sharding, [arr])
-    return f(g).addressable_shards[0].data
+    ``(n * k, ...)``, result ``(k, ...)``.  Per call: one dict lookup, the global array
+    around ``arr`` (no copy) and the program's dispatch."""
+    shape = arr.shape
+    key = (kind, procs, shape, arr.dtype, op, arg)
+    ent = _RUNS.get(key)
+    if ent is None:
+        jax = runtime.jax()
+        shape = tuple(shape)
+        f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
+        sharding = jax.sharding.NamedSharding(mesh(procs), jax.sharding.PartitionSpec("r"))
+        ent = _RUNS[key] = (f, sharding, (len(procs) * shape[0],) + shape[1:],
+                            jax.make_array_from_single_device_arrays)
+    f, sharding, gshape, make = ent
+    return f(make(gshape, sharding, [arr])).addressable_data(0)
+
+
+def clear_caches() -> None:
+    """Forget meshes and programs (the ranks' devices changed: a new default group)."""
+    mesh.cache_clear()
+    _program.cache_clear()
+    _RUNS.clear()

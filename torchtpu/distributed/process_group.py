@@ -74,6 +74,31 @@ class _HostWork(dist._Work):
         return fut
 
 
+class _TPUBackendView:
+    """What ``ProcessGroupTPU._get_backend(tpu device)`` returns to PyTorch's Python layer:
+    the group's gloo backend, as seen by the calls PyTorch makes on the bound device's
+    backend, answered for ``tpu_dist``: it supports splitting (``split_group`` calls
+    :meth:`ProcessGroupTPU.split_group`, which needs no options: ``options`` is None,
+    where gloo's cannot be deep-copied), non-members of a new subgroup take no part in
+    making it (``perform_nocolor_split`` does nothing) and there is no communicator to
+    connect eagerly.  Anything else is gloo's."""
+
+    supports_splitting = True
+    options = None
+
+    def __init__(self, gloo):
+        self._gloo = gloo
+
+    def perform_nocolor_split(self, device) -> None:
+        pass
+
+    def eager_connect_single_device(self, device) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._gloo, name)
+
+
 def _is_tpu(t) -> bool:
     return t.device.type == "tpu"
 
@@ -143,23 +168,75 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for dev in ("cpu", "tpu"):
             self._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.GLOO,
                                    self._gloo)
+        self._tpu_backend = _TPUBackendView(self._gloo)
+        self._splits = 0  # split_group calls on this group
 
     @classmethod
-    def create(cls, opts) -> "ProcessGroupTPU":
+    def create(cls, opts, device=None) -> "ProcessGroupTPU":
         """Build the group from PyTorch's ``_DistributedBackendOptions``; the default
-        group (no ``global_ranks_in_group``) first brings up ``jax.distributed``."""
+        group (no ``global_ranks_in_group``) first brings up ``jax.distributed``, then
+        picks this process's tpu device (``device``: ``init_process_group``'s
+        ``device_id``, else ``LOCAL_RANK``: :func:`~torchtpu.distributed.bringup.
+        select_device`) and shares every rank's choice through the store."""
         ranks = list(opts.global_ranks_in_group)
         timeout = opts.timeout
         if not isinstance(timeout, datetime.timedelta):
             timeout = datetime.timedelta(seconds=float(timeout))
         if not ranks:
             bringup.ensure(opts.store, opts.group_rank, opts.group_size, timeout)
+            index = bringup.select_device(device)
+            bringup.share_devices(opts.store, opts.group_rank, opts.group_size, index, timeout)
             ranks = list(range(opts.group_size))
         return cls(opts.store, opts.group_rank, opts.group_size, ranks, timeout)
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _get_backend(self, device):
+        """PyTorch's Python layer asks the group for its backend of a device
+        (``split_group``, ``new_group`` and ``init_process_group(device_id=...)`` ask for
+        the bound device's): for ``tpu`` a :class:`_TPUBackendView`, for other devices
+        the registered gloo backend."""
+        if torch.device(device).type == "tpu":
+            return self._tpu_backend
+        return super()._get_backend(device)
+
+    def get_group_store(self):
+        """The group's rendezvous store (prefixed per group by PyTorch)."""
+        return self._store
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
+                    device_types=None):
+        """``torch.distributed.split_group``'s hook: a new ``tpu_dist`` group of this
+        group's ranks ``ranks`` (group ranks of ``self``; the new group ranks them in
+        sorted order, as PyTorch does), or None when this rank is not in ``ranks``.
+
+        Every rank of ``self`` calls it (PyTorch's ``split_group`` is collective over the
+        parent); the members rendezvous on the parent's store under ``group_name``.
+        Collectives of the new group run over its members' devices (XLA) and its own gloo
+        group, as any ``tpu_dist`` group.  Mirrors ``ProcessGroup::splitGroup`` (which
+        NCCL implements with ``ncclCommSplit``)."""
+        ranks = sorted(int(r) for r in ranks)
+        # the members' store keys: PyTorch's group name can differ between the members
+        # (it de-duplicates a hash of the ranks against each process's own group names),
+        # so the keys carry a per-parent count of splits (every rank of the parent calls
+        # split_group, in the same order) and the members' global ranks
+        self._splits += 1
+        if self._rank not in ranks:
+            return None
+        if group_name is None:
+            group_name = "split:" + ",".join(str(self._procs[r]) for r in ranks)
+        if timeout is None:
+            timeout = self._timeout
+        members = [self._procs[r] for r in ranks]
+        store = dist.PrefixStore(f"split{self._splits}/{','.join(map(str, members))}/",
+                                 self._store)
+        pg = ProcessGroupTPU(store, ranks.index(self._rank), len(ranks), members, timeout)
+        pg._set_group_name(group_name)
+        if group_desc is not None:
+            pg._set_group_desc(group_desc)
+        return pg
 
     def __repr__(self):
         return f"ProcessGroupTPU(rank={self._rank}, size={self._size}, ranks={list(self._procs)})"
