@@ -13,7 +13,7 @@ It provides three things PyTorch 2.13's Python backend API cannot:
 
 The build takes about half a minute once per machine and version of ``_native.cpp``
 (cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, in one
-directory per source version; loading the cached build takes ~0.3 s per process) and
+directory per source version and location; loading the cached build takes ~0.3 s per process) and
 needs a C++ compiler and ``ninja`` (a dependency of torchtpu).
 """
 
@@ -35,10 +35,11 @@ def module():
     from torch.utils.cpp_extension import load
 
     src = os.path.join(os.path.dirname(__file__), "_native.cpp")
-    # one build directory per source version: checkouts of different versions on one
-    # machine (worktrees, upgrades) would otherwise rebuild over each other's module
+    # one build directory per source version and location: two checkouts on one machine
+    # (worktrees, an install beside a clone) would otherwise rebuild over each other's
+    # module on every load, since the source's path is part of the build command
     with open(src, "rb") as f:
-        name = f"torchtpu_native_{zlib.crc32(f.read()):08x}"
+        name = f"torchtpu_native_{zlib.crc32(f.read() + src.encode()):08x}"
     try:
         mod = load(name, [src], extra_cflags=["-O1"], verbose=False)
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
