@@ -48,7 +48,9 @@ class Metrics:
             (old buffers of inputs a graph writes, e.g. optimizer state, handed to XLA
             to be updated in place), ``donation_copies`` (of those, buffers something
             else still held -- another tensor's storage, a user's array --: copied first,
-            the copy donated).
+            the copy donated), ``graph_cache_hits`` (of ``graphs_compiled``, graphs loaded
+            from the on-disk graph cache instead of traced by AOTAutograd,
+            ``torchtpu.compile.graph_cache``).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -92,7 +94,7 @@ class Metrics:
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0, "recompile_reasons": collections.Counter(),
-            "donated_buffers": 0, "donation_copies": 0,
+            "donated_buffers": 0, "donation_copies": 0, "graph_cache_hits": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.collectives = collections.Counter()
