@@ -77,6 +77,10 @@ def test_second_process_loads_traced_graphs_and_matches_cpu(tmp_path):
     assert first["compile"]["graph_cache_hits"] == 0
     assert second["compile"]["graph_cache_hits"] == first["compile"]["graphs_compiled"]
     assert second["compile"]["recompiles"] == first["compile"]["recompiles"]
+    # their executables are loaded too (no JAX trace, no XLA compile)
+    assert first["compile"]["executable_cache_hits"] == 0
+    assert second["compile"]["executables"] == first["compile"]["executables"]
+    assert second["compile"]["executable_cache_hits"] == first["compile"]["executables"]
 
 
 def test_graph_cache_off_with_persistent_cache_off():
@@ -84,5 +88,24 @@ def test_graph_cache_off_with_persistent_cache_off():
     _child("off")
     second = _child("off")
     assert second["compile"]["graph_cache_hits"] == 0
+    assert second["compile"]["executable_cache_hits"] == 0
     assert second["compile"]["graphs_compiled"] >= 3
     _assert_close(second["tpu"][0], second["cpu"][0])
+
+
+def test_executables_loaded_from_jax_cache_are_not_stored_again(tmp_path):
+    # a process whose executables came from JAX's persistent cache (here: the graph
+    # cache's executables deleted, JAX's entries kept) must not store them (XLA:CPU
+    # cannot serialize a deserialized executable again: the next process failed with
+    # "Function wrapped_add not found")
+    import glob
+    import shutil
+
+    _child(tmp_path)
+    for d in glob.glob(os.path.join(str(tmp_path), "torchtpu-graphs", "*", "executables")):
+        shutil.rmtree(d)
+    _child(tmp_path)
+    third = _child(tmp_path)
+    _assert_close(third["tpu"][0], third["cpu"][0])
+    for k in third["cpu"][1]:
+        _assert_close(third["tpu"][1][k], third["cpu"][1][k])

@@ -50,7 +50,9 @@ class Metrics:
             else still held -- another tensor's storage, a user's array --: copied first,
             the copy donated), ``graph_cache_hits`` (of ``graphs_compiled``, graphs loaded
             from the on-disk graph cache instead of traced by AOTAutograd,
-            ``torchtpu.compile.graph_cache``).
+            ``torchtpu.compile.graph_cache``), ``executable_cache_hits`` (of
+            ``executables``, those loaded from that cache instead of traced, lowered and
+            compiled).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -95,6 +97,7 @@ class Metrics:
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0, "recompile_reasons": collections.Counter(),
             "donated_buffers": 0, "donation_copies": 0, "graph_cache_hits": 0,
+            "executable_cache_hits": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.collectives = collections.Counter()

@@ -7,7 +7,8 @@ serves Inductor, ``torch._functorch._aot_autograd.autograd_cache``) store the re
 AOTAutograd for our graphs too, in its "bundled" form: the cache entry holds AOTAutograd's
 runtime metadata and wrappers plus our compiled forward / backward as
 :class:`TpuOutputCode` objects, which serialize their ATen FX graph (with the fake-tensor
-metadata our lowering reads) through ``torch.fx._graph_pickler.GraphPickler``.  A second
+metadata our lowering reads) as plain data (nodes in order, fake values as their geometry,
+constant tensors as CPU copies).  A second
 process whose Dynamo graph has the same cache key (PyTorch's hash of the graph, its
 inputs' metadata, the AOT config and the PyTorch version) loads the entry and builds the
 :class:`~torchtpu.compile.graph.GraphExecutable` from the stored graph: no AOTAutograd
@@ -45,7 +46,7 @@ except Exception:  # pragma: no cover - another PyTorch: no cache
 class TpuOutputCode(_OutputCode):
     """A compiled ATen graph as AOTAutograd's cache stores it: called like the
     :class:`~torchtpu.compile.graph.GraphExecutable` it holds (boxed: one list of
-    inputs); serialized as its FX graph (``GraphPickler``, node metadata included) and
+    inputs); serialized as its FX graph (:func:`_graph_to_data`) and
     rebuilt after loading (``post_compile``)."""
 
     _boxed_call = True
@@ -55,41 +56,17 @@ class TpuOutputCode(_OutputCode):
         self._boxed_call = True  # an instance attribute: functools.wraps copies it
         self.ex = ex
         self.kind = kind
-        self._graph_bytes = None
+        self._graph_data = None
 
     def __call__(self, args):
         return self.ex(args)
 
     def prepare_for_serialization(self) -> None:
-        """Called by AOTAutogradCache on a copy before pickling: the graph as bytes."""
-        from torch.fx._graph_pickler import GraphPickler, Options
-
+        """Called by AOTAutogradCache on a copy before pickling: the graph as plain data
+        (:func:`_graph_to_data`)."""
         if self.ex is None:
             return
-        gm = self.ex.gm
-        # constant tensors on tpu (get_attr nodes: a torch.tensor(...) in the model) are
-        # stored as CPU copies and moved back after loading; each node's fake value is
-        # stored as its geometry (what the lowering reads), rebuilt as a FakeTensor
-        saved, metas, self._device_consts = {}, {}, {}
-        try:
-            with torch.utils._python_dispatch._disable_current_modes():
-                for n in gm.graph.nodes:
-                    metas[n] = n.meta
-                    n.meta = {"tpu_val": _describe(n.meta.get("val"))}
-                    if n.op != "get_attr" or n.target in saved:
-                        continue
-                    t = _getattr(gm, n.target)
-                    if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-                        saved[n.target] = t
-                        self._device_consts[n.target] = str(t.device)
-                        _setattr(gm, n.target, t.detach().to("cpu"))
-            self._graph_bytes = GraphPickler.dumps(
-                gm, options=Options(ops_filter=None, node_metadata_key_filter=None))
-        finally:
-            for n, m in metas.items():
-                n.meta = m
-            for name, t in saved.items():
-                _setattr(gm, name, t)
+        self._graph_data = _graph_to_data(self.ex.gm)
         self.ex = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
@@ -99,24 +76,16 @@ class TpuOutputCode(_OutputCode):
             return
         from torch._guards import detect_fake_mode
         from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx._graph_pickler import GraphPickler
 
         from torchtpu.compile.backend import _ids
         from torchtpu.compile.graph import GraphExecutable
         from torchtpu.ops import nn
 
         nn.register_private_lowerings()
-
         fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
-        gm = GraphPickler.loads(self._graph_bytes, fake_mode)
-        with torch.utils._python_dispatch._disable_current_modes():
-            for n in gm.graph.nodes:
-                n.meta["val"] = _build(n.meta.pop("tpu_val", None), fake_mode)
-            for name, dev in (getattr(self, "_device_consts", None) or {}).items():
-                _setattr(gm, name, _getattr(gm, name).to(dev))
-        gm.recompile()
+        gm = _graph_from_data(self._graph_data, fake_mode)
         self.ex = GraphExecutable(gm, f"{self.kind}{next(_ids)}")
-        self._graph_bytes = None
+        self._graph_data = None
         M.compile["graphs_compiled"] += 1
         M.compile["graph_cache_hits"] += 1
 
@@ -126,6 +95,83 @@ class TpuOutputCode(_OutputCode):
     @property
     def graph_executable(self):
         return self.ex
+
+
+_NODE = "__torchtpu_node__"
+
+
+def _graph_to_data(gm) -> dict:
+    """An ATen FX graph as picklable plain data: its nodes in order (op, name, target,
+    args and kwargs with node references as ``(_NODE, position)``, fake value geometry,
+    :func:`_describe`) and its constant tensors (tpu constants as CPU copies plus their
+    device).  Raises ``BypassAOTAutogradCache`` for what it cannot describe."""
+    pos = {}
+    nodes = []
+
+    def ref(a):
+        if isinstance(a, torch.fx.Node):
+            return (_NODE, pos[a])
+        if isinstance(a, (list, tuple)):
+            return type(a)(ref(x) for x in a)
+        if isinstance(a, dict):
+            return {k: ref(v) for k, v in a.items()}
+        return a
+
+    consts = {}
+    with torch.utils._python_dispatch._disable_current_modes():
+        for i, n in enumerate(gm.graph.nodes):
+            pos[n] = i
+            t = n.target
+            if isinstance(t, torch._ops.OpOverload):
+                t = ("op", t._schema.name, t._overloadname)
+            elif n.op == "call_function":
+                t = ("fn", t)
+            nodes.append((n.op, n.name, t, ref(n.args), ref(n.kwargs),
+                          _describe(n.meta.get("val"))))
+            if n.op == "get_attr" and n.target not in consts:
+                v = _getattr(gm, n.target)
+                if isinstance(v, torch.Tensor):
+                    consts[n.target] = (v.detach().to("cpu"), str(v.device))
+                else:
+                    raise _bypass(f"a graph attribute of type {type(v).__name__}")
+    return {"nodes": nodes, "consts": consts}
+
+
+def _graph_from_data(data, fake_mode):
+    """The GraphModule :func:`_graph_to_data` described, its nodes' ``meta["val"]``
+    fake tensors of ``fake_mode``."""
+    g = torch.fx.Graph()
+    made = []
+
+    def deref(a):
+        if isinstance(a, tuple) and len(a) == 2 and a[0] == _NODE:
+            return made[a[1]]
+        if isinstance(a, (list, tuple)):
+            return type(a)(deref(x) for x in a)
+        if isinstance(a, dict):
+            return {k: deref(v) for k, v in a.items()}
+        return a
+
+    for op, name, t, args, kwargs, desc in data["nodes"]:
+        if isinstance(t, tuple) and t[0] == "op":
+            ns, opname = t[1].split("::")
+            t = getattr(getattr(getattr(torch.ops, ns), opname), t[2])
+        elif isinstance(t, tuple) and t[0] == "fn":
+            t = t[1]
+        n = g.create_node(op, t, deref(args), deref(kwargs), name=name)
+        n.meta["val"] = _build(desc, fake_mode)
+        made.append(n)
+    root = torch.nn.Module()
+    with torch.utils._python_dispatch._disable_current_modes():
+        for target, (v, dev) in data["consts"].items():
+            *path, last = target.split(".")
+            m = root
+            for part in path:
+                if not hasattr(m, part):
+                    m.add_module(part, torch.nn.Module())
+                m = getattr(m, part)
+            m.register_buffer(last, v.to(dev) if dev != "cpu" else v)
+    return torch.fx.GraphModule(root, g)
 
 
 def _describe(v):
@@ -177,16 +223,6 @@ def _getattr(mod, target: str):
     for part in target.split("."):
         mod = getattr(mod, part)
     return mod
-
-
-def _setattr(mod, target: str, value) -> None:
-    *path, last = target.split(".")
-    for part in path:
-        mod = getattr(mod, part)
-    if isinstance(value, torch.Tensor) and last in getattr(mod, "_buffers", {}):
-        mod._buffers[last] = value
-    else:
-        setattr(mod, last, value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,21 +279,165 @@ def usable(example_inputs) -> bool:
     return True
 
 
+def _no_registration() -> None:
+    pass
+
+
 @contextlib.contextmanager
 def active(path: str):
     """While AOTAutograd runs for our graph: PyTorch's AOTAutogradCache reads and writes
     under ``path`` (it finds its directory through ``TORCHINDUCTOR_CACHE_DIR``), stores
     bundled entries (our :class:`TpuOutputCode` inside), and the backward is compiled
     with the forward (so that its entry is written here, not at the first backward)."""
+    import torch._inductor.codecache as codecache
+
     old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    # the cache key of the graph includes Inductor's custom backend passes, which
+    # Inductor's hash collects after registering its code generators (~0.7 s once per
+    # process, importing Inductor's codegen): none apply to our graphs
+    init = getattr(codecache, "init_backend_registration", None)
+    if init is not None:
+        codecache.init_backend_registration = _no_registration
     try:
         with torch._functorch.config.patch(bundled_autograd_cache=True,
                                            force_non_lazy_backward_lowering=True), \
                 torch._inductor.config.patch(fx_graph_cache=True):
             yield
     finally:
+        if init is not None:
+            codecache.init_backend_registration = init
         if old is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+# ------------------------------------------------------------------ executables
+# A GraphExecutable's executables (one per input layout) are stored too: a second process
+# loads the compiled XLA executable (``jax.experimental.serialize_executable``) and the
+# trace's output plan instead of tracing the graph through the lowering table again.
+
+
+@functools.lru_cache(maxsize=None)
+def _source_version() -> str:
+    """Hash of every torchtpu source file (the lowering table decides the executables),
+    PyTorch's and JAX's versions."""
+    import jax
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    h.update(f"{torch.__version__} {jax.__version__}".encode())
+    for d, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                h.update(f.encode())
+                try:
+                    with open(os.path.join(d, f), "rb") as fh:
+                        h.update(fh.read())
+                except OSError:
+                    pass
+    return h.hexdigest()[:16]
+
+
+def _graph_identity(ex) -> str:
+    """Hash of a GraphExecutable's graph: its code, every node's fake value geometry and
+    its constant tensors' values (computed once per graph)."""
+    ident = getattr(ex, "_identity", None)
+    if ident is None:
+        h = hashlib.sha256()
+        h.update(ex.gm.code.encode())
+        for n in ex.nodes:
+            h.update(repr((n.name, _describe(n.meta.get("val")))).encode())
+        with torch.utils._python_dispatch._disable_current_modes():
+            for n in ex.get_attrs:
+                t = _getattr(ex.gm, n.target)
+                if isinstance(t, torch.Tensor):
+                    h.update(repr((t.dtype, tuple(t.shape), str(t.device))).encode())
+                    h.update(t.detach().to("cpu").contiguous().numpy().tobytes())
+                else:
+                    h.update(repr(t).encode())
+        ident = ex._identity = h.hexdigest()
+    return ident
+
+
+def _environment(index) -> str:
+    """What else decides an executable: JAX's 64-bit mode, ``XLA_FLAGS``, the device."""
+    import jax
+
+    from torchtpu._device import runtime
+
+    dev = runtime.jax_device(index if isinstance(index, int) else 0)
+    return repr((bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS"),
+                 dev.platform, getattr(dev, "device_kind", "")))
+
+
+def executable_path(ex, key, donate) -> str | None:
+    """The file of ``ex``'s executable for input layout ``key`` and donated slots
+    ``donate``; None when the cache is off or the graph cannot be identified."""
+    try:
+        base = directory()
+        if base is None:
+            return None
+        h = hashlib.sha256()
+        h.update(_source_version().encode())
+        h.update(_graph_identity(ex).encode())
+        h.update(repr((key, tuple(donate))).encode())
+        h.update(_environment(key[-1]).encode())
+        return os.path.join(base, "executables", h.hexdigest()[:40])
+    except Exception:  # a value without a stable description: not cached
+        return None
+
+
+def load_executable(path: str, index: int):
+    """``(compiled, result, donated slots)`` stored at ``path``, or None (missing,
+    unreadable, or built for another JAX / device)."""
+    import pickle
+
+    try:
+        with open(path, "rb") as f:
+            rec = pickle.load(f)
+        from jax.experimental import serialize_executable as se
+
+        from torchtpu._device import runtime
+
+        compiled = se.deserialize_and_load(*rec["exe"],
+                                           execution_devices=[runtime.jax_device(index)])
+    except Exception:
+        return None
+    M.compile["executable_cache_hits"] += 1
+    return compiled, rec["result"], rec["donate"]
+
+
+def save_executable(path: str, compiled, result, donate) -> None:
+    """Store ``compiled`` (a JAX ``Compiled`` that XLA compiled in this process, not one
+    loaded from JAX's persistent cache: see ``GraphExecutable._compile``) and the
+    trace's ``result`` at ``path`` (atomically; errors are ignored: the cache is an
+    optimization).  Executables with host callbacks or effects are not stored."""
+    import pickle
+    import tempfile
+
+    tmp = None
+    try:
+        from jax.experimental import serialize_executable as se
+
+        unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+        if unloaded is None or getattr(unloaded, "host_callbacks", None) or \
+                getattr(unloaded, "ordered_effects", None) or \
+                getattr(unloaded, "unordered_effects", None):
+            return  # a host callback or effect: not reloadable in another process
+        data = pickle.dumps({"exe": se.serialize(compiled), "result": result,
+                             "donate": tuple(donate)})
+        d = os.path.dirname(path)
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except Exception:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
