@@ -12,12 +12,22 @@ constant tensors as CPU copies).  A second
 process whose Dynamo graph has the same cache key (PyTorch's hash of the graph, its
 inputs' metadata, the AOT config and the PyTorch version) loads the entry and builds the
 :class:`~torchtpu.compile.graph.GraphExecutable` from the stored graph: no AOTAutograd
-trace, no partitioner.  Its executables then come from JAX's persistent cache.
+trace, no partitioner.  Each GraphExecutable's XLA executables (one per input layout)
+are stored too, with the output plan of their trace, keyed by the graph (code, node
+geometry, constants), the input layout and a hash of all torchtpu sources, JAX's and
+PyTorch's versions, 64-bit mode, ``XLA_FLAGS`` and the device: the second process loads
+them (``jax.experimental.serialize_executable``) instead of tracing the graph through the
+lowering table and lowering it to StableHLO.  Not stored: executables that JAX itself
+loaded from its persistent cache (XLA:CPU cannot serialize those again: the copy misses
+its functions), and executables with host callbacks or effects; those graphs are lowered
+again and their executables come from JAX's persistent cache.  Dynamo still traces the
+Python code in every process (its guards are built from that trace).
 
-Where: ``<persistent cache directory>/torchtpu-graphs/<version>/aotautograd/...``, where
+Where: ``<persistent cache directory>/torchtpu-graphs/<version>/{aotautograd,executables}/``, where
 ``<version>`` hashes the torchtpu sources that decide the traced graph (the decomposition
 set, this package) so an entry from other torchtpu code is never reused.  Off when the
-persistent cache is off (``TORCHTPU_CACHE_DIR=off``), when PyTorch's caches are disabled
+persistent cache is off (``TORCHTPU_CACHE_DIR=off``), with ``TORCHTPU_GRAPH_CACHE=0``
+(JAX's persistent cache alone then serves a second process), when PyTorch's caches are disabled
 (``torch.compiler.config.force_disable_caches``, ``TORCHINDUCTOR_AUTOGRAD_CACHE=0``), for
 graphs with symbolic shapes (``dynamic=True``) and while graphs are dumped
 (``TORCHTPU_DUMP_DIR``).  A graph PyTorch cannot hash (``BypassAOTAutogradCache``:
@@ -252,6 +262,8 @@ def directory() -> str | None:
     """The graph cache directory, or None when the cache is off."""
     from torchtpu._device import persistent_cache, runtime
 
+    if os.environ.get("TORCHTPU_GRAPH_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+        return None
     runtime.jax()  # configures the persistent cache
     base = persistent_cache.directory()
     if base is None:
