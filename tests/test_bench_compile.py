@@ -98,7 +98,13 @@ def test_coldwarm_row_second_process_hits_the_persistent_cache():
     assert cold["cache_dir"] == warm["cache_dir"]
     assert cold["persistent_cache"]["misses"] > 0
     assert warm["persistent_cache"]["misses"] == 0
-    assert warm["persistent_cache"]["hits"] >= cold["persistent_cache"]["misses"]
+    # every executable the cold process compiled is loaded: by JAX's persistent cache or
+    # (with its traced graph) by torchtpu's graph cache
+    gc = warm["graph_cache"]
+    assert warm["persistent_cache"]["hits"] + gc["executable_cache_hits"] >= \
+        cold["persistent_cache"]["misses"]
+    assert gc["graphs_compiled"] > 0 and gc["graph_cache_hits"] == gc["graphs_compiled"]
+    assert cold["graph_cache"]["graph_cache_hits"] == 0
     assert r["warm_over_cold"] == warm["first_call_s"] / cold["first_call_s"]
 
 

@@ -452,6 +452,10 @@ def _first_call_child(name):
         "compile_split_s": {k: m1["compile"][k] - m0["compile"][k] for k in _SPLIT},
         "persistent_cache": {k: m1["persistent_cache"][k] - m0["persistent_cache"][k]
                              for k in m1["persistent_cache"]},
+        # torchtpu.compile.graph_cache: traced graphs / executables loaded from disk
+        "graph_cache": {k: m1["compile"].get(k, 0) - m0["compile"].get(k, 0)
+                        for k in ("graphs_compiled", "graph_cache_hits", "executables",
+                                  "executable_cache_hits")},
         "cache_dir": torchtpu.persistent_cache_directory(),
     }))
 
@@ -561,14 +565,18 @@ def print_tables(out, file=None):
         c = rows["coldwarm"]
         p(f"\n| cold vs warm ({c['workload']} compiled step, fresh process) | first call s "
           "| tracing/lowering/XLA s | persistent hits/misses | process wall s "
-          "| C++ helper load s (before the first call) |")
-        p("|---|---|---|---|---|---|")
+          "| C++ helper load s (before the first call) | graphs / executables loaded "
+          "from the graph cache |")
+        p("|---|---|---|---|---|---|---|")
         for k in ("cold", "warm"):
             v = c[k]
             sp, pc = v["compile_split_s"], v["persistent_cache"]
+            gc = v.get("graph_cache", {})
             p(f"| {k} | {v['first_call_s']:.1f} | {sp['tracing_seconds']:.1f}/"
               f"{sp['lowering_seconds']:.1f}/{sp['xla_seconds']:.1f} | {pc['hits']}/"
-              f"{pc['misses']} | {v['process_wall_s']:.1f} | {v['native_helper_s']:.1f} |")
+              f"{pc['misses']} | {v['process_wall_s']:.1f} | {v['native_helper_s']:.1f} | "
+              f"{gc.get('graph_cache_hits', '-')} of {gc.get('graphs_compiled', '-')} / "
+              f"{gc.get('executable_cache_hits', '-')} of {gc.get('executables', '-')} |")
         p(f"\nwarm / cold = {c['warm_over_cold']:.0%}")
 
 
