@@ -312,9 +312,14 @@ def active(path: str):
     if init is not None:
         codecache.init_backend_registration = _no_registration
     try:
-        with torch._functorch.config.patch(bundled_autograd_cache=True,
-                                           force_non_lazy_backward_lowering=True), \
-                torch._inductor.config.patch(fx_graph_cache=True):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch._functorch.config.patch(
+                bundled_autograd_cache=True, force_non_lazy_backward_lowering=True))
+            import torch._inductor.config as inductor_config
+
+            # AOTAutogradCache requires Inductor's FX graph cache setting to be on
+            if hasattr(inductor_config, "fx_graph_cache"):
+                stack.enter_context(inductor_config.patch(fx_graph_cache=True))
             yield
     finally:
         if init is not None:
