@@ -156,7 +156,7 @@ def tpu_backend(gm, example_inputs, **kwargs):
     if prefix is None:
         from torchtpu.compile import graph_cache
 
-        if graph_cache.usable(example_inputs):
+        if graph_cache.usable(gm, example_inputs):
             cache_dir = graph_cache.directory()
     fw = _compiler("forward", prefix, cache_dir is not None)
     if cache_dir is not None:

@@ -277,11 +277,28 @@ def directory() -> str | None:
     return os.path.join(base, "torchtpu-graphs", version())
 
 
-def usable(example_inputs) -> bool:
-    """Whether a Dynamo graph with these example inputs may use the cache (static
-    shapes only)."""
+def usable(gm, example_inputs) -> bool:
+    """Whether Dynamo graph ``gm`` with these example inputs may use the cache: static
+    shapes only, and no tensor attribute that AOTAutograd would bake in as a constant
+    (one that is neither a parameter nor a buffer of the graph module: those AOTAutograd
+    lifts to inputs, as Dynamo's optimizer graphs hold parameters and optimizer state):
+    PyTorch's AOTAutograd cache key hashes such a tensor's metadata only, not its values,
+    so a graph differing only in a constant's values would reuse the stored one."""
     if _OutputCode is object:
         return False
+    lifted = None
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            try:
+                v = _getattr(gm, n.target)
+            except AttributeError:
+                return False
+            if isinstance(v, torch.Tensor):
+                if lifted is None:
+                    lifted = {k for k, _ in gm.named_parameters(remove_duplicate=False)}
+                    lifted |= {k for k, _ in gm.named_buffers(remove_duplicate=False)}
+                if n.target not in lifted:
+                    return False
     for x in example_inputs:
         if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return False
