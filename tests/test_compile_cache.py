@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = textwrap.dedent("""
@@ -109,3 +111,34 @@ def test_executables_loaded_from_jax_cache_are_not_stored_again(tmp_path):
     _assert_close(third["tpu"][0], third["cpu"][0])
     for k in third["cpu"][1]:
         _assert_close(third["tpu"][1][k], third["cpu"][1][k])
+
+
+def test_backward_that_cannot_be_lowered_raises_at_backward_not_forward(monkeypatch):
+    # the graph cache compiles the backward together with the forward: an op the backward
+    # cannot lower must still raise at the first backward (as AOTAutograd's lazy backward
+    # compile does), so a forward-only use of a compiled function keeps working
+    import torch
+
+    import torchtpu  # noqa: F401
+    from torchtpu.compile import graph as graph_mod
+
+    real = graph_mod.check_graph
+
+    def check(gm):
+        for n in gm.graph.nodes:
+            if "threshold_backward" in str(n.target) or "le.Scalar" in str(n.target):
+                raise NotImplementedError(f"torchtpu: test: no lowering for {n.target}")
+        real(gm)
+
+    monkeypatch.setattr(graph_mod, "check_graph", check)
+    torch._dynamo.reset()
+    try:
+        x = torch.randn(6)
+        xt = x.to("tpu").requires_grad_(True)
+        f = torch.compile(lambda a: torch.relu(a).sum(), backend="tpu")
+        y = f(xt)  # the forward runs
+        torch.testing.assert_close(y.detach().cpu(), torch.relu(x).sum())
+        with pytest.raises(NotImplementedError, match="test: no lowering"):
+            y.backward()
+    finally:
+        torch._dynamo.reset()

@@ -75,11 +75,15 @@ def _compiler(kind, dump_prefix=None, cacheable=False):
 
             prefix = f"{dump_prefix}.{kind}"
             dump.write(prefix + ".fx.txt", dump.fx_text(gm))
-        ex = GraphExecutable(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
         if cacheable:  # AOTAutogradCache stores it (torchtpu.compile.graph_cache)
-            from torchtpu.compile.graph_cache import TpuOutputCode
+            from torchtpu.compile.graph_cache import TpuOutputCode, deferred_executable
 
+            # the backward is compiled with the forward here (graph_cache.active): an op
+            # it cannot lower raises at the first backward, as with AOTAutograd's lazy
+            # backward compile, not when the forward is compiled
+            ex = deferred_executable(gm, f"{kind}{next(_ids)}", kind == "backward")
             return TpuOutputCode(ex, kind)
+        ex = GraphExecutable(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
 
         def run(args):
             return ex(args)

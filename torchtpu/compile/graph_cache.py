@@ -88,13 +88,12 @@ class TpuOutputCode(_OutputCode):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from torchtpu.compile.backend import _ids
-        from torchtpu.compile.graph import GraphExecutable
         from torchtpu.ops import nn
 
         nn.register_private_lowerings()
         fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
         gm = _graph_from_data(self._graph_data, fake_mode)
-        self.ex = GraphExecutable(gm, f"{self.kind}{next(_ids)}")
+        self.ex = deferred_executable(gm, f"{self.kind}{next(_ids)}", self.kind == "backward")
         self._graph_data = None
         M.compile["graphs_compiled"] += 1
         M.compile["graph_cache_hits"] += 1
@@ -105,6 +104,32 @@ class TpuOutputCode(_OutputCode):
     @property
     def graph_executable(self):
         return self.ex
+
+
+class _Unlowerable:
+    """Stands for the executable of a backward graph that cannot be lowered: raises the
+    construction's ``NotImplementedError`` when called (at the first backward)."""
+
+    def __init__(self, gm, error):
+        self.gm = gm
+        self.error = error
+
+    def __call__(self, args):
+        e = self.error
+        raise type(e)(*e.args)
+
+
+def deferred_executable(gm, name: str, defer_errors: bool):
+    """``GraphExecutable(gm, name)``; with ``defer_errors`` an op it cannot lower raises
+    when the executable is called instead of now."""
+    from torchtpu.compile.graph import GraphExecutable
+
+    if not defer_errors:
+        return GraphExecutable(gm, name)
+    try:
+        return GraphExecutable(gm, name)
+    except NotImplementedError as e:
+        return _Unlowerable(gm, e)
 
 
 _NODE = "__torchtpu_node__"
