@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from torchtpu.bench import compile as bench  # noqa: E402
 
-TPU_COLS = ("jax", "cpu", "strict", "defer_and_fuse", "compiled")
+TPU_COLS = ("jax", "cpu", "strict", "defer_and_fuse", "compiled", "compiled_step")
 # the CNN and Llama rows, Inductor and the two-process cold/warm row take minutes on a
 # 2-core machine: `make test-full` (TORCHTPU_FULL_TESTS=1) runs them
 full_only = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
@@ -46,6 +46,12 @@ def _check_train_row(r, name, cols, steps, warmup):
     assert 0 < c["our_share_of_first_call"] <= 1
     assert c["recompiles_after_first_step"] == 0 and c["executables_after_first_step"] == 0
     assert c["timed_steps_after_first"] == warmup - 1 + steps
+    if "compiled_step" in r["columns"]:
+        # the whole step compiled: no recompiles, and the flag it sets for Dynamo restored
+        w = r["columns"]["compiled_step"]
+        assert w["recompiles_after_first_step"] == 0 and w["executables_after_first_step"] == 0
+        assert w["graph_calls_per_step"] >= 1
+        assert torch._dynamo.config.trace_autograd_ops is False
 
 
 @pytest.mark.parametrize("name", ["small-mlp", pytest.param("cnn", marks=full_only),
@@ -67,12 +73,13 @@ def test_train_row_inductor_column():
     assert r["ratio_to_jax"] == {}  # no JAX column, no ratios
 
 
-def test_train_row_inductor_without_a_compiler_is_na(monkeypatch):
+def test_train_row_inductor_without_a_compiler_is_na():
     import torch._inductor.config as cfg
 
-    monkeypatch.setattr(cfg.cpp, "cxx", ("no-such-c-compiler-for-the-test",))
-    monkeypatch.setattr(cfg, "fx_graph_cache", False)
-    r = bench.train_row("small-mlp", steps=1, warmup=1, columns=("inductor",))
+    # cfg.patch, not monkeypatch: monkeypatch's undo deletes a config entry that was not
+    # in the module's __dict__, and Inductor's config then lacks fx_graph_cache
+    with cfg.patch({"cpp.cxx": ("no-such-c-compiler-for-the-test",), "fx_graph_cache": False}):
+        r = bench.train_row("small-mlp", steps=1, warmup=1, columns=("inductor",))
     assert isinstance(r["columns"]["inductor"], str)
     assert r["columns"]["inductor"].startswith("n/a: ")
 
@@ -98,7 +105,13 @@ def test_coldwarm_row_second_process_hits_the_persistent_cache():
     assert cold["cache_dir"] == warm["cache_dir"]
     assert cold["persistent_cache"]["misses"] > 0
     assert warm["persistent_cache"]["misses"] == 0
-    assert warm["persistent_cache"]["hits"] >= cold["persistent_cache"]["misses"]
+    # every executable the cold process compiled is loaded: by JAX's persistent cache or
+    # (with its traced graph) by torchtpu's graph cache
+    gc = warm["graph_cache"]
+    assert warm["persistent_cache"]["hits"] + gc["executable_cache_hits"] >= \
+        cold["persistent_cache"]["misses"]
+    assert gc["graphs_compiled"] > 0 and gc["graph_cache_hits"] == gc["graphs_compiled"]
+    assert cold["graph_cache"]["graph_cache_hits"] == 0
     assert r["warm_over_cold"] == warm["first_call_s"] / cold["first_call_s"]
 
 

@@ -48,7 +48,11 @@ class Metrics:
             (old buffers of inputs a graph writes, e.g. optimizer state, handed to XLA
             to be updated in place), ``donation_copies`` (of those, buffers something
             else still held -- another tensor's storage, a user's array --: copied first,
-            the copy donated), ``collectives`` (functional collectives lowered into
+            the copy donated), ``graph_cache_hits`` (of ``graphs_compiled``, graphs loaded
+            from the on-disk graph cache instead of traced by AOTAutograd,
+            ``torchtpu.compile.graph_cache``), ``executable_cache_hits`` (of
+            ``executables``, those loaded from that cache instead of traced, lowered and
+            compiled), ``collectives`` (functional collectives lowered into
             compiled executables: the graphs that hold them run as one SPMD program over
             the group's devices, ``torchtpu.compile.collectives``), and
             ``eager_collective_graphs`` (graphs whose collectives could not be lowered --
@@ -99,8 +103,8 @@ class Metrics:
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,
             "xla_seconds": 0.0, "executables": 0, "cache_hits": 0, "graph_calls": 0,
             "recompiles": 0, "recompile_reasons": collections.Counter(),
-            "donated_buffers": 0, "donation_copies": 0, "collectives": 0,
-            "eager_collective_graphs": 0,
+            "donated_buffers": 0, "donation_copies": 0, "graph_cache_hits": 0,
+            "executable_cache_hits": 0, "collectives": 0, "eager_collective_graphs": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.collectives = collections.Counter()

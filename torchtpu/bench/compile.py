@@ -67,7 +67,7 @@ import torch
 from torchtpu.bench import eager as _eager
 
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW's defaults
-COLUMNS = ("jax", "cpu", "inductor", "strict", "defer_and_fuse", "compiled")
+COLUMNS = ("jax", "cpu", "inductor", "strict", "defer_and_fuse", "compiled", "compiled_step")
 ROWS = ("mlp", "small-mlp", "cnn", "llama", "generate", "coldwarm")
 TRAIN_ROWS = {
     # name: (workload, default timed steps)
@@ -252,6 +252,32 @@ def torch_step(model, batch, loss, backend=None):
     return step
 
 
+def torch_whole_step(model, batch, loss):
+    """The same training step as :func:`torch_step`, compiled as one function
+    (``torch.compile(train_step, backend="tpu")`` with ``loss.backward()``, ``opt.step()``
+    and ``opt.zero_grad()`` inside), traced with ``torch._dynamo.config.trace_autograd_ops``
+    so that Dynamo traces the backward into the forward's graph (one executable for
+    forward + backward) instead of breaking the graph at ``backward()``.  ``Optimizer.step``
+    breaks the graph itself (``torch.optim.optimizer._use_grad``, PyTorch issue 104053),
+    so the update stays its own graph.  Returns ``step()`` -> the loss (detached) before
+    the update; the caller sets ``trace_autograd_ops`` while it runs."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+
+    def train_step(*xs):
+        out = loss(model, *xs)
+        out.backward()
+        opt.step()
+        opt.zero_grad()
+        return out.detach()
+
+    compiled = torch.compile(train_step, backend="tpu")
+
+    def step():
+        return compiled(*batch)
+
+    return step
+
+
 def _tsync(out):
     return float(out.detach().cpu())
 
@@ -322,10 +348,13 @@ def train_row(name, steps=None, warmup=3, columns=COLUMNS):
             with torch.tpu.set_eager_mode(col):
                 res[col] = _time(torch_step(copy.deepcopy(base).to("tpu"), tb, loss),
                                  steps, warmup, _tsync)
-        elif col == "compiled":
+        elif col in ("compiled", "compiled_step"):
             tb = tuple(t.to("tpu") for t in batch)
             torch._dynamo.reset()
-            step = torch_step(copy.deepcopy(base).to("tpu"), tb, loss, "tpu")
+            if col == "compiled":
+                step = torch_step(copy.deepcopy(base).to("tpu"), tb, loss, "tpu")
+            else:
+                step = torch_whole_step(copy.deepcopy(base).to("tpu"), tb, loss)
             m0 = torchtpu.metrics()
             box = {}
 
@@ -336,7 +365,12 @@ def train_row(name, steps=None, warmup=3, columns=COLUMNS):
                     box["after_first"] = torchtpu.metrics()
                 return out
 
-            r = _time(counted, steps, warmup, _tsync)
+            prev = torch._dynamo.config.trace_autograd_ops
+            torch._dynamo.config.trace_autograd_ops = col == "compiled_step" or prev
+            try:
+                r = _time(counted, steps, warmup, _tsync)
+            finally:
+                torch._dynamo.config.trace_autograd_ops = prev
             m1, m2 = box["after_first"], torchtpu.metrics()
             c0, c1, c2 = m0["compile"], m1["compile"], m2["compile"]
             split = {k: c1[k] - c0[k] for k in _SPLIT}
@@ -349,6 +383,8 @@ def train_row(name, steps=None, warmup=3, columns=COLUMNS):
                 graphs_compiled=c1["graphs_compiled"] - c0["graphs_compiled"],
                 recompiles_after_first_step=c2["recompiles"] - c1["recompiles"],
                 executables_after_first_step=c2["executables"] - c1["executables"],
+                graph_calls_per_step=(c2["graph_calls"] - c1["graph_calls"])
+                / (warmup - 1 + steps),
                 timed_steps_after_first=warmup - 1 + steps)
             res[col] = r
             torch._dynamo.reset()
@@ -452,6 +488,10 @@ def _first_call_child(name):
         "compile_split_s": {k: m1["compile"][k] - m0["compile"][k] for k in _SPLIT},
         "persistent_cache": {k: m1["persistent_cache"][k] - m0["persistent_cache"][k]
                              for k in m1["persistent_cache"]},
+        # torchtpu.compile.graph_cache: traced graphs / executables loaded from disk
+        "graph_cache": {k: m1["compile"].get(k, 0) - m0["compile"].get(k, 0)
+                        for k in ("graphs_compiled", "graph_cache_hits", "executables",
+                                  "executable_cache_hits")},
         "cache_dir": torchtpu.persistent_cache_directory(),
     }))
 
@@ -542,6 +582,10 @@ def print_tables(out, file=None):
               if isinstance(v, str)}
         for (row, c), v in na.items():
             p(f"\n{row} / {c}: {v}")
+        calls = [f"{r['row']}: " + ", ".join(
+            f"{c} {v['graph_calls_per_step']:.0f}" for c, v in r["columns"].items()
+            if isinstance(v, dict) and "graph_calls_per_step" in v) for r in train]
+        p("\nCompiled-graph calls per step: " + "; ".join(calls))
         p("\nFirst-call seconds per column: " + "; ".join(
             f"{r['row']}: " + ", ".join(f"{c} {v['first_call_s']:.1f}"
                                         for c, v in r["columns"].items() if isinstance(v, dict))
@@ -561,14 +605,18 @@ def print_tables(out, file=None):
         c = rows["coldwarm"]
         p(f"\n| cold vs warm ({c['workload']} compiled step, fresh process) | first call s "
           "| tracing/lowering/XLA s | persistent hits/misses | process wall s "
-          "| C++ helper load s (before the first call) |")
-        p("|---|---|---|---|---|---|")
+          "| C++ helper load s (before the first call) | graphs / executables loaded "
+          "from the graph cache |")
+        p("|---|---|---|---|---|---|---|")
         for k in ("cold", "warm"):
             v = c[k]
             sp, pc = v["compile_split_s"], v["persistent_cache"]
+            gc = v.get("graph_cache", {})
             p(f"| {k} | {v['first_call_s']:.1f} | {sp['tracing_seconds']:.1f}/"
               f"{sp['lowering_seconds']:.1f}/{sp['xla_seconds']:.1f} | {pc['hits']}/"
-              f"{pc['misses']} | {v['process_wall_s']:.1f} | {v['native_helper_s']:.1f} |")
+              f"{pc['misses']} | {v['process_wall_s']:.1f} | {v['native_helper_s']:.1f} | "
+              f"{gc.get('graph_cache_hits', '-')} of {gc.get('graphs_compiled', '-')} / "
+              f"{gc.get('executable_cache_hits', '-')} of {gc.get('executables', '-')} |")
         p(f"\nwarm / cold = {c['warm_over_cold']:.0%}")
 
 

@@ -64,7 +64,7 @@ def _is_view_op(op) -> bool:
         return False
 
 
-def _compiler(kind, dump_prefix=None):
+def _compiler(kind, dump_prefix=None, cacheable=False):
     def compile_graph(gm, example_inputs):
         from torchtpu.compile.graph import GraphExecutable
 
@@ -78,6 +78,14 @@ def _compiler(kind, dump_prefix=None):
         eager = _eager_collective_graph(gm)
         if eager is not None:
             return eager
+        if cacheable:  # AOTAutogradCache stores it (torchtpu.compile.graph_cache)
+            from torchtpu.compile.graph_cache import TpuOutputCode, deferred_executable
+
+            # the backward is compiled with the forward here (graph_cache.active): an op
+            # it cannot lower raises at the first backward, as with AOTAutograd's lazy
+            # backward compile, not when the forward is compiled
+            ex = deferred_executable(gm, f"{kind}{next(_ids)}", kind == "backward")
+            return TpuOutputCode(ex, kind)
         ex = GraphExecutable(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
 
         def run(args):
@@ -178,16 +186,33 @@ def tpu_backend(gm, example_inputs, **kwargs):
     prefix = dump.new_prefix()  # None unless TORCHTPU_DUMP_DIR is set
     if prefix is not None:
         dump.write(prefix + ".dynamo.fx.txt", dump.fx_text(gm))
+    cache_dir = None
+    if prefix is None:
+        from torchtpu.compile import graph_cache
+
+        if graph_cache.usable(gm, example_inputs):
+            cache_dir = graph_cache.directory()
+    fw = _compiler("forward", prefix, cache_dir is not None)
+    if cache_dir is not None:
+        # AOTAutograd looks its cache up only for a compiler of this type
+        from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
+
+        from torchtpu.compile.graph_cache import TpuOutputCode
+
+        fw = SerializableAOTDispatchCompiler(TpuOutputCode, fw)
     backend = aot_autograd(
-        fw_compiler=_compiler("forward", prefix),
-        bw_compiler=_compiler("backward", prefix),
-        inference_compiler=_compiler("inference", prefix),
+        fw_compiler=fw,
+        bw_compiler=_compiler("backward", prefix, cache_dir is not None),
+        inference_compiler=_compiler("inference", prefix, cache_dir is not None),
         partition_fn=min_cut_rematerialization_partition,
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )
     try:
-        return backend(gm, example_inputs)
+        if cache_dir is None:
+            return backend(gm, example_inputs)
+        with graph_cache.active(cache_dir):
+            return backend(gm, example_inputs)
     except Exception as e:
         from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 

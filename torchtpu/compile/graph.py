@@ -570,10 +570,22 @@ class GraphExecutable:
             host_in.append((n, g, o, size, shape))
         register_pytree()
         c = M.compile
+        store = None
         if self.symbolic or _geometry_differs(self.placeholders, self._args):
             meta = _concrete_metas(self.gm, self.placeholders, self._args)
         else:
             meta = {n: n.meta.get("val") for n in self.nodes}
+            if self.dump_prefix is None and self.group is None:
+                # the on-disk executable cache (torchtpu.compile.graph_cache): a second
+                # process loads the executable and skips the JAX trace and lowering
+                from torchtpu.compile import graph_cache
+
+                store = graph_cache.executable_path(self, key, donate)
+                rec = graph_cache.load_executable(store, index) if store else None
+                if rec is not None:
+                    compiled, result, used = rec
+                    c["executables"] += 1
+                    return self._finish(compiled, result, _split(used, len(arrays)), meta)
         table = ops.table()
         slot_dtypes = [sd.dtype for sd in sdatas]
         nodes = self.nodes
@@ -755,7 +767,7 @@ class GraphExecutable:
             result["out_slots"] = out_slots
             result["written"] = wr
             result["checks"] = [(exc, msg) for _, exc, msg in checks]
-            result["env"] = {o: env.get(o) for o in outs if isinstance(o, torch.fx.Node)}
+            result["env"] = {o.name: env.get(o) for o in outs if isinstance(o, torch.fx.Node)}
             result["sdt"] = sdt
             result["shapes"] = [tuple(storages[j].shape) for j in out_slots]
             flags = (jnp.stack([jnp.any(b) for b, _, _ in checks]),) if checks else ()
@@ -765,15 +777,13 @@ class GraphExecutable:
 
         sharding = SingleDeviceSharding(runtime.jax_device(index))
         spmd = None
+        split = None if self.group is not None else _split(donate, n_inputs)
         if self.group is not None:
             spmd = _SPMD(self.group, index, fn, result)
-            split = None
             jitted = spmd.jitted
             call_args = spmd.global_args(arrays, host_vals, keys)
         elif donate:
-            don_slots = tuple(donate)
-            kept_slots = tuple(j for j in range(n_inputs) if j not in set(don_slots))
-            split = (don_slots, kept_slots)
+            don_slots, kept_slots = split
 
             def fn_split(don, kept, host_vals, keys):
                 arrs = [None] * n_inputs
@@ -787,7 +797,6 @@ class GraphExecutable:
             call_args = ([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
                          host_vals, keys)
         else:
-            split = None
             jitted = jax.jit(fn, out_shardings=sharding)
             call_args = (arrays, host_vals, keys)
         t0 = time.perf_counter()
@@ -805,15 +814,28 @@ class GraphExecutable:
                        lowered.as_text())
             t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
             t1 = time.perf_counter()
+        pc_hits = M.persistent_cache["hits"]
         compiled = lowered.compile()
         if spmd is not None:
             compiled = spmd.runner(compiled)
         t2 = time.perf_counter()
+        if M.persistent_cache["hits"] != pc_hits:
+            # loaded from JAX's persistent cache: XLA:CPU cannot serialize such an
+            # executable again (the copy misses its functions), so it is not stored
+            store = None
         c["lowering_seconds"] += t1 - t0
         c["xla_seconds"] += t2 - t1
         c["executables"] += 1
         M.compiles += 1
         M.compile_seconds += t2 - t0
+        if store is not None:
+            graph_cache.save_executable(store, compiled, result, donate)
+        return self._finish(compiled, result, split, meta)
+
+    def _finish(self, compiled, result, split, meta):
+        """The executable's runtime tuple: the output plan and assembly (how each graph
+        output is made from the executable's outputs, inputs and host values)."""
+        host = self.host
         out_slots = result["out_slots"]
         slot_pos = {j: i for i, j in enumerate(out_slots)}
         out_env = result["env"]
@@ -838,7 +860,7 @@ class GraphExecutable:
                 # itself, as Inductor's code returns it
                 plan.append((1, in_pos[o]))
                 continue
-            v = out_env[o]
+            v = out_env[o.name]
             fake = meta[o]
             if isinstance(v, list):
                 raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
@@ -945,6 +967,15 @@ class _SPMD:
                     for o, s in zip(outs, scalar)]
 
         return run
+
+
+def _split(donate, n_inputs):
+    """``(donated slots, kept slots)`` of an executable taking the buffers of ``donate``,
+    None when it takes none."""
+    if not donate:
+        return None
+    don = tuple(donate)
+    return don, tuple(j for j in range(n_inputs) if j not in set(don))
 
 
 def _device_side(nodes, host, output, table) -> set:
