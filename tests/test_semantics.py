@@ -577,3 +577,20 @@ def test_arange_bool_raises_as_cpu(args):
         torch.arange(*args, dtype=torch.bool)
     with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
         torch.arange(*args, dtype=torch.bool, device="tpu")
+
+
+def test_pickle_of_tpu_tensors_round_trips():
+    # pickle.dumps(t) (object collectives, multiprocessing queues, copy via pickle) went
+    # through PyTorch's legacy storage writer, which raised AttributeError on tpu
+    import pickle
+
+    base = torch.arange(12.0).reshape(3, 4)
+    view = base.to("tpu")[1:, ::2]
+    got = pickle.loads(pickle.dumps(view))
+    assert got.device == view.device
+    assert (got.stride(), got.storage_offset()) == (view.stride(), view.storage_offset())
+    assert torch.equal(got.cpu(), base[1:, ::2])
+    half = torch.tensor([1.5, -2.25], dtype=torch.bfloat16)
+    obj = {"w": half.to("tpu"), "step": 3}
+    back = pickle.loads(pickle.dumps(obj))
+    assert back["step"] == 3 and torch.equal(back["w"].cpu(), half)

@@ -48,8 +48,34 @@ def _storage_resize(self, size):
     return _orig_resize(self, size)
 
 
+_orig_reduce: dict = {}
+
+
+def _storage_reduce(cls):
+    """``pickle`` of a storage (and so of a tensor: ``pickle.dumps(t)``, object
+    collectives, multiprocessing): PyTorch's ``__reduce__`` saves it in the legacy format,
+    whose C++ writer wraps the StorageImpl in a tensor the Python backend cannot read.
+    A tpu storage pickles through ``torch.save``'s current format instead (its bytes
+    copied to the host) and loads back on its tpu device, as a CUDA storage does."""
+    orig = _orig_reduce[cls] = cls.__reduce__
+
+    def __reduce__(self):
+        if self.device.type == "tpu":
+            import io
+
+            b = io.BytesIO()
+            torch.save(self, b)
+            return (torch.storage._load_from_bytes, (b.getvalue(),))
+        return orig(self)
+
+    return __reduce__
+
+
 def install() -> None:
     """Install every patch (idempotent)."""
+    for cls in (torch.UntypedStorage, torch.TypedStorage):
+        if cls not in _orig_reduce:
+            cls.__reduce__ = _storage_reduce(cls)
     global _orig_new
     if _orig_new is None:
         _orig_new = torch.UntypedStorage.__new__
