@@ -296,3 +296,46 @@ def test_half_precision_mean_reductions_round_as_cpu(dtype, include_self):
     got = x.to("tpu").scatter_reduce(0, i2.to("tpu"), src.to("tpu"), "mean",
                                      include_self=include_self)
     assert torch.equal(got.cpu(), want)
+
+
+# ---------------------------------------------------------------- unique with NaN
+
+
+def test_unique_keeps_every_nan_as_cpu():
+    """``torch.unique`` treats each NaN as its own value (sorted last, in input order), as
+    CPU; tpu merged them into one (upstream test_unique_dim, test_sort_and_select.py)."""
+    def run(dev):
+        x = torch.tensor([float("nan"), 0, 0, float("nan"), float("nan"), 1], device=dev)
+        return torch.unique(x, return_inverse=True, return_counts=True)
+
+    cpu, tpu = run("cpu"), run("tpu")
+    for c, t in zip(cpu, tpu):
+        torch.testing.assert_close(t.cpu(), c, equal_nan=True)
+
+
+@pytest.mark.parametrize("rows", [
+    [[float("nan")], [0.0], [0.0], [float("nan")], [float("nan")], [1.0]],
+    [[1.0, 0.0], [float("nan"), 2.0], [0.0, 1.0], [1.0, 0.0], [0.0, float("nan")]],
+    [[2.0], [float("nan")], [1.0], [0.0], [2.0], [1.0]],
+])
+def test_unique_dim_with_nan_orders_rows_as_cpu(rows):
+    """``torch.unique(x, dim=0)`` on rows holding NaN: CPU's order comes from std::sort with
+    a comparator NaN makes inconsistent; tpu sorted them as if NaN were largest."""
+    def run(dev):
+        x = torch.tensor(rows, device=dev)
+        return torch.unique(x, dim=0, return_inverse=True, return_counts=True)
+
+    cpu, tpu = run("cpu"), run("tpu")
+    for c, t in zip(cpu, tpu):
+        torch.testing.assert_close(t.cpu(), c, equal_nan=True)
+
+
+def test_unique_dim_with_nan_on_many_rows_raises():
+    """More than 16 slices with NaN: CPU's order is std::sort's introsort on an
+    inconsistent comparator, not reproduced: NotImplementedError, not another order."""
+    x = torch.arange(20.0, device="tpu")
+    x[3] = float("nan")
+    with pytest.raises(NotImplementedError, match="unique"):
+        torch.unique(x, dim=0)
+    y = torch.arange(20.0, device="tpu")  # no NaN: any length
+    torch.testing.assert_close(torch.unique(y.flip(0), dim=0).cpu(), torch.arange(20.0))
