@@ -339,3 +339,50 @@ def test_unique_dim_with_nan_on_many_rows_raises():
         torch.unique(x, dim=0)
     y = torch.arange(20.0, device="tpu")  # no NaN: any length
     torch.testing.assert_close(torch.unique(y.flip(0), dim=0).cpu(), torch.arange(20.0))
+
+
+# ---------------------------------------------------------------- default dtype, complex order
+
+
+@pytest.mark.parametrize("case", ["bool_plus_float", "bool_div", "long_times_complex",
+                                  "ones", "arange", "linspace", "scalar_tensor"])
+def test_default_dtype_change_reaches_results_as_cpu(case):
+    """torch.set_default_dtype(torch.float64) after the same op ran under float32: tpu
+    reused the float32 executable (its cache key lacked the default dtype) and returned
+    float32/complex64 where CPU returns float64/complex128 (upstream test_type_promotion)."""
+    fns = {
+        "bool_plus_float": lambda d: torch.ones(3, dtype=torch.bool, device=d) + 1.5,
+        "bool_div": lambda d: torch.ones(3, dtype=torch.bool, device=d) / torch.ones(3, dtype=torch.bool, device=d),
+        "long_times_complex": lambda d: torch.arange(3, device=d) * (1 + 1j),
+        "ones": lambda d: torch.ones(2, device=d),
+        "arange": lambda d: torch.arange(False, True, 0.5, device=d),
+        "linspace": lambda d: torch.linspace(0, 1, steps=5, device=d),
+        "scalar_tensor": lambda d: torch.scalar_tensor(False, device=d),
+    }
+    f = fns[case]
+    old = torch.get_default_dtype()
+    try:
+        for dd in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(dd)
+            cpu, tpu = f("cpu"), f("tpu")
+            assert tpu.dtype == cpu.dtype, (dd, tpu.dtype, cpu.dtype)
+            torch.testing.assert_close(tpu.cpu(), cpu)
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("op", ["lt", "le", "gt", "ge"])
+def test_ordered_comparison_of_complex_raises_as_cpu(op):
+    """``a < b`` with a complex common dtype raises NotImplementedError on CPU ("lt_cpu" not
+    implemented for 'ComplexFloat'); tpu returned an answer (upstream
+    test_complex_assertraises)."""
+    for a, b in [(torch.tensor([1 + 1j]), torch.tensor([2 + 0j])),
+                 (torch.tensor([1]), torch.tensor([2], dtype=torch.complex128)),
+                 (torch.tensor([1 + 1j]), 0.5)]:
+        with pytest.raises(NotImplementedError, match="not implemented for 'Complex"):
+            getattr(torch, op)(a, b)
+        with pytest.raises(NotImplementedError, match=f"\"{op}_tpu\" not implemented for 'Complex"):
+            getattr(torch, op)(a.to("tpu"), b.to("tpu") if isinstance(b, torch.Tensor) else b)
+    # eq/ne stay defined for complex, as on CPU
+    x = torch.tensor([1 + 1j, 2 + 0j])
+    assert torch.equal(torch.eq(x.to("tpu"), x.to("tpu")[:1]).cpu(), torch.eq(x, x[:1]))

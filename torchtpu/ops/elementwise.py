@@ -127,11 +127,19 @@ def _no_int_zero_divisor(y) -> None:
     _checks.check(y == 0, RuntimeError, "ZeroDivisionError")
 
 
-def compare(op, fn):
-    """Register a comparison: promote both operands, return bool."""
+def compare(op, fn, ordered=False):
+    """Register a comparison: promote both operands, return bool.
+
+    ``ordered`` (lt/le/gt/ge): complex numbers have no order; PyTorch's kernels raise
+    NotImplementedError (``"lt_cpu" not implemented for 'ComplexFloat'``) for a complex
+    common dtype, and so does the lowering (at trace time, once per signature)."""
+    name = op._schema.name.split("::")[1]
 
     def lowering(a, b):
         dt = promote(a, b)
+        if ordered and dt.is_complex:
+            raise NotImplementedError(
+                f'"{name}_tpu" not implemented for \'{scalar_type_name(dt)}\'')
         return fn(cast(a, dt), cast(b, dt))
 
     lower(op)(lowering)
@@ -376,14 +384,14 @@ compare(aten.eq.Tensor, lambda x, y: x == y)
 compare(aten.eq.Scalar, lambda x, y: x == y)
 compare(aten.ne.Tensor, lambda x, y: x != y)
 compare(aten.ne.Scalar, lambda x, y: x != y)
-compare(aten.lt.Tensor, lambda x, y: x < y)
-compare(aten.lt.Scalar, lambda x, y: x < y)
-compare(aten.le.Tensor, lambda x, y: x <= y)
-compare(aten.le.Scalar, lambda x, y: x <= y)
-compare(aten.gt.Tensor, lambda x, y: x > y)
-compare(aten.gt.Scalar, lambda x, y: x > y)
-compare(aten.ge.Tensor, lambda x, y: x >= y)
-compare(aten.ge.Scalar, lambda x, y: x >= y)
+compare(aten.lt.Tensor, lambda x, y: x < y, ordered=True)
+compare(aten.lt.Scalar, lambda x, y: x < y, ordered=True)
+compare(aten.le.Tensor, lambda x, y: x <= y, ordered=True)
+compare(aten.le.Scalar, lambda x, y: x <= y, ordered=True)
+compare(aten.gt.Tensor, lambda x, y: x > y, ordered=True)
+compare(aten.gt.Scalar, lambda x, y: x > y, ordered=True)
+compare(aten.ge.Tensor, lambda x, y: x >= y, ordered=True)
+compare(aten.ge.Scalar, lambda x, y: x >= y, ordered=True)
 compare(aten.logical_and.default, lambda x, y: (x != 0) & (y != 0))
 compare(aten.logical_or.default, lambda x, y: (x != 0) | (y != 0))
 compare(aten.logical_xor.default, lambda x, y: (x != 0) ^ (y != 0))
