@@ -386,3 +386,36 @@ def test_ordered_comparison_of_complex_raises_as_cpu(op):
     # eq/ne stay defined for complex, as on CPU
     x = torch.tensor([1 + 1j, 2 + 0j])
     assert torch.equal(torch.eq(x.to("tpu"), x.to("tpu")[:1]).cpu(), torch.eq(x, x[:1]))
+
+
+@pytest.mark.parametrize("op", ["neg", "round", "bitwise_not"])
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.float32), (torch.int64, torch.int32),
+                                    (torch.float32, torch.float64), (torch.float64, torch.float32)])
+def test_unary_out_of_another_dtype_raises_as_cpu(op, dtypes):
+    """``torch.neg(x, out=o)`` with ``o`` of another dtype raises on CPU ("Found dtype Double
+    but expected Float"); tpu cast the result into ``o`` (upstream
+    test_unary_op_out_casting)."""
+    src, dst = dtypes
+    if op == "bitwise_not" and src.is_floating_point:
+        pytest.skip("bitwise_not of a float raises for the input already")
+
+    def run(dev):
+        t = torch.tensor([3], dtype=src, device=dev)
+        getattr(torch, op)(t, out=torch.empty(0, dtype=dst, device=dev))
+
+    _same_error(run)
+
+
+@pytest.mark.parametrize("case", ["frac_int", "bitwise_not_float"])
+def test_unary_op_on_unsupported_dtype_raises_as_cpu(case):
+    """``torch.frac`` of an integer tensor and ``torch.bitwise_not`` of a float one raise
+    NotImplementedError on CPU; tpu returned zeros / raised a lowering RuntimeError."""
+    def run(dev):
+        if case == "frac_int":
+            return torch.frac(torch.tensor([3, -2], device=dev))
+        return torch.bitwise_not(torch.tensor([3.0], device=dev))
+
+    with pytest.raises(NotImplementedError, match="not implemented for"):
+        run("cpu")
+    with pytest.raises(NotImplementedError, match="_tpu\" not implemented for '(Long|Float)'"):
+        run("tpu")
