@@ -346,7 +346,7 @@ def test_unique_dim_with_nan_on_many_rows_raises():
 
 @pytest.mark.parametrize("case", ["bool_plus_float", "bool_div", "long_times_complex",
                                   "ones", "arange", "linspace", "scalar_tensor"])
-def test_default_dtype_change_reaches_results_as_cpu(case):
+def test_default_dtype_change_reaches_results_as_cpu(case, eager_mode):
     """torch.set_default_dtype(torch.float64) after the same op ran under float32: tpu
     reused the float32 executable (its cache key lacked the default dtype) and returned
     float32/complex64 where CPU returns float64/complex128 (upstream test_type_promotion)."""
