@@ -296,3 +296,126 @@ def test_half_precision_mean_reductions_round_as_cpu(dtype, include_self):
     got = x.to("tpu").scatter_reduce(0, i2.to("tpu"), src.to("tpu"), "mean",
                                      include_self=include_self)
     assert torch.equal(got.cpu(), want)
+
+
+# ---------------------------------------------------------------- unique with NaN
+
+
+def test_unique_keeps_every_nan_as_cpu():
+    """``torch.unique`` treats each NaN as its own value (sorted last, in input order), as
+    CPU; tpu merged them into one (upstream test_unique_dim, test_sort_and_select.py)."""
+    def run(dev):
+        x = torch.tensor([float("nan"), 0, 0, float("nan"), float("nan"), 1], device=dev)
+        return torch.unique(x, return_inverse=True, return_counts=True)
+
+    cpu, tpu = run("cpu"), run("tpu")
+    for c, t in zip(cpu, tpu):
+        torch.testing.assert_close(t.cpu(), c, equal_nan=True)
+
+
+@pytest.mark.parametrize("rows", [
+    [[float("nan")], [0.0], [0.0], [float("nan")], [float("nan")], [1.0]],
+    [[1.0, 0.0], [float("nan"), 2.0], [0.0, 1.0], [1.0, 0.0], [0.0, float("nan")]],
+    [[2.0], [float("nan")], [1.0], [0.0], [2.0], [1.0]],
+])
+def test_unique_dim_with_nan_orders_rows_as_cpu(rows):
+    """``torch.unique(x, dim=0)`` on rows holding NaN: CPU's order comes from std::sort with
+    a comparator NaN makes inconsistent; tpu sorted them as if NaN were largest."""
+    def run(dev):
+        x = torch.tensor(rows, device=dev)
+        return torch.unique(x, dim=0, return_inverse=True, return_counts=True)
+
+    cpu, tpu = run("cpu"), run("tpu")
+    for c, t in zip(cpu, tpu):
+        torch.testing.assert_close(t.cpu(), c, equal_nan=True)
+
+
+def test_unique_dim_with_nan_on_many_rows_raises():
+    """More than 16 slices with NaN: CPU's order is std::sort's introsort on an
+    inconsistent comparator, not reproduced: NotImplementedError, not another order."""
+    x = torch.arange(20.0, device="tpu")
+    x[3] = float("nan")
+    with pytest.raises(NotImplementedError, match="unique"):
+        torch.unique(x, dim=0)
+    y = torch.arange(20.0, device="tpu")  # no NaN: any length
+    torch.testing.assert_close(torch.unique(y.flip(0), dim=0).cpu(), torch.arange(20.0))
+
+
+# ---------------------------------------------------------------- default dtype, complex order
+
+
+@pytest.mark.parametrize("case", ["bool_plus_float", "bool_div", "long_times_complex",
+                                  "ones", "arange", "linspace", "scalar_tensor"])
+def test_default_dtype_change_reaches_results_as_cpu(case, eager_mode):
+    """torch.set_default_dtype(torch.float64) after the same op ran under float32: tpu
+    reused the float32 executable (its cache key lacked the default dtype) and returned
+    float32/complex64 where CPU returns float64/complex128 (upstream test_type_promotion)."""
+    fns = {
+        "bool_plus_float": lambda d: torch.ones(3, dtype=torch.bool, device=d) + 1.5,
+        "bool_div": lambda d: torch.ones(3, dtype=torch.bool, device=d) / torch.ones(3, dtype=torch.bool, device=d),
+        "long_times_complex": lambda d: torch.arange(3, device=d) * (1 + 1j),
+        "ones": lambda d: torch.ones(2, device=d),
+        "arange": lambda d: torch.arange(False, True, 0.5, device=d),
+        "linspace": lambda d: torch.linspace(0, 1, steps=5, device=d),
+        "scalar_tensor": lambda d: torch.scalar_tensor(False, device=d),
+    }
+    f = fns[case]
+    old = torch.get_default_dtype()
+    try:
+        for dd in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(dd)
+            cpu, tpu = f("cpu"), f("tpu")
+            assert tpu.dtype == cpu.dtype, (dd, tpu.dtype, cpu.dtype)
+            torch.testing.assert_close(tpu.cpu(), cpu)
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("op", ["lt", "le", "gt", "ge"])
+def test_ordered_comparison_of_complex_raises_as_cpu(op):
+    """``a < b`` with a complex common dtype raises NotImplementedError on CPU ("lt_cpu" not
+    implemented for 'ComplexFloat'); tpu returned an answer (upstream
+    test_complex_assertraises)."""
+    for a, b in [(torch.tensor([1 + 1j]), torch.tensor([2 + 0j])),
+                 (torch.tensor([1]), torch.tensor([2], dtype=torch.complex128)),
+                 (torch.tensor([1 + 1j]), 0.5)]:
+        with pytest.raises(NotImplementedError, match="not implemented for 'Complex"):
+            getattr(torch, op)(a, b)
+        with pytest.raises(NotImplementedError, match=f"\"{op}_tpu\" not implemented for 'Complex"):
+            getattr(torch, op)(a.to("tpu"), b.to("tpu") if isinstance(b, torch.Tensor) else b)
+    # eq/ne stay defined for complex, as on CPU
+    x = torch.tensor([1 + 1j, 2 + 0j])
+    assert torch.equal(torch.eq(x.to("tpu"), x.to("tpu")[:1]).cpu(), torch.eq(x, x[:1]))
+
+
+@pytest.mark.parametrize("op", ["neg", "round", "bitwise_not"])
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.float32), (torch.int64, torch.int32),
+                                    (torch.float32, torch.float64), (torch.float64, torch.float32)])
+def test_unary_out_of_another_dtype_raises_as_cpu(op, dtypes):
+    """``torch.neg(x, out=o)`` with ``o`` of another dtype raises on CPU ("Found dtype Double
+    but expected Float"); tpu cast the result into ``o`` (upstream
+    test_unary_op_out_casting)."""
+    src, dst = dtypes
+    if op == "bitwise_not" and src.is_floating_point:
+        pytest.skip("bitwise_not of a float raises for the input already")
+
+    def run(dev):
+        t = torch.tensor([3], dtype=src, device=dev)
+        getattr(torch, op)(t, out=torch.empty(0, dtype=dst, device=dev))
+
+    _same_error(run)
+
+
+@pytest.mark.parametrize("case", ["frac_int", "bitwise_not_float"])
+def test_unary_op_on_unsupported_dtype_raises_as_cpu(case):
+    """``torch.frac`` of an integer tensor and ``torch.bitwise_not`` of a float one raise
+    NotImplementedError on CPU; tpu returned zeros / raised a lowering RuntimeError."""
+    def run(dev):
+        if case == "frac_int":
+            return torch.frac(torch.tensor([3, -2], device=dev))
+        return torch.bitwise_not(torch.tensor([3.0], device=dev))
+
+    with pytest.raises(NotImplementedError, match="not implemented for"):
+        run("cpu")
+    with pytest.raises(NotImplementedError, match="_tpu\" not implemented for '(Long|Float)'"):
+        run("tpu")

@@ -1,5 +1,6 @@
 """PyTorch's own device-generic test files (test_view_ops.py, test_indexing.py,
-test_shape_ops.py) run on ``tpu``, each in a child pytest, against an expected-failure
+test_shape_ops.py, test_scatter_gather.py, test_sort_and_select.py,
+test_type_promotion.py) run on ``tpu``, each in a child pytest, against an expected-failure
 list kept here (``expected_failures.txt``: test id + reason).
 
 The files are upstream PyTorch's, unmodified, in ``shared/torch_tests`` beside the clone
@@ -15,8 +16,8 @@ passes (``XPASS(strict)``: take it off the list), or when a listed id no longer 
 * ``fast`` (the default, what ``make test`` and CI run): the tests listed in
   ``fast_subset.txt`` (one per upstream test function among those that took under 3 s
   on the loaded 2-core machine in a complete run: a minute or two in all);
-* ``1`` / ``all`` (``make test-upstream``): every test of the three files (~40 min on
-  2 cores: every new shape compiles an executable);
+* ``1`` / ``all`` (``make test-upstream``): every test of every file in ``FILES`` (~1 h
+  on 2 cores: every new shape compiles an executable);
 * ``0``: none.
 
 ``TORCHTPU_TORCH_TESTS_ARGS`` adds arguments to the child pytest (``-x``, a later ``-k``
@@ -37,7 +38,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-FILES = ["test_view_ops.py", "test_indexing.py", "test_shape_ops.py"]
+FILES = ["test_view_ops.py", "test_indexing.py", "test_shape_ops.py",
+         "test_scatter_gather.py", "test_sort_and_select.py", "test_type_promotion.py"]
 TIMEOUT_S = int(os.environ.get("TORCHTPU_TORCH_TESTS_TIMEOUT", "3600"))
 FAST_SUBSET = HERE / "fast_subset.txt"
 

@@ -272,6 +272,9 @@ def _host_scalar(t):
     return np.asarray(t.item(), dtype=runtime.to_np_dtype(t.dtype))
 
 
+_default_dtype = torch.get_default_dtype
+
+
 def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
     c = _Call(not plan.sig.mutated_lists)
@@ -328,6 +331,10 @@ def gather(plan, vals):
                 dev = torch.device(vals[i])
         c.index = dev.index if dev is not None and dev.index is not None else state.current_device
     key.append(c.index)
+    # the default dtype decides result dtypes the arguments do not show (an int or bool
+    # tensor with a Python float, integer true division, factories without dtype=): an
+    # executable built under torch.set_default_dtype(torch.float64) is not float32's
+    key.append(_default_dtype())
     if plan.lowering.precision:  # torch.set_float32_matmul_precision, read at each call
         key.append(_matmul_precision())
     if plan.lowering.random:

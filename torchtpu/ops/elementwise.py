@@ -22,16 +22,29 @@ from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, pro
 _float_compute = float_compute
 
 
-def unary(op, fn, float_math=True):
-    """Register ``op(x)`` = ``fn(x)``; float_math: ints promote to float (exp, sin...)."""
+def unary(op, fn, float_math=True, same_dtype_out=False):
+    """Register ``op(x)`` = ``fn(x)``; float_math: ints promote to float (exp, sin...).
+
+    ``same_dtype_out``: ``op(x, out=o)`` with ``o`` of another dtype raises CPU's
+    "Found dtype Double but expected Float", as PyTorch's unary kernels built without
+    output casting (neg, round, bitwise_not) do; checked once per signature, at build."""
 
     def lowering(x):
         if float_math:
             return fn(cast(x, _float_compute(x)))
         return fn(x)
 
-    lower(op)(lowering)
+    lower(op, out_dtypes=_same_dtype_out if same_dtype_out else None)(lowering)
     return lowering
+
+
+def _same_dtype_out(vals, dts):
+    """``out_dtypes`` hook (build time): an ``out=`` tensor must have the result's dtype."""
+    out = vals[-1] if len(vals) > 1 else None
+    if isinstance(out, torch.Tensor) and out.dtype != dts[0]:
+        raise RuntimeError(f"Found dtype {scalar_type_name(out.dtype)} but expected "
+                           f"{scalar_type_name(dts[0])}")
+    return dts
 
 
 def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check=None):
@@ -127,11 +140,19 @@ def _no_int_zero_divisor(y) -> None:
     _checks.check(y == 0, RuntimeError, "ZeroDivisionError")
 
 
-def compare(op, fn):
-    """Register a comparison: promote both operands, return bool."""
+def compare(op, fn, ordered=False):
+    """Register a comparison: promote both operands, return bool.
+
+    ``ordered`` (lt/le/gt/ge): complex numbers have no order; PyTorch's kernels raise
+    NotImplementedError (``"lt_cpu" not implemented for 'ComplexFloat'``) for a complex
+    common dtype, and so does the lowering (at trace time, once per signature)."""
+    name = op._schema.name.split("::")[1]
 
     def lowering(a, b):
         dt = promote(a, b)
+        if ordered and dt.is_complex:
+            raise NotImplementedError(
+                f'"{name}_tpu" not implemented for \'{scalar_type_name(dt)}\'')
         return fn(cast(a, dt), cast(b, dt))
 
     lower(op)(lowering)
@@ -376,14 +397,14 @@ compare(aten.eq.Tensor, lambda x, y: x == y)
 compare(aten.eq.Scalar, lambda x, y: x == y)
 compare(aten.ne.Tensor, lambda x, y: x != y)
 compare(aten.ne.Scalar, lambda x, y: x != y)
-compare(aten.lt.Tensor, lambda x, y: x < y)
-compare(aten.lt.Scalar, lambda x, y: x < y)
-compare(aten.le.Tensor, lambda x, y: x <= y)
-compare(aten.le.Scalar, lambda x, y: x <= y)
-compare(aten.gt.Tensor, lambda x, y: x > y)
-compare(aten.gt.Scalar, lambda x, y: x > y)
-compare(aten.ge.Tensor, lambda x, y: x >= y)
-compare(aten.ge.Scalar, lambda x, y: x >= y)
+compare(aten.lt.Tensor, lambda x, y: x < y, ordered=True)
+compare(aten.lt.Scalar, lambda x, y: x < y, ordered=True)
+compare(aten.le.Tensor, lambda x, y: x <= y, ordered=True)
+compare(aten.le.Scalar, lambda x, y: x <= y, ordered=True)
+compare(aten.gt.Tensor, lambda x, y: x > y, ordered=True)
+compare(aten.gt.Scalar, lambda x, y: x > y, ordered=True)
+compare(aten.ge.Tensor, lambda x, y: x >= y, ordered=True)
+compare(aten.ge.Scalar, lambda x, y: x >= y, ordered=True)
 compare(aten.logical_and.default, lambda x, y: (x != 0) & (y != 0))
 compare(aten.logical_or.default, lambda x, y: (x != 0) | (y != 0))
 compare(aten.logical_xor.default, lambda x, y: (x != 0) ^ (y != 0))
@@ -467,8 +488,9 @@ _UI = [  # same dtype in, same dtype out
     (aten.ceil.default, lambda x: jnp().ceil(x) if _isfloat(x) else x),
     (aten.trunc.default, lambda x: jnp().trunc(x) if _isfloat(x) else x),
     (aten.round.default, lambda x: jnp().round(x) if _isfloat(x) else x),
-    (aten.frac.default, lambda x: x - jnp().trunc(x)),
-    (aten.bitwise_not.default, lambda x: jnp().invert(x) if x.dtype != bool else ~x),
+    (aten.frac.default, lambda x: x - jnp().trunc(_only_float("frac", x))),
+    (aten.bitwise_not.default, lambda x: jnp().invert(_no_float("bitwise_not", x))
+     if x.dtype != bool else ~x),
     (aten.isnan.default, lambda x: jnp().isnan(x)),
     (aten.isinf.default, lambda x: jnp().isinf(x)),
     (aten.isfinite.default, lambda x: jnp().isfinite(x)),
@@ -476,8 +498,26 @@ _UI = [  # same dtype in, same dtype out
     (aten.conj_physical.default, lambda x: jnp().conj(x)),
     (aten.positive.default, lambda x: x),
 ]
+# PyTorch builds these without output casting: out= must have the input's dtype
+_SAME_DTYPE_OUT = {aten.neg.default, aten.round.default, aten.bitwise_not.default}
 for _op, _fn in _UI:
-    unary(_op, _fn, float_math=False)
+    unary(_op, _fn, float_math=False, same_dtype_out=_op in _SAME_DTYPE_OUT)
+
+
+def _only_float(name, x):
+    """``x`` if floating; else CPU's NotImplementedError for the dtype (frac of an int)."""
+    if not _isfloat(x):
+        raise NotImplementedError(
+            f'"{name}_tpu" not implemented for \'{scalar_type_name(tdtype(x))}\'')
+    return x
+
+
+def _no_float(name, x):
+    """``x`` if integral; else CPU's NotImplementedError (bitwise ops on floats)."""
+    if _isfloat(x):
+        raise NotImplementedError(
+            f'"{name}_tpu" not implemented for \'{scalar_type_name(tdtype(x))}\'')
+    return x
 
 
 def _sign(x):

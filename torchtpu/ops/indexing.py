@@ -766,7 +766,9 @@ def _unique_np(a, return_inverse, return_counts):
     flat = a.reshape(-1)
     if flat.size == 0:
         return (flat, np.zeros(a.shape, np.int64), np.zeros((0,), np.int64))
-    u, inv, cnt = np.unique(flat, return_inverse=True, return_counts=True)
+    # equal_nan=False: every NaN is its own unique value (sorted last, in input order),
+    # as PyTorch's sort-based CPU kernel, which compares with ``==``
+    u, inv, cnt = np.unique(flat, return_inverse=True, return_counts=True, equal_nan=False)
     inv = inv.reshape(a.shape).astype(np.int64)
     return u, inv, cnt.astype(np.int64)
 
@@ -809,6 +811,49 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     return j.asarray(u), j.asarray(inv), j.asarray(cnt)
 
 
+def _std_sort_order_with_nan(rows):
+    """The row order PyTorch's CPU ``unique(dim=)`` gets for rows holding NaN.
+
+    The CPU kernel (``_unique_dim_cpu_template``) sorts row indices with ``std::sort`` and
+    a lexicographic ``<`` that skips a column where neither row is less (NaN): not a
+    strict weak order, so the order is whatever libstdc++'s algorithm makes of it (the
+    upstream test ``test_unique_dim`` pins ``[nan, 0, 0, nan, nan, 1]`` ->
+    ``[nan, 0, nan, nan, 1]``).  For up to 16 rows ``std::sort`` is libstdc++'s
+    ``__insertion_sort``, reproduced here step for step.  Longer inputs go through its
+    introsort, whose partitioning is not reproduced: NotImplementedError rather than
+    another order.
+    """
+    n = rows.shape[0]
+    if n > 16:
+        raise NotImplementedError(
+            "torchtpu: torch.unique(dim=) of a floating tensor with NaN and more than 16 "
+            f"slices ({n}) along dim is not supported on tpu: CPU's result order comes from "
+            "std::sort with a comparator NaN makes inconsistent; move the tensor to the CPU")
+
+    def less(i, j):
+        a, b = rows[i], rows[j]
+        for x, y in zip(a, b):
+            if x < y:
+                return True
+            if x > y:
+                return False
+        return False
+
+    idx = list(range(n))
+    for i in range(1, n):
+        val = idx[i]
+        if less(val, idx[0]):  # libstdc++: straight to the front
+            idx[1:i + 1] = idx[0:i]
+            idx[0] = val
+        else:  # __unguarded_linear_insert
+            k = i
+            while less(val, idx[k - 1]):
+                idx[k] = idx[k - 1]
+                k -= 1
+            idx[k] = val
+    return np.asarray(idx, np.int64)
+
+
 def _unique_dim_np(a, dim, consecutive):
     dim = _dim(dim, a.ndim)
     if a.size == 0:  # PyTorch's checks for empty inputs (aten/src/ATen/native/Unique.cpp)
@@ -831,7 +876,10 @@ def _unique_dim_np(a, dim, consecutive):
         cnt = np.diff(np.append(first, n))
         uniq = rows[first]
     else:
-        order = np.lexsort(rows.T[::-1]) if rows.shape[1] else np.arange(n)
+        if rows.dtype.kind in "fc" and np.isnan(rows).any():
+            order = _std_sort_order_with_nan(rows)
+        else:
+            order = np.lexsort(rows.T[::-1]) if rows.shape[1] else np.arange(n)
         srt = rows[order]
         new = np.ones(n, bool)
         new[1:] = np.any(srt[1:] != srt[:-1], axis=1)
