@@ -8,11 +8,6 @@ runs it on tpu tensors, and compares with the same code run uncompiled on cpu te
 """
 
 import datetime
-import json
-import os
-import sys
-import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -20,40 +15,7 @@ import torch.distributed._functional_collectives as funcol
 
 import torchtpu
 
-RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-results = {}
-seconds = {}
-
-
-ONLY = [c for c in os.environ.get("DIST_WORKER_ONLY", "").split(",") if c]
-
-
-def check(name):
-    def deco(fn):
-        if ONLY and not any(name.startswith(c) for c in ONLY):
-            return fn
-        t0 = time.perf_counter()
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-        seconds[name] = round(time.perf_counter() - t0, 2)
-        return fn
-    return deco
-
-
-def data(dtype, shape=(2, 3), rank=RANK):
-    x = torch.arange(1, 1 + torch.Size(shape).numel()).reshape(shape) * (rank + 1) + rank
-    if dtype.is_floating_point:
-        x = x * 0.37 - 1.1
-    return x.to(dtype)
-
-
-def assert_same(got, want, what):
-    got = got.cpu()
-    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
-        raise AssertionError(f"{what}: tpu {got} != cpu {want}")
+from _dist_checks import PORT, RANK, WORLD, assert_same, check, data, write_results  # noqa: F401
 
 
 def compiled_vs_cpu(fn, *xs):
@@ -244,7 +206,5 @@ def _():
         torch.testing.assert_close(p.detach().cpu(), r.detach())
 
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
-print("seconds per check:", seconds, flush=True)
+write_results()
 dist.destroy_process_group()

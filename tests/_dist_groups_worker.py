@@ -8,28 +8,12 @@ collectives on cpu tensors in the same subgroup (gloo), and writes
 """
 
 import datetime
-import json
-import os
-import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-results = {}
-
-
-def check(name):
-    def deco(fn):
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-        return fn
-    return deco
+from _dist_checks import PORT, RANK, WORLD, check, write_results  # noqa: F401
 
 
 def data(shape=(2, 3), rank=RANK):
@@ -122,7 +106,6 @@ def _():
     assert_same(got, fn(data()), "compiled collectives in split_group([[0, 1], [2, 3]])")
 
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
+write_results()
 dist.barrier()
 dist.destroy_process_group()

@@ -8,10 +8,8 @@ device ``LOCAL_RANK`` and writes ``{check name: "ok" | error text}`` to
 """
 
 import datetime
-import json
 import os
 import sys
-import traceback
 
 # what torchrun --nproc-per-node 2 gives each process on a host with two chips (set before
 # JAX starts: ``import torch`` does not start it)
@@ -23,19 +21,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as funcol  # noqa: E402
 
-RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-results = {}
-
-
-def check(name):
-    def deco(fn):
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-        return fn
-    return deco
+from _dist_checks import PORT, RANK, WORLD, check, write_results  # noqa: F401
 
 
 def on_local_device(t, what):
@@ -90,7 +76,6 @@ def _():
     assert torch.equal(got.cpu(), fn(x)), (got.cpu(), fn(x))
 
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
+write_results()
 dist.barrier()
 dist.destroy_process_group()

@@ -6,45 +6,15 @@ collective on cpu tensors with gloo in the same process as the reference) and wr
 """
 
 import copy
-import json
-import os
-import sys
-import time
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-results = {}
-seconds = {}
-
-
-ONLY = [c for c in os.environ.get("DIST_WORKER_ONLY", "").split(",") if c]
-
-
-def check(name):
-    def deco(fn):
-        if ONLY and not any(name.startswith(c) for c in ONLY):
-            return fn
-        t0 = time.perf_counter()
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-        seconds[name] = round(time.perf_counter() - t0, 2)
-        return fn
-    return deco
-
-
-def data(dtype, shape=(2, 3), rank=RANK):
-    x = torch.arange(1, 1 + torch.Size(shape).numel()).reshape(shape) * (rank + 1) + rank
-    if dtype.is_floating_point:
-        x = x * 0.37 - 1.1
-    return x.to(dtype)
+from _dist_checks import (  # noqa: F401
+    OUT, PORT, RANK, WORLD, assert_same, check, data, results, write_results,
+)
 
 
 def cpu_reference(name, x, op):
@@ -72,11 +42,6 @@ def cpu_reference(name, x, op):
         for p in parts[1:]:
             r = fn(r, p)
         return r
-
-
-def assert_same(got, want, what):
-    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
-        raise AssertionError(f"{what}: tpu {got} != cpu {want}")
 
 
 # a device query before init_process_group (a common user pattern) starts JAX's backend;
@@ -373,7 +338,5 @@ def _():
     assert_same(t.cpu(), x, "all_reduce after re-init")
 
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
-print("seconds per check:", seconds, flush=True)
+write_results()
 dist.destroy_process_group()

@@ -11,38 +11,21 @@ the whole batch).  Writes ``{check name: "ok" | error text}`` to ``OUT/rank{RANK
 
 import copy
 import datetime
-import json
 import os
-import sys
-import time
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-results = {}
-seconds = {}
-ONLY = [c for c in os.environ.get("DIST_WORKER_ONLY", "").split(",") if c]
+from _dist_checks import OUT, PORT, RANK, WORLD, write_results  # noqa: F401
+from _dist_checks import check as _check  # noqa: E402
 
 
 def check(name, world=2):
-    """Run ``fn`` as check ``name`` when the job has ``world`` ranks (the 1-D checks
-    with 2 ranks, the 2-D mesh checks with 4)."""
-    def deco(fn):
-        if WORLD != world or (ONLY and not any(name.startswith(c) for c in ONLY)):
-            return fn
-        t0 = time.perf_counter()
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc()
-        seconds[name] = round(time.perf_counter() - t0, 2)
-        return fn
-    return deco
+    """Check ``name``, run only when the job has ``world`` ranks (the 1-D checks with 2
+    ranks, the 2-D mesh checks with 4)."""
+    return _check(name, enabled=WORLD == world)
 
 
 def assert_same(got, want, what, exact=True):
@@ -354,7 +337,5 @@ def _():
         assert_same(p.full_tensor(), rp.detach(), f"parameter {n} after 2 steps", exact=False)
 
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
-print("seconds per check:", seconds, flush=True)
+write_results()
 dist.destroy_process_group()
