@@ -84,6 +84,7 @@ def test_train_row_inductor_without_a_compiler_is_na():
     assert r["columns"]["inductor"].startswith("n/a: ")
 
 
+@full_only  # ~60 s; static-cache generation itself is tested in test_compile_generate.py
 def test_generate_row_ids_equal_cpu_and_no_recompiles():
     r = bench.generate_row(new_tokens=3, prompt_len=8)
     assert r["row"] == "generate" and r["new_tokens"] == 3

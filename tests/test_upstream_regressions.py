@@ -419,3 +419,28 @@ def test_unary_op_on_unsupported_dtype_raises_as_cpu(case):
         run("cpu")
     with pytest.raises(NotImplementedError, match="_tpu\" not implemented for '(Long|Float)'"):
         run("tpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_scatter_sums_and_products_round_once_as_cpu(dtype):
+    """CPU's scatter kernels (``scatter_add``, ``scatter_reduce`` sum/prod, ``scatter``
+    with ``reduce=``) accumulate bfloat16/float16 in float32 and round once; tpu rounded
+    at every addition (``zeros(1).scatter_add`` of 1 and four 2**-8: CPU 1.015625, tpu
+    1.0)."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 4, generator=gen) * 3).to(dtype)
+    src = (torch.randn(40, 4, generator=gen) * 3).to(dtype)
+    fac = (src.float() / 8 + 1).to(dtype)
+    idx = torch.randint(0, 5, (40, 4), generator=gen)
+    cases = {
+        "scatter_add": lambda d: x.to(d).scatter_add(0, idx.to(d), src.to(d)),
+        "sum": lambda d: x.to(d).scatter_reduce(0, idx.to(d), src.to(d), "sum"),
+        "sum without self": lambda d: x.to(d).scatter_reduce(0, idx.to(d), src.to(d), "sum",
+                                                             include_self=False),
+        "prod": lambda d: x.to(d).scatter_reduce(0, idx.to(d), fac.to(d), "prod"),
+        "scatter add": lambda d: x.to(d).scatter(0, idx.to(d), src.to(d), reduce="add"),
+        "scatter multiply": lambda d: x.to(d).scatter(0, idx.to(d), fac.to(d),
+                                                      reduce="multiply"),
+    }
+    for name, f in cases.items():
+        assert torch.equal(f("tpu").cpu(), f("cpu")), name

@@ -60,7 +60,9 @@ def _storage_reduce(cls):
     orig = _orig_reduce[cls] = cls.__reduce__
 
     def __reduce__(self):
-        if self.device.type == "tpu":
+        # a TypedStorage's own ``device`` warns that TypedStorage is deprecated
+        st = self._untyped_storage if isinstance(self, torch.TypedStorage) else self
+        if st.device.type == "tpu":
             import io
 
             b = io.BytesIO()

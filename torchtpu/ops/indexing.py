@@ -333,9 +333,16 @@ def _src_like(src, index, dt):
     return cast(src[tuple(slice(0, n) for n in index.shape)], dt)
 
 
-def _scatter(x, dim, index, src, how):
+def _scatter(x, dim, index, src, how, wide=True):
+    """``x`` with ``src`` scattered along ``dim`` at ``index`` by ``how``.  ``wide``: a
+    bfloat16/float16 sum or product accumulates in float32 and rounds once, as CPU's
+    scatter kernels do (``index_add``/``index_reduce`` add in the dtype: ``wide=False``)."""
     j = jnp()
     dt = tdtype(x)
+    if wide and dt in (torch.bfloat16, torch.float16) and how in (
+            "add", "sum", "multiply", "prod"):
+        f32 = npdt(torch.float32)
+        return _scatter(x.astype(f32), dim, index, src.astype(f32), how).astype(npdt(dt))
     if index.size == 0:
         return x
     zero_d = x.ndim == 0
@@ -420,7 +427,7 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True, sum_in_dtype=F
     if reduce == "mean":
         ct = opmath(dt)
         if sum_in_dtype:  # index_reduce: CPU adds each source element in the dtype
-            acc = _scatter(base, dim, index, src, "sum")
+            acc = _scatter(base, dim, index, src, "sum", wide=False)
         else:  # scatter_reduce: CPU sums in opmath, then rounds the sum to the dtype
             acc = _scatter(base.astype(npdt(ct)), dim, index, src, "sum").astype(npdt(dt))
         acc = acc.astype(npdt(ct))
@@ -434,7 +441,7 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True, sum_in_dtype=F
             r = j.floor_divide(acc, cnt.astype(acc.dtype))
         r = r.astype(npdt(dt))
     else:
-        r = _scatter(base, dim, index, src, reduce)
+        r = _scatter(base, dim, index, src, reduce, wide=not sum_in_dtype)
         if reduce in ("amax", "amin") and dt.is_floating_point:
             # NaN propagates (XLA's max/min may drop it)
             nan_hit = j.zeros(x.shape, bool).at[key].max(j.isnan(_src_like(src, index, dt)))
