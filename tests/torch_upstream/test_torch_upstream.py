@@ -4,8 +4,10 @@ test_type_promotion.py) run on ``tpu``, each in a child pytest, against an expec
 list kept here (``expected_failures.txt``: test id + reason).
 
 The files are upstream PyTorch's, unmodified, in ``shared/torch_tests`` beside the clone
-(``<clone>/../shared/torch_tests``); ``TORCHTPU_TORCH_TESTS_DIR`` names another folder.
-Without them these tests skip.  A child process keeps the upstream files' global state
+(``<clone>/../shared/torch_tests``); ``TORCHTPU_TORCH_TESTS_DIR`` names other folders to look
+in first (``os.pathsep``-separated).  This repository carries no upstream code: a file found
+in none of these folders skips (today shared/ holds test_view_ops, test_indexing and
+test_shape_ops; the others were run from a local copy, see docs/conformance/torch-tests.md).  A child process keeps the upstream files' global state
 (default dtype, warnings filters, PyTorch's TestCase set-up) out of our suite.
 
 A test here fails when an upstream test fails that is not on the list, when a listed test
@@ -54,18 +56,24 @@ def fast_subset(name: str) -> list[str]:
     return ids
 
 
-def torch_tests_dir() -> Path | None:
-    """The folder holding the upstream files: ``$TORCHTPU_TORCH_TESTS_DIR``, else the first
+def torch_tests_dirs() -> list[Path]:
+    """Folders that may hold the upstream files, in search order: each folder of
+    ``$TORCHTPU_TORCH_TESTS_DIR`` (``os.pathsep``-separated), then the first
     ``shared/torch_tests`` found walking up from the repository (the clone's sibling
     ``shared/`` on CI; ``/work/shared`` for a worktree under ``/work/wt``)."""
-    env = os.environ.get("TORCHTPU_TORCH_TESTS_DIR")
-    if env:
-        return Path(env) if Path(env).is_dir() else None
+    dirs = [Path(p) for p in os.environ.get("TORCHTPU_TORCH_TESTS_DIR", "").split(os.pathsep)
+            if p and Path(p).is_dir()]
     for parent in REPO.parents:
         cand = parent / "shared" / "torch_tests"
         if cand.is_dir():
-            return cand
-    return None
+            dirs.append(cand)
+            break
+    return dirs
+
+
+def find_file(name: str) -> Path | None:
+    """The folder of :func:`torch_tests_dirs` holding upstream file ``name``, or None."""
+    return next((d for d in torch_tests_dirs() if (d / name).is_file()), None)
 
 
 def _summary(out: str) -> str:
@@ -79,10 +87,10 @@ def test_upstream_file(name):
     mode = os.environ.get("TORCHTPU_TORCH_TESTS", "fast").strip().lower()
     if mode == "0":
         pytest.skip("TORCHTPU_TORCH_TESTS=0")
-    folder = torch_tests_dir()
-    if folder is None or not (folder / name).is_file():
-        pytest.skip(f"PyTorch's {name} not found: no shared/torch_tests beside the clone "
-                    f"({REPO.parent / 'shared' / 'torch_tests'}) and no "
+    folder = find_file(name)
+    if folder is None:
+        pytest.skip(f"PyTorch's {name} not found in shared/torch_tests beside the clone "
+                    f"({REPO.parent / 'shared' / 'torch_tests'}) nor in "
                     f"TORCHTPU_TORCH_TESTS_DIR")
     selection = [name]
     if mode == "fast":
