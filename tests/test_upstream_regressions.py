@@ -444,3 +444,25 @@ def test_half_precision_scatter_sums_and_products_round_once_as_cpu(dtype):
     }
     for name, f in cases.items():
         assert torch.equal(f("tpu").cpu(), f("cpu")), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_index_add_rounds_as_cpu(dtype, eager_mode):
+    """CPU's ``index_add`` of a tensor of 2+ dims along its first or last dim, with
+    ``alpha=1`` and an int64 index, goes through ``scatter_add_``: bfloat16/float16 sums
+    accumulate in float32 and round once.  Elsewhere (other dims, an int32 index,
+    ``alpha != 1``, 1-D tensors) it adds ``round(alpha * source)`` in the dtype, slice by
+    slice.  tpu added in the dtype everywhere: 40 rows into 5 differed from CPU."""
+    gen = torch.Generator().manual_seed(0)
+    for shape, dim in [((5, 3), 0), ((3, 5), 1), ((4, 5, 3), 0), ((4, 5, 3), 1),
+                       ((4, 5, 3), 2), ((6,), 0)]:
+        x = torch.randn(shape, generator=gen).to(dtype)
+        src_shape = list(shape)
+        src_shape[dim] = 40
+        src = torch.randn(src_shape, generator=gen).to(dtype)
+        for idx_dtype in (torch.int64, torch.int32):
+            idx = torch.randint(0, shape[dim], (40,), generator=gen, dtype=idx_dtype)
+            for alpha in (1, 0.3):
+                want = x.index_add(dim, idx, src, alpha=alpha)
+                got = x.to("tpu").index_add(dim, idx.to("tpu"), src.to("tpu"), alpha=alpha)
+                assert torch.equal(got.cpu(), want), (shape, dim, idx_dtype, alpha)

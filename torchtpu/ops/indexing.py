@@ -526,6 +526,21 @@ def _index_add_alpha(vals):
     return vals
 
 
+def _cpu_scatter_add_path(x, dim, index, s, alpha):
+    """Whether CPU's ``index_add_cpu_`` takes its ``scatter_add_`` fast path (``self`` of 2
+    or more dims, ``dim`` first or last, ``alpha=1``, an int64 index, ``source`` the shape
+    of ``self`` apart from ``dim``): as JAX booleans where ``alpha`` is traced.  There a
+    bfloat16/float16 sum accumulates in float32 and rounds once; elsewhere CPU adds
+    ``round(round(alpha) * source)`` slice by slice in the dtype, in index order."""
+    if not (x.ndim > 1 and dim in (0, x.ndim - 1) and index.dtype == jnp().int64
+            and s.ndim == x.ndim
+            and all(a == b for k, (a, b) in enumerate(zip(x.shape, s.shape)) if k != dim)):
+        return False
+    if isinstance(alpha, Scalar):
+        return alpha.value == 1
+    return alpha is None or alpha == 1
+
+
 @lower(aten.index_add.default, prepare=_index_add_alpha)
 def index_add(x, dim, index, source, alpha=1):
     dt = tdtype(x)
@@ -533,10 +548,20 @@ def index_add(x, dim, index, source, alpha=1):
     xx = x.reshape(1) if zero_d else x
     dim = _dim(dim, xx.ndim)
     s = _source_for(x, dim, source, dt)
+    idx = _index1d(index, xx.shape[dim])
+    key = _dim_key(xx.ndim, dim, idx)
+    if dt in (torch.bfloat16, torch.float16):
+        wide = _cpu_scatter_add_path(xx, dim, index, s, alpha)
+        if wide is not False:
+            f32 = npdt(torch.float32)
+            summed = xx.astype(f32).at[key].add(s.astype(f32)).astype(xx.dtype)
+            if wide is True:
+                return summed
+            stepped = xx.at[key].add(s * cast(alpha, dt))
+            return jnp().where(wide, summed, stepped)
     if alpha is not None:
         s = s * cast(alpha, dt)
-    idx = _index1d(index, xx.shape[dim])
-    at = xx.at[_dim_key(xx.ndim, dim, idx)]
+    at = xx.at[key]
     r = at.max(s) if dt is torch.bool else at.add(s)
     return r.reshape(()) if zero_d else r
 
