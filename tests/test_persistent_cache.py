@@ -25,6 +25,7 @@ print(json.dumps({
     "cache": m["persistent_cache"],
     "compiles": m["compiles"],
     "graph_executables_loaded": m["compile"]["executable_cache_hits"],
+    "signatures": m["signature_cache"],
     "diff": max((eager - ref).abs().max().item(), (compiled - ref).abs().max().item(),
                 (fused - ref).abs().max().item()),
     "dir": torchtpu.persistent_cache_directory(),
@@ -52,12 +53,18 @@ def test_second_process_loads_every_executable(tmp_path):
 
     second = _run(cache)
     assert second["cache"]["misses"] == 0
+    assert second["compiles"] == 1  # the fused segment, loaded from JAX's cache
     # the compiled graph's executable comes from torchtpu's graph cache (stored next to
-    # JAX's entries, torchtpu.compile.graph_cache), the rest from JAX's
+    # JAX's entries, torchtpu.compile.graph_cache), the per-op executables from the
+    # signature cache (torchtpu.eager.signature_cache), the fused segment from JAX's
     assert first["graph_executables_loaded"] == 0
     assert second["graph_executables_loaded"] == 1
-    assert second["cache"]["hits"] + second["graph_executables_loaded"] == \
-        first["cache"]["misses"]
+    assert first["signatures"]["hits"] == 0
+    assert second["signatures"]["stores"] == 0
+    assert second["signatures"]["hits"] == first["signatures"]["stores"] >= 3
+    assert second["cache"]["hits"] == 1  # the DeferAndFuse segment
+    assert second["cache"]["hits"] + second["graph_executables_loaded"] + \
+        second["signatures"]["hits"] == first["cache"]["misses"]
     assert second["diff"] == first["diff"]
 
 
@@ -65,6 +72,7 @@ def test_off_disables_it(tmp_path):
     res = _run("off")
     assert res["dir"] is None
     assert res["cache"] == {"hits": 0, "misses": 0, "load_seconds": 0.0}
+    assert res["signatures"] == {"hits": 0, "stores": 0, "load_seconds": 0.0}
     assert res["diff"] < 1e-5
 
 
@@ -84,6 +92,27 @@ def test_trim_deletes_least_recently_used_entries_beyond_the_cap(tmp_path):
     assert persistent_cache.trim(str(tmp_path), 9_000) == 3  # down to 7,200 bytes
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == [f"jit_op-{i:02d}-cache" for i in range(3, 10)]
+
+
+def test_trim_counts_the_signature_cache_with_jax_entries(tmp_path):
+    """The eager signature cache's files (``torchtpu-signatures/<key>.full|.quick``)
+    share the cap with JAX's entries, least recently used first across both."""
+    from torchtpu._device import persistent_cache
+
+    now = 1_700_000_000
+    sig = tmp_path / persistent_cache.SIGNATURE_DIR
+    sig.mkdir()
+    for i in range(6):  # interleaved ages: even i JAX's, odd i ours
+        f = tmp_path / f"jit_op-{i:02d}-cache" if i % 2 == 0 else \
+            sig / f"{i:040d}.{'full' if i % 4 == 1 else 'quick'}"
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, (now + i, now + i))
+    (sig / "notes.txt").write_bytes(b"y" * 5000)  # not an entry: neither counted nor deleted
+    assert persistent_cache.trim(str(tmp_path), 5_000) == 2  # 6,000 -> 4,000 bytes
+    assert sorted(p.name for p in tmp_path.glob("*-cache")) == ["jit_op-02-cache",
+                                                               "jit_op-04-cache"]
+    assert sorted(p.name for p in sig.iterdir()) == [f"{3:040d}.quick", f"{5:040d}.full",
+                                                     "notes.txt"]
 
 
 def test_no_lock_or_directory_scan_per_store():

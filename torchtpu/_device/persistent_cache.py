@@ -51,6 +51,9 @@ _TRIM_INTERVAL_S = 3600.0
 _TRIM_STAMP = ".torchtpu-trimmed"
 
 _directory: str | None = None
+# the eager executor's executables stored by op signature (``eager.signature_cache``),
+# trimmed with JAX's entries
+SIGNATURE_DIR = "torchtpu-signatures"
 
 
 def default_directory() -> str:
@@ -114,26 +117,30 @@ def _start_trim(path: str, max_bytes: int) -> None:
 
 def trim(path: str, max_bytes: int) -> int:
     """Delete the least recently used entries of the cache directory ``path`` (JAX's
-    ``<key>-cache`` files; the last use is the later of the file's access and
+    ``<key>-cache`` files and the signature cache's ``<key>.full`` / ``<key>.quick`` in
+    ``SIGNATURE_DIR``; the last use is the later of the file's access and
     modification times) until their total size is at most 80% of ``max_bytes`` (bytes),
     if it exceeds ``max_bytes``.  Also deletes the ``<key>-atime`` files that JAX's own
     size cap wrote, which nothing reads now.  Returns the number of entries deleted.
     Never raises (an entry another process deletes meanwhile is skipped)."""
     entries, total = [], 0
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                try:
-                    if e.name.endswith("-cache"):
-                        st = e.stat()
-                        entries.append((max(st.st_atime, st.st_mtime), st.st_size, e.path))
-                        total += st.st_size
-                    elif e.name.endswith("-atime"):
-                        os.remove(e.path)
-                except OSError:
-                    continue
-    except OSError:
-        return 0
+    for folder, suffixes in ((path, ("-cache",)),
+                             (os.path.join(path, SIGNATURE_DIR), (".full", ".quick"))):
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    try:
+                        if e.name.endswith(suffixes):
+                            st = e.stat()
+                            entries.append((max(st.st_atime, st.st_mtime), st.st_size, e.path))
+                            total += st.st_size
+                        elif e.name.endswith("-atime"):
+                            os.remove(e.path)
+                    except OSError:
+                        continue
+        except OSError:
+            if folder == path:
+                return 0
     if total <= max_bytes:
         return 0
     entries.sort()

@@ -44,6 +44,7 @@ import os
 import torch
 
 from torchtpu import _metrics
+from torchtpu._device import executable_store
 
 M = _metrics.METRICS
 
@@ -385,28 +386,6 @@ def active(path: str):
 # trace's output plan instead of tracing the graph through the lowering table again.
 
 
-@functools.lru_cache(maxsize=None)
-def _source_version() -> str:
-    """Hash of every torchtpu source file (the lowering table decides the executables),
-    PyTorch's and JAX's versions."""
-    import jax
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    h = hashlib.sha256()
-    h.update(f"{torch.__version__} {jax.__version__}".encode())
-    for d, dirs, files in sorted(os.walk(root)):
-        dirs.sort()
-        for f in sorted(files):
-            if f.endswith(".py"):
-                h.update(f.encode())
-                try:
-                    with open(os.path.join(d, f), "rb") as fh:
-                        h.update(fh.read())
-                except OSError:
-                    pass
-    return h.hexdigest()[:16]
-
-
 def _graph_identity(ex) -> str:
     """Hash of a GraphExecutable's graph: its code, every node's fake value geometry and
     its constant tensors' values (computed once per graph)."""
@@ -428,17 +407,6 @@ def _graph_identity(ex) -> str:
     return ident
 
 
-def _environment(index) -> str:
-    """What else decides an executable: JAX's 64-bit mode, ``XLA_FLAGS``, the device."""
-    import jax
-
-    from torchtpu._device import runtime
-
-    dev = runtime.jax_device(index if isinstance(index, int) else 0)
-    return repr((bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS"),
-                 dev.platform, getattr(dev, "device_kind", "")))
-
-
 def executable_path(ex, key, donate) -> str | None:
     """The file of ``ex``'s executable for input layout ``key`` and donated slots
     ``donate``; None when the cache is off or the graph cannot be identified."""
@@ -446,12 +414,10 @@ def executable_path(ex, key, donate) -> str | None:
         base = directory()
         if base is None:
             return None
-        h = hashlib.sha256()
-        h.update(_source_version().encode())
-        h.update(_graph_identity(ex).encode())
-        h.update(repr((key, tuple(donate))).encode())
-        h.update(_environment(key[-1]).encode())
-        return os.path.join(base, "executables", h.hexdigest()[:40])
+        index = key[-1] if isinstance(key[-1], int) else 0
+        return executable_store.key_path(
+            os.path.join(base, "executables"), _graph_identity(ex),
+            repr((key, tuple(donate))), executable_store.environment(index))
     except Exception:  # a value without a stable description: not cached
         return None
 
@@ -459,51 +425,17 @@ def executable_path(ex, key, donate) -> str | None:
 def load_executable(path: str, index: int):
     """``(compiled, result, donated slots)`` stored at ``path``, or None (missing,
     unreadable, or built for another JAX / device)."""
-    import pickle
-
-    try:
-        with open(path, "rb") as f:
-            rec = pickle.load(f)
-        from jax.experimental import serialize_executable as se
-
-        from torchtpu._device import runtime
-
-        compiled = se.deserialize_and_load(*rec["exe"],
-                                           execution_devices=[runtime.jax_device(index)])
-    except Exception:
+    rec = executable_store.load(path, index)
+    if rec is None:
         return None
     M.compile["executable_cache_hits"] += 1
-    return compiled, rec["result"], rec["donate"]
+    compiled, (result, donate) = rec
+    return compiled, result, donate
 
 
 def save_executable(path: str, compiled, result, donate) -> None:
     """Store ``compiled`` (a JAX ``Compiled`` that XLA compiled in this process, not one
     loaded from JAX's persistent cache: see ``GraphExecutable._compile``) and the
-    trace's ``result`` at ``path`` (atomically; errors are ignored: the cache is an
-    optimization).  Executables with host callbacks or effects are not stored."""
-    import pickle
-    import tempfile
-
-    tmp = None
-    try:
-        from jax.experimental import serialize_executable as se
-
-        unloaded = getattr(compiled._executable, "_unloaded_executable", None)
-        if unloaded is None or getattr(unloaded, "host_callbacks", None) or \
-                getattr(unloaded, "ordered_effects", None) or \
-                getattr(unloaded, "unordered_effects", None):
-            return  # a host callback or effect: not reloadable in another process
-        data = pickle.dumps({"exe": se.serialize(compiled), "result": result,
-                             "donate": tuple(donate)})
-        d = os.path.dirname(path)
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except Exception:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    trace's ``result`` at ``path`` (:func:`torchtpu._device.executable_store.save`:
+    atomic, errors ignored, executables with host callbacks or effects not stored)."""
+    executable_store.save(path, compiled, (result, tuple(donate)))

@@ -36,6 +36,7 @@ from torchtpu._device import runtime, state
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import defer as _defer
+from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, STATIC, T, T_LIST, Signature, call_lowering,
@@ -98,7 +99,7 @@ class Executable:
     """
 
     __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
-                 "out_avals", "name", "check_info", "groups")
+                 "out_avals", "name", "check_info", "groups", "key")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
         self.compiled = False
@@ -107,6 +108,7 @@ class Executable:
         self.name = ""
         self.check_info = ()  # device checks (exception type, message), see ops._checks
         self.groups = None  # Tensor[] results: per ATen output, its list length (else None)
+        self.key = None  # the signature (executor cache key): names it on disk
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -428,9 +430,11 @@ class LoweredPlan:
         """The first call traces and compiles, at the quick tier where the platform has
         one (``eager.tiers``); the signature's next call recompiles it at the full tier
         and sets ``ex.call`` to the fully optimized executable."""
+        entry = _sigcache.entry(ex.key, ex.device_index) if ex.key is not None else None
         try:
             outs, ex.call = _tiers.first_call(ex.call, (c.arrays, c.dyn),
-                                              lambda full: setattr(ex, "call", full))
+                                              lambda full: setattr(ex, "call", full),
+                                              entry, ex.check_info)
         except (TypeError, ValueError) as e:
             raise RuntimeError(
                 f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
@@ -688,6 +692,7 @@ class LoweredPlan:
         ex.check_info = check_info
         ex.traced = traced
         ex.name = str(self.op)
+        ex.key = key
         return ex
 
     def _run_dynamic(self, vals):

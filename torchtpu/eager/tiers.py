@@ -80,24 +80,47 @@ def enabled() -> bool:
     return _enabled
 
 
-def first_call(jitted, args, on_tier_up):
+def first_call(jitted, args, on_tier_up, entry=None, check_info=None):
     """Run ``jitted(*args)`` for the first time: a quick-tier compile where there is
     one, else the default compile (both counted in ``compiles``).
 
     Returns ``(outputs, caller)``: ``caller`` is what to call next time.  Under the
     quick tier it is a one-shot callable that recompiles ``jitted`` at the full tier,
-    counts a tier-up, calls ``on_tier_up(jitted)`` (so the owner calls ``jitted``
-    directly from then on) and runs it; otherwise it is ``jitted`` itself.
+    counts a tier-up, calls ``on_tier_up(full)`` (so the owner calls the full-tier
+    executable directly from then on) and runs it; otherwise it is the executable.
+
+    ``entry`` (a :class:`torchtpu.eager.signature_cache.Entry`, or None): executables
+    stored by an earlier process are loaded from it instead of compiled, and the ones
+    compiled here are stored in it, with ``check_info`` (the list the trace fills with
+    the executable's device-side checks; refilled from the entry on a load).
     Exceptions from tracing propagate unchanged.
     """
     opts = quick_options()
+    if entry is not None:
+        for tier in (("full", "quick") if opts is not None else ("full",)):
+            rec = entry.load(tier)
+            if rec is not None:
+                compiled, checks = rec
+                check_info[:] = checks
+                outs = compiled(*args)
+                if tier == "full":
+                    return outs, compiled
+                return outs, _tier_up(jitted, on_tier_up, entry, check_info)
     t0 = time.perf_counter()
     if opts is None:
-        outs = jitted(*args)
+        if entry is None:
+            outs = jitted(*args)
+            caller = jitted
+        else:
+            pc = M.persistent_cache["hits"]
+            caller = jitted.lower(*args).compile()
+            outs = caller(*args)
+            entry.save("full", caller, check_info, pc)
         dt = time.perf_counter() - t0
         M.compiles += 1
         M.compile_seconds += dt
-        return outs, jitted
+        return outs, caller
+    pc = M.persistent_cache["hits"]
     compiled = jitted.lower(*args).compile(compiler_options=opts)
     dt = time.perf_counter() - t0
     M.compiles += 1
@@ -105,16 +128,31 @@ def first_call(jitted, args, on_tier_up):
     M.quick_compiles += 1
     M.quick_compile_seconds += dt
     outs = compiled(*args)
+    if entry is not None:
+        entry.save("quick", compiled, check_info, pc)
+    return outs, _tier_up(jitted, on_tier_up, entry, check_info)
+
+
+def _tier_up(jitted, on_tier_up, entry, check_info):
+    """The one-shot caller that recompiles ``jitted`` at the full tier (stored in
+    ``entry`` when there is one), hands it to ``on_tier_up`` and runs it."""
 
     def tier_up(*a):
         t1 = time.perf_counter()
-        res = jitted(*a)
+        if entry is None:
+            res = jitted(*a)
+            full = jitted
+        else:
+            pc = M.persistent_cache["hits"]
+            full = jitted.lower(*a).compile()
+            res = full(*a)
+            entry.save("full", full, check_info, pc)
         d = time.perf_counter() - t1
         M.compiles += 1
         M.compile_seconds += d
         M.tier_ups += 1
         M.tier_up_seconds += d
-        on_tier_up(jitted)
+        on_tier_up(full)
         return res
 
-    return outs, tier_up
+    return tier_up

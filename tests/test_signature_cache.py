@@ -1,0 +1,87 @@
+"""The eager executor's on-disk signature cache (``torchtpu.eager.signature_cache``): a
+second process loads each per-op executable by its op signature instead of tracing,
+lowering and compiling it, with the same results and the same device-side checks."""
+
+import json
+import os
+import subprocess
+import sys
+
+PROGRAM = r"""
+import json, sys, torch, torchtpu
+torch.manual_seed(0)
+x = torch.randn(6, 4)
+res = {}
+t = x.to("tpu")
+t[1:3].mul_(2.5)                                   # in-place through a view
+res["ops"] = (torch.nn.functional.softmax(t, 1) @ t.T).sum(0).cpu().tolist()
+res["half"] = t.to(torch.bfloat16).cumsum(0).float().cpu().tolist()
+try:                                               # a device-side check
+    torch.arange(5, device="tpu")[torch.tensor([1, 9], device="tpu")].cpu()
+    res["check"] = None
+except IndexError as e:
+    res["check"] = str(e).split(" (in ")[0]
+m = torchtpu.metrics()
+res["sig"] = m["signature_cache"]
+res["compiles"] = m["compiles"]
+res["quick"] = m["quick_compiles"]
+res["tier_ups"] = m["tier_ups"]
+print(json.dumps(res))
+"""
+
+
+def _run(cache_dir, **env_extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHTPU_SIGNATURE_CACHE", "TORCHTPU_COMPILE_TIERS")}
+    env.update({"TORCHTPU_CACHE_DIR": str(cache_dir), "TORCHTPU_COMPILE_TIERS": "0",
+                **env_extra})
+    out = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _cpu_reference():
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 4)
+    x[1:3].mul_(2.5)
+    return ((torch.nn.functional.softmax(x, 1) @ x.T).sum(0).tolist(),
+            x.to(torch.bfloat16).cumsum(0).float().tolist())
+
+
+def test_second_process_loads_each_op_signature(tmp_path):
+    first = _run(tmp_path / "c")
+    assert first["sig"]["hits"] == 0 and first["sig"]["stores"] == first["compiles"] >= 6
+    second = _run(tmp_path / "c")
+    assert second["sig"]["hits"] == first["sig"]["stores"]
+    assert second["sig"]["stores"] == 0 and second["compiles"] == 0
+    ops, half = _cpu_reference()
+    for run in (first, second):
+        assert max(abs(a - b) for a, b in zip(run["ops"], ops)) < 1e-4
+        assert run["half"] == half
+    # the check's message was stored with the executable (no trace in the second process)
+    assert first["check"] == second["check"] == \
+        "index out of bounds for dimension 0 with size 5"
+
+
+def test_quick_tier_entries_are_stored_and_tier_up_as_before(tmp_path):
+    """With the quick compile tier on, a signature used once is stored at the quick
+    tier; a later process loads it, and a second call still recompiles it at the full
+    tier (stored too, so a third process loads the full tier directly)."""
+    first = _run(tmp_path / "c", TORCHTPU_COMPILE_TIERS="1")
+    assert first["quick"] == first["compiles"] == first["sig"]["stores"] >= 6
+    second = _run(tmp_path / "c", TORCHTPU_COMPILE_TIERS="1")
+    assert second["sig"]["hits"] == first["sig"]["stores"] and second["compiles"] == 0
+    ops, half = _cpu_reference()
+    assert second["half"] == half
+    assert max(abs(a - b) for a, b in zip(second["ops"], ops)) < 1e-4
+
+
+def test_off_with_the_environment_variable(tmp_path):
+    res = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
+    again = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
+    assert res["sig"] == again["sig"] == {"hits": 0, "stores": 0, "load_seconds": 0.0}
+    assert again["compiles"] == res["compiles"]
+    assert not (tmp_path / "c" / "torchtpu-signatures").exists()
