@@ -109,6 +109,17 @@ def test_shape_mismatch_names_collective_shapes_and_ranks(ranks):
     _assert(ranks, "shape_mismatch")
 
 
+def test_mismatch_of_signatures_each_rank_ran_before(ranks):
+    # the check is in the collective's XLA program: it must catch shapes every rank
+    # has compiled before, and different collectives, and leave the group usable
+    _assert(ranks, "shape_mismatch_seen_before")
+    _assert(ranks, "collective_mismatch")
+
+
+def test_mismatch_with_async_op_raises_at_wait_or_next_sync(ranks):
+    _assert(ranks, "shape_mismatch_async")
+
+
 def test_new_group_subgroups(ranks):
     _assert(ranks, "new_group")
 

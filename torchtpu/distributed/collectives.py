@@ -149,8 +149,9 @@ def _checked_program(kind: str, procs: tuple, shape: tuple, dtype, op: str | Non
     """:func:`_program` with the cross-rank signature check inside: the program also takes
     each rank's int32 signature row (block ``(1, L)``), all-gathers the rows first, and
     runs the data collective only when every row equals rank 0's (``lax.cond``: every
-    rank sees the same gathered rows, so all take the same branch; otherwise each rank's
-    result is zeros and no data collective runs).  Ranks whose shapes differ run
+    rank sees the same gathered rows, so all take the same branch; otherwise no data
+    collective runs and each rank's result is its input for all_reduce and broadcast,
+    zeros for all_gather and reduce_scatter).  Ranks whose shapes differ run
     different programs, but both start with the same all-gather of the rows and then
     skip the data collective, so neither hangs.  Returns ``(result, rows, bad)``:
     ``rows`` of shape ``(n, L)`` and ``bad`` (bool ``(1,)``: the rows differ) on every
@@ -165,7 +166,10 @@ def _checked_program(kind: str, procs: tuple, shape: tuple, dtype, op: str | Non
     def body(x, sig):
         rows = lax.all_gather(sig, "r", tiled=True)  # (n, L)
         same = jnp.all(rows == rows[0])
-        res = lax.cond(same, inner, lambda x: jnp.zeros(out_shape, x.dtype), x)
+        if out_shape == shape:  # all_reduce, broadcast: the tensor keeps its values
+            res = lax.cond(same, inner, lambda x: x, x)
+        else:
+            res = lax.cond(same, inner, lambda x: jnp.zeros(out_shape, x.dtype), x)
         return res, rows, jnp.logical_not(same).reshape(1)
 
     f = jax.shard_map(body, mesh=mesh(procs), in_specs=(P("r"), P("r")),
@@ -207,8 +211,8 @@ def run_checked(kind: str, procs: tuple, arr, sig, op: str | None = None, arg=No
 
     ``sig``: this rank's signature as a global int32 array of shape ``(n, L)`` (its block
     ``(1, L)`` on this process's device, :func:`signature_array`).  Returns ``(result,
-    rows, bad)``: this process's result (zeros of the result's shape when the rows
-    differ: then no data collective ran), the ``(n, L)`` rows of every rank and the
+    rows, bad)``: this process's result (when the rows differ no data collective ran:
+    see :func:`_checked_program`), the ``(n, L)`` rows of every rank and the
     bool ``(1,)`` flag "the rows differ" (JAX arrays, not waited for)."""
     shape = arr.shape
     key = (kind, procs, shape, arr.dtype, op, arg)

@@ -46,6 +46,12 @@ def _completed(result) -> dist.Work:
     return _create_work_from_future(fut)
 
 
+def _failed(name: str, e: Exception) -> RuntimeError:
+    """The error for an XLA collective that failed in the runtime (e.g. a rank died:
+    XLA's gloo reports the closed connection), as c10d's backends raise it."""
+    return RuntimeError(f"tpu_dist {name}: the XLA collective failed: {e}")
+
+
 class _CheckedWork(dist._Work):
     """The work of XLA collectives whose cross-rank signature check (part of their XLA
     program, :meth:`ProcessGroupTPU._xla`) is still to be read: ``wait()`` reads the
@@ -64,7 +70,11 @@ class _CheckedWork(dist._Work):
     def wait(self, timeout=None):
         checks, self._checks = self._checks, []
         for bad, msg, entry in checks:
-            if bool(np.asarray(bad)[0]):
+            try:
+                differ = bool(np.asarray(bad)[0])
+            except (RuntimeError, ValueError) as e:
+                raise _failed(msg.name, e) from e
+            if differ:
                 from torchtpu.eager import executor
 
                 try:
@@ -342,7 +352,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         (:func:`torchtpu.distributed.collectives.run_checked`): the program all-gathers a
         13-integer signature row from every rank and runs the data collective only when
         all rows are equal (every rank takes the same branch, so a mismatch never hangs;
-        the skipped collective's result is zeros).  No host rendezvous: the program's
+        on a mismatch an all-reduce or broadcast leaves the tensor as it was, an
+        all-gather or reduce-scatter writes zeros to its output).  No host rendezvous: the program's
         "rows differ" flag is read by the returned work's ``wait()`` (:class:`_CheckedWork`,
         :meth:`_done`; a synchronous ``dist.all_reduce`` waits, so it raises in the call)
         and is also queued as a device-side check (``executor.report_device_checks``),
@@ -355,13 +366,16 @@ class ProcessGroupTPU(dist.ProcessGroup):
             ValueError: naming the collective and each rank's collective, shape, dtype and
                 reduce op / root (every rank raises, at ``wait()`` or at its next sync).
         """
-        if not _CHECK or self._size == 1:
-            return collectives.run(kind, self._procs, arr, op, arg)
-        key = (name, t.shape, t.dtype, extra)
-        sig = self._sigs.get(key)
-        if sig is None:
-            sig = self._sigs[key] = self._signature(name, t, extra, arr)
-        out, rows, bad = collectives.run_checked(kind, self._procs, arr, sig, op, arg)
+        try:
+            if not _CHECK or self._size == 1:
+                return collectives.run(kind, self._procs, arr, op, arg)
+            key = (name, t.shape, t.dtype, extra)
+            sig = self._sigs.get(key)
+            if sig is None:
+                sig = self._sigs[key] = self._signature(name, t, extra, arr)
+            out, rows, bad = collectives.run_checked(kind, self._procs, arr, sig, op, arg)
+        except (RuntimeError, ValueError) as e:
+            raise _failed(name, e) from e
         from torchtpu.eager import executor
 
         entry = (bad, [(ValueError, _Mismatch(self, name, rows))], f"tpu_dist {name}")
