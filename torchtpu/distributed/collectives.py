@@ -150,8 +150,7 @@ def _checked_program(kind: str, procs: tuple, shape: tuple, dtype, op: str | Non
     each rank's int32 signature row (block ``(1, L)``), all-gathers the rows first, and
     runs the data collective only when every row equals rank 0's (``lax.cond``: every
     rank sees the same gathered rows, so all take the same branch; otherwise no data
-    collective runs and each rank's result is its input for all_reduce and broadcast,
-    zeros for all_gather and reduce_scatter).  Ranks whose shapes differ run
+    collective runs and each rank's result is zeros).  Ranks whose shapes differ run
     different programs, but both start with the same all-gather of the rows and then
     skip the data collective, so neither hangs.  Returns ``(result, rows, bad)``:
     ``rows`` of shape ``(n, L)`` and ``bad`` (bool ``(1,)``: the rows differ) on every
@@ -166,10 +165,9 @@ def _checked_program(kind: str, procs: tuple, shape: tuple, dtype, op: str | Non
     def body(x, sig):
         rows = lax.all_gather(sig, "r", tiled=True)  # (n, L)
         same = jnp.all(rows == rows[0])
-        if out_shape == shape:  # all_reduce, broadcast: the tensor keeps its values
-            res = lax.cond(same, inner, lambda x: x, x)
-        else:
-            res = lax.cond(same, inner, lambda x: jnp.zeros(out_shape, x.dtype), x)
+        # (zeros rather than ``x`` on the skipped branch: returning the operand costs XLA
+        # one more copy of it on every call, measured)
+        res = lax.cond(same, inner, lambda x: jnp.zeros(out_shape, x.dtype), x)
         return res, rows, jnp.logical_not(same).reshape(1)
 
     f = jax.shard_map(body, mesh=mesh(procs), in_specs=(P("r"), P("r")),

@@ -65,11 +65,11 @@ class _CheckedWork(dist._Work):
     def __init__(self, result, checks):
         super().__init__()
         self._result = result
-        self._checks = checks  # [(bad flag, message, queued entry)]
+        self._checks = checks  # [(bad flag, message, (tensor, old array) or None)]
 
     def wait(self, timeout=None):
         checks, self._checks = self._checks, []
-        for bad, msg, entry in checks:
+        for bad, msg, _ in checks:
             try:
                 differ = bool(np.asarray(bad)[0])
             except (RuntimeError, ValueError) as e:
@@ -77,10 +77,14 @@ class _CheckedWork(dist._Work):
             if differ:
                 from torchtpu.eager import executor
 
-                try:
-                    executor.PENDING_CHECKS.remove(entry)  # reported here, not again
-                except ValueError:
-                    pass
+                pending = executor.PENDING_CHECKS  # reported here, not again
+                for i in range(len(pending)):
+                    if pending[i][0] is bad:
+                        del pending[i]
+                        break
+                for _, _, u in checks:
+                    if u is not None:
+                        _write(*u)  # the tensors as they were before the call
                 raise ValueError(str(msg))
         return True
 
@@ -352,8 +356,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         (:func:`torchtpu.distributed.collectives.run_checked`): the program all-gathers a
         13-integer signature row from every rank and runs the data collective only when
         all rows are equal (every rank takes the same branch, so a mismatch never hangs;
-        on a mismatch an all-reduce or broadcast leaves the tensor as it was, an
-        all-gather or reduce-scatter writes zeros to its output).  No host rendezvous: the program's
+        the skipped collective's result is zeros; ``wait()`` puts back the values an
+        all-reduce or broadcast overwrote, an all-gather or reduce-scatter output holds
+        zeros).  No host rendezvous: the program's
         "rows differ" flag is read by the returned work's ``wait()`` (:class:`_CheckedWork`,
         :meth:`_done`; a synchronous ``dist.all_reduce`` waits, so it raises in the call)
         and is also queued as a device-side check (``executor.report_device_checks``),
@@ -378,9 +383,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
             raise _failed(name, e) from e
         from torchtpu.eager import executor
 
-        entry = (bad, [(ValueError, _Mismatch(self, name, rows))], f"tpu_dist {name}")
-        executor.report_device_checks(*entry)
-        self._unverified.append((bad, entry[1][0][1], entry))
+        msg = _Mismatch(self, name, rows)
+        executor.report_device_checks(bad, [(ValueError, msg)], f"tpu_dist {name}")
+        # all_reduce / broadcast write their result into ``t``: on a mismatch, wait()
+        # puts its old values back
+        undo = (t, arr) if kind in ("allreduce", "broadcast") else None
+        self._unverified.append((bad, msg, undo))
         return out
 
     def _done(self, result) -> dist.Work:
