@@ -181,6 +181,38 @@ def test_killed_rank_raises_within_timeout():
     assert float(lines[0].split()[2]) < 10, lines[0]
 
 
+_EARLY_EXIT = r"""
+import datetime, sys, time, torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("tpu_dist", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=datetime.timedelta(seconds=10))
+x = torch.ones(3, device="tpu")
+dist.all_reduce(x)
+if rank == 0:
+    time.sleep(16)  # still working, longer than the timeout, after rank 1 has finished
+    print("rank 0 result", x.sum().item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_rank_that_finishes_early_does_not_abort_the_others():
+    # rank 1 ends its program while rank 0 still works: at exit JAX's shutdown barrier
+    # waits for rank 0 (it used to time out after the group's timeout and abort both)
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", _EARLY_EXIT, str(r), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("a rank hung at exit")
+    assert "rank 0 result 6.0" in outs[0], outs[0][-3000:]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+
+
 def test_tpu_tensor_before_init_process_group_raises(tmp_path):
     # the JAX runtime holding that tensor cannot join a multi-process one
     code = ("import torch, torch.distributed as dist\n"

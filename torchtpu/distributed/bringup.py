@@ -140,13 +140,17 @@ def _initialize(jax, store, rank: int, world_size: int, timeout) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     secs = max(1, int(timeout.total_seconds()))
     _set_collective_timeout(secs)
-    # JAX's defaults (100 s heartbeat, 300 s shutdown barrier) would keep a survivor of a
-    # dead rank alive, then abort it, minutes after the group's own timeout: use the
-    # group's timeout (at least 10 s, so a busy process's heartbeat thread is not missed).
+    # JAX's default heartbeat timeout (100 s) would keep a survivor of a dead rank alive,
+    # then abort it, minutes after the group's own timeout: use the group's timeout (at
+    # least 10 s, so a busy process's heartbeat thread is not missed).  The shutdown
+    # barrier (at exit every process waits for all the others) keeps at least JAX's
+    # default, 300 s: when it times out JAX aborts *every* process, so with the group's
+    # timeout a rank that finished early aborted the others while they still worked.  A
+    # dead rank does not hold it up: its heartbeat timeout ends the barrier.
     beat = min(max(10, secs), 100)
     jax.distributed.initialize(
         addr, num_processes=world_size, process_id=rank, initialization_timeout=secs,
-        heartbeat_timeout_seconds=beat, shutdown_timeout_seconds=min(max(10, secs), 300),
+        heartbeat_timeout_seconds=beat, shutdown_timeout_seconds=max(300, secs),
     )
     _state.update(world_size=world_size, rank=rank, coordinator=addr)
 
