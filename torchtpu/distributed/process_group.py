@@ -68,20 +68,20 @@ class _CheckedWork(dist._Work):
         self._checks = checks  # [(bad flag, message, (tensor, old array) or None)]
 
     def wait(self, timeout=None):
+        from torchtpu.eager import executor
+
         checks, self._checks = self._checks, []
         for bad, msg, _ in checks:
             try:
                 differ = bool(np.asarray(bad)[0])
             except (RuntimeError, ValueError) as e:
                 raise _failed(msg.name, e) from e
+            pending = executor.PENDING_CHECKS  # verified here: not again at the next sync
+            for i in range(len(pending) - 1, -1, -1):
+                if pending[i][0] is bad:
+                    del pending[i]
+                    break
             if differ:
-                from torchtpu.eager import executor
-
-                pending = executor.PENDING_CHECKS  # reported here, not again
-                for i in range(len(pending)):
-                    if pending[i][0] is bad:
-                        del pending[i]
-                        break
                 for _, _, u in checks:
                     if u is not None:
                         _write(*u)  # the tensors as they were before the call
