@@ -17,7 +17,9 @@ devices:
 
 Every call returns a ``Work`` whose future is already complete: the XLA computation is
 dispatched asynchronously on the device's queue, and every later op on the result waits
-for it there, as later kernels on a CUDA stream wait for an NCCL collective.
+for it there, as later kernels on a CUDA stream wait for an NCCL collective.  An XLA
+collective's ``wait()`` reads its cross-rank signature check (:meth:`ProcessGroupTPU._xla`,
+:class:`_CheckedWork`), so it waits for the collective.
 """
 
 from __future__ import annotations
