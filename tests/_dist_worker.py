@@ -234,6 +234,64 @@ def _():
     raise AssertionError("no error for different shapes across ranks")
 
 
+@check("shape_mismatch_seen_before")
+def _():
+    # both ranks have run all_reduce on [5] and on [6] before: the check still raises
+    a, b = torch.ones(5, device="tpu"), torch.ones(6, device="tpu")
+    dist.all_reduce(a)
+    dist.all_reduce(b)
+    try:
+        dist.all_reduce(a if RANK == 0 else b)
+    except ValueError as e:
+        msg = str(e)
+        for part in ("all_reduce", "rank 0", "[5]", "rank 1", "[6]"):
+            assert part in msg, msg
+    else:
+        raise AssertionError("no error for different shapes across ranks")
+    dist.all_reduce(a)  # the group still works
+    assert_same(a.cpu(), torch.full((5,), 2.0 * WORLD), "all_reduce after a mismatch")
+
+
+@check("collective_mismatch")
+def _():
+    # different collectives on the two ranks (same shape): named per rank
+    t = torch.ones(4, 2, device="tpu")
+    try:
+        if RANK == 0:
+            dist.broadcast(t, src=1)
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    except ValueError as e:
+        msg = str(e)
+        for part in ("rank 0: broadcast [4, 2] torch.float32, 1",
+                     "rank 1: all_reduce [4, 2] torch.float32, MAX"):
+            assert part in msg, msg
+    else:
+        raise AssertionError("no error for different collectives across ranks")
+
+
+@check("shape_mismatch_async")
+def _():
+    # async_op=True: the error comes from wait(); never waited for, from the next sync
+    a, b = torch.ones(7, device="tpu"), torch.ones(8, device="tpu")
+    dist.all_reduce(a)
+    dist.all_reduce(b)
+    work = dist.all_reduce(a if RANK == 0 else b, async_op=True)
+    try:
+        work.wait()
+    except ValueError as e:
+        assert "[7]" in str(e) and "[8]" in str(e), str(e)
+    else:
+        raise AssertionError("no error from wait() for different shapes across ranks")
+    dist.all_reduce(a if RANK == 0 else b, async_op=True)  # not waited for
+    try:
+        a.sum().item()
+    except ValueError as e:
+        assert "[7]" in str(e) and "[8]" in str(e) and "sync point" in str(e), str(e)
+    else:
+        raise AssertionError("no error at the next sync for different shapes across ranks")
+
+
 @check("metrics")
 def _():
     import torchtpu

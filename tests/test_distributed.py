@@ -109,6 +109,17 @@ def test_shape_mismatch_names_collective_shapes_and_ranks(ranks):
     _assert(ranks, "shape_mismatch")
 
 
+def test_mismatch_of_signatures_each_rank_ran_before(ranks):
+    # the check is in the collective's XLA program: it must catch shapes every rank
+    # has compiled before, and different collectives, and leave the group usable
+    _assert(ranks, "shape_mismatch_seen_before")
+    _assert(ranks, "collective_mismatch")
+
+
+def test_mismatch_with_async_op_raises_at_wait_or_next_sync(ranks):
+    _assert(ranks, "shape_mismatch_async")
+
+
 def test_new_group_subgroups(ranks):
     _assert(ranks, "new_group")
 
@@ -168,6 +179,38 @@ def test_killed_rank_raises_within_timeout():
     lines = [ln for ln in out0.splitlines() if ln.startswith(("ERROR after", "NO ERROR"))]
     assert lines and lines[0].startswith("ERROR after"), out0[-3000:]
     assert float(lines[0].split()[2]) < 10, lines[0]
+
+
+_EARLY_EXIT = r"""
+import datetime, sys, time, torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("tpu_dist", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=datetime.timedelta(seconds=10))
+x = torch.ones(3, device="tpu")
+dist.all_reduce(x)
+if rank == 0:
+    time.sleep(16)  # still working, longer than the timeout, after rank 1 has finished
+    print("rank 0 result", x.sum().item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_rank_that_finishes_early_does_not_abort_the_others():
+    # rank 1 ends its program while rank 0 still works: at exit JAX's shutdown barrier
+    # waits for rank 0 (it used to time out after the group's timeout and abort both)
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", _EARLY_EXIT, str(r), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("a rank hung at exit")
+    assert "rank 0 result 6.0" in outs[0], outs[0][-3000:]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
 
 
 def test_tpu_tensor_before_init_process_group_raises(tmp_path):

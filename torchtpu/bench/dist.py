@@ -161,7 +161,9 @@ def worker(argv) -> None:
             for backend, device in (("tpu_dist", "tpu"), ("tpu_dist_nocheck", "tpu"),
                                     ("gloo", "cpu")):
                 # tpu_dist_nocheck: without the cross-rank signature check
-                # (TORCHTPU_DIST_CHECK=0), which is one host rendezvous per call
+                # (TORCHTPU_DIST_CHECK=0): the bare XLA collective, dispatched without
+                # waiting (the check adds a small all-gather to the program, and a
+                # synchronous call then waits for the collective)
                 process_group._CHECK = backend != "tpu_dist_nocheck"
                 t = _time_collective(name, device, nbytes, world, iters)
                 res["collectives"].setdefault(name, {}).setdefault(str(nbytes), {})[backend] = t

@@ -118,6 +118,17 @@ def _restart_backend_or_raise(world_size: int) -> None:
     )
 
 
+def _set_collective_timeout(secs: int) -> None:
+    """Make XLA's CPU collectives give up after the group's ``timeout`` (a rank that
+    never calls the collective: the others' program fails after it, and the call raises
+    ``RuntimeError``), unless ``XLA_FLAGS`` already sets it.  XLA reads its flags once,
+    at its first compilation in the process, which comes after the bring-up (no tpu
+    tensor exists before it)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_collective_timeout_seconds" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_collective_timeout_seconds={secs}".strip()
+
+
 def _initialize(jax, store, rank: int, world_size: int, timeout) -> None:
     if rank == 0:
         host = _store_host(store) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
@@ -128,13 +139,18 @@ def _initialize(jax, store, rank: int, world_size: int, timeout) -> None:
         addr = store.get(_KEY).decode()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     secs = max(1, int(timeout.total_seconds()))
-    # JAX's defaults (100 s heartbeat, 300 s shutdown barrier) would keep a survivor of a
-    # dead rank alive, then abort it, minutes after the group's own timeout: use the
-    # group's timeout (at least 10 s, so a busy process's heartbeat thread is not missed).
+    _set_collective_timeout(secs)
+    # JAX's default heartbeat timeout (100 s) would keep a survivor of a dead rank alive,
+    # then abort it, minutes after the group's own timeout: use the group's timeout (at
+    # least 10 s, so a busy process's heartbeat thread is not missed).  The shutdown
+    # barrier (at exit every process waits for all the others) keeps at least JAX's
+    # default, 300 s: when it times out JAX aborts *every* process, so with the group's
+    # timeout a rank that finished early aborted the others while they still worked.  A
+    # dead rank does not hold it up: its heartbeat timeout ends the barrier.
     beat = min(max(10, secs), 100)
     jax.distributed.initialize(
         addr, num_processes=world_size, process_id=rank, initialization_timeout=secs,
-        heartbeat_timeout_seconds=beat, shutdown_timeout_seconds=min(max(10, secs), 300),
+        heartbeat_timeout_seconds=beat, shutdown_timeout_seconds=max(300, secs),
     )
     _state.update(world_size=world_size, rank=rank, coordinator=addr)
 

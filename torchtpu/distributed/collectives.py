@@ -109,6 +109,28 @@ def reduce_scatter_block(x, op: str, n: int):
     return lax.dynamic_slice_in_dim(full, lax.axis_index("r") * k, k, 0)
 
 
+def _body(kind: str, op: str | None, arg, n: int):
+    """The per-device function of collective ``kind`` (traced inside the ``shard_map``)."""
+    if kind == "allreduce":
+        return lambda x: _allreduce_block(x, op, n)
+    if kind == "broadcast":
+        return lambda x: broadcast_block(x, arg)
+    if kind == "allgather":  # (d0, ...) -> (n * d0, ...)
+        return allgather_block
+    if kind == "reduce_scatter":  # (n * k, ...) -> (k, ...)
+        return lambda x: reduce_scatter_block(x, op, n)
+    raise AssertionError(kind)
+
+
+def _block_shape(kind: str, shape: tuple, n: int) -> tuple:
+    """The shape of a rank's result block for an input block of ``shape``."""
+    if kind == "allgather":
+        return (n * shape[0],) + shape[1:]
+    if kind == "reduce_scatter":
+        return (shape[0] // n,) + shape[1:]
+    return shape
+
+
 @functools.lru_cache(maxsize=None)
 def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     """The jitted computation for one collective signature.  It takes and returns global
@@ -117,23 +139,39 @@ def _program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
     reshape dispatched on either side)."""
     jax = runtime.jax()
     P = jax.sharding.PartitionSpec
-    n = len(procs)
+    f = jax.shard_map(_body(kind, op, arg, len(procs)), mesh=mesh(procs), in_specs=P("r"),
+                      out_specs=P("r"))
+    return jax.jit(f)
 
-    if kind == "allreduce":
-        def body(x):
-            return _allreduce_block(x, op, n)
-    elif kind == "broadcast":
-        def body(x):
-            return broadcast_block(x, arg)
-    elif kind == "allgather":
-        def body(x):  # (d0, ...) -> (n * d0, ...)
-            return allgather_block(x)
-    elif kind == "reduce_scatter":
-        def body(x):  # (n * k, ...) -> (k, ...)
-            return reduce_scatter_block(x, op, n)
-    else:
-        raise AssertionError(kind)
-    f = jax.shard_map(body, mesh=mesh(procs), in_specs=P("r"), out_specs=P("r"))
+
+@functools.lru_cache(maxsize=None)
+def _checked_program(kind: str, procs: tuple, shape: tuple, dtype, op: str | None, arg):
+    """:func:`_program` with the cross-rank signature check inside: the program also takes
+    each rank's int32 signature row (block ``(1, L)``), all-gathers the rows first, and
+    runs the data collective only when every row equals rank 0's (``lax.cond``: every
+    rank sees the same gathered rows, so all take the same branch; otherwise no data
+    collective runs and each rank's result is zeros).  Ranks whose shapes differ run
+    different programs, but both start with the same all-gather of the rows and then
+    skip the data collective, so neither hangs.  Returns ``(result, rows, bad)``:
+    ``rows`` of shape ``(n, L)`` and ``bad`` (bool ``(1,)``: the rows differ) on every
+    rank."""
+    jax = runtime.jax()
+    jnp, lax = jax.numpy, jax.lax
+    P = jax.sharding.PartitionSpec
+    n = len(procs)
+    inner = _body(kind, op, arg, n)
+    out_shape = _block_shape(kind, shape, n)
+
+    def body(x, sig):
+        rows = lax.all_gather(sig, "r", tiled=True)  # (n, L)
+        same = jnp.all(rows == rows[0])
+        # (zeros rather than ``x`` on the skipped branch: returning the operand costs XLA
+        # one more copy of it on every call, measured)
+        res = lax.cond(same, inner, lambda x: jnp.zeros(out_shape, x.dtype), x)
+        return res, rows, jnp.logical_not(same).reshape(1)
+
+    f = jax.shard_map(body, mesh=mesh(procs), in_specs=(P("r"), P("r")),
+                      out_specs=(P("r"), P("r"), P("r")), check_vma=False)
     return jax.jit(f)
 
 
@@ -163,8 +201,46 @@ def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
     return f(make(gshape, sharding, [arr])).addressable_data(0)
 
 
+_CHECKED: dict = {}  # same, for _checked_program
+
+
+def run_checked(kind: str, procs: tuple, arr, sig, op: str | None = None, arg=None):
+    """:func:`run` with the signature check in the same XLA program.
+
+    ``sig``: this rank's signature as a global int32 array of shape ``(n, L)`` (its block
+    ``(1, L)`` on this process's device, :func:`signature_array`).  Returns ``(result,
+    rows, bad)``: this process's result (when the rows differ no data collective ran:
+    see :func:`_checked_program`), the ``(n, L)`` rows of every rank and the
+    bool ``(1,)`` flag "the rows differ" (JAX arrays, not waited for)."""
+    shape = arr.shape
+    key = (kind, procs, shape, arr.dtype, op, arg)
+    ent = _CHECKED.get(key)
+    if ent is None:
+        jax = runtime.jax()
+        shape = tuple(shape)
+        f = _checked_program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
+        sharding = jax.sharding.NamedSharding(mesh(procs), jax.sharding.PartitionSpec("r"))
+        ent = _CHECKED[key] = (f, sharding, (len(procs) * shape[0],) + shape[1:],
+                               jax.make_array_from_single_device_arrays)
+    f, sharding, gshape, make = ent
+    out, rows, bad = f(make(gshape, sharding, [arr]), sig)
+    return out.addressable_data(0), rows.addressable_data(0), bad.addressable_data(0)
+
+
+def signature_array(procs: tuple, row, device):
+    """The global ``(n, L)`` int32 array whose block on this process is ``row`` (a numpy
+    int32 vector of length ``L``) on ``device``, for :func:`run_checked`."""
+    jax = runtime.jax()
+    local = jax.device_put(np.asarray(row, np.int32).reshape(1, -1), device)
+    sharding = jax.sharding.NamedSharding(mesh(procs), jax.sharding.PartitionSpec("r"))
+    return jax.make_array_from_single_device_arrays((len(procs), local.shape[1]), sharding,
+                                                    [local])
+
+
 def clear_caches() -> None:
     """Forget meshes and programs (the ranks' devices changed: a new default group)."""
     mesh.cache_clear()
     _program.cache_clear()
     _RUNS.clear()
+    _checked_program.cache_clear()
+    _CHECKED.clear()

@@ -17,7 +17,9 @@ devices:
 
 Every call returns a ``Work`` whose future is already complete: the XLA computation is
 dispatched asynchronously on the device's queue, and every later op on the result waits
-for it there, as later kernels on a CUDA stream wait for an NCCL collective.
+for it there, as later kernels on a CUDA stream wait for an NCCL collective.  An XLA
+collective's ``wait()`` reads its cross-rank signature check (:meth:`ProcessGroupTPU._xla`,
+:class:`_CheckedWork`), so it waits for the collective.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import datetime
 import os
 import zlib
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -42,6 +46,57 @@ def _completed(result) -> dist.Work:
     fut = torch.futures.Future()
     fut.set_result(result)
     return _create_work_from_future(fut)
+
+
+def _failed(name: str, e: Exception) -> RuntimeError:
+    """The error for an XLA collective that failed in the runtime (e.g. a rank died:
+    XLA's gloo reports the closed connection), as c10d's backends raise it."""
+    return RuntimeError(f"tpu_dist {name}: the XLA collective failed: {e}")
+
+
+class _CheckedWork(dist._Work):
+    """The work of XLA collectives whose cross-rank signature check (part of their XLA
+    program, :meth:`ProcessGroupTPU._xla`) is still to be read: ``wait()`` reads the
+    programs' "signatures differ" flags (so it waits for the collectives) and raises the
+    mismatch ``ValueError``, so a synchronous ``dist.all_reduce`` raises in the call;
+    ``get_future()`` returns a completed future without waiting (DDP's reducer, which
+    only chains on the future, keeps the device queue running ahead).  Each flag is also
+    queued as a device-side check, so a mismatch is raised at the next sync point even
+    when the work is never waited for."""
+
+    def __init__(self, result, checks):
+        super().__init__()
+        self._result = result
+        self._checks = checks  # [(bad flag, message, (tensor, old array) or None)]
+
+    def wait(self, timeout=None):
+        from torchtpu.eager import executor
+
+        checks, self._checks = self._checks, []
+        for bad, msg, _ in checks:
+            try:
+                differ = bool(np.asarray(bad)[0])
+            except (RuntimeError, ValueError) as e:
+                raise _failed(msg.name, e) from e
+            pending = executor.PENDING_CHECKS  # verified here: not again at the next sync
+            for i in range(len(pending) - 1, -1, -1):
+                if pending[i][0] is bad:
+                    del pending[i]
+                    break
+            if differ:
+                for _, _, u in checks:
+                    if u is not None:
+                        _write(*u)  # the tensors as they were before the call
+                raise ValueError(str(msg))
+        return True
+
+    def is_completed(self):
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
 
 
 class _HostWork(dist._Work):
@@ -132,12 +187,50 @@ def _write(t: torch.Tensor, arr) -> None:
         t.copy_(src if src.shape == t.shape else src.view(t.shape))
 
 
-_SIG_LEN = 12  # name, dtype, ndim, up to 8 dims, extra
 _CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "off", "false")
 
 
 def _code(x) -> int:
-    return zlib.crc32(str(x).encode())
+    return zlib.crc32(str(x).encode()) & 0x7FFFFFFF  # fits an int32
+
+
+# what a signature row's codes can stand for, to name them in the mismatch error
+_NAMES = ("all_reduce", "all_reduce_coalesced", "broadcast", "all_gather",
+          "all_gather_into_tensor", "all_gather_into_tensor_coalesced", "reduce_scatter",
+          "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced")
+_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+
+
+class _Mismatch:
+    """The message of a signature mismatch, decoded from the gathered rows when it is
+    needed (``str()``): each rank's collective, shape, dtype and reduce op / root, e.g.
+    ``tpu_dist all_reduce: ranks called collectives with different tensors: rank 0:
+    all_reduce [3] torch.float32, SUM; rank 1: all_reduce [4] torch.float32, SUM``."""
+
+    def __init__(self, pg, name: str, rows):
+        self.pg, self.name, self.rows = pg, name, rows
+
+    def __str__(self) -> str:
+        rows = np.asarray(self.rows)
+        names = {_code(n): n for n in _NAMES}
+        dtypes = {_code(d): str(d) for d in vars(torch).values()
+                  if isinstance(d, torch.dtype)}
+        extras = {_code(e): str(e) for e in _OPS + tuple(range(self.pg._size))}
+        parts = []
+        for r, row in enumerate(rows.tolist()):
+            ndim = row[2]
+            dims = ["?" if d == -2 else str(d) for d in row[3:3 + min(ndim, 8)]]
+            if ndim > 8:
+                dims.append("...")
+            ex = extras.get(row[11], "?")
+            extra_s = f", {ex}" if ex != "0" else ""
+            parts.append(f"rank {self.pg._procs[r]}: {names.get(row[0], '?')} "
+                         f"[{', '.join(dims)}] {dtypes.get(row[1], '?')}{extra_s}")
+        return (f"tpu_dist {self.name}: ranks called collectives with different tensors: "
+                + "; ".join(parts))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 class ProcessGroupTPU(dist.ProcessGroup):
@@ -158,8 +251,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._size = size
         self._procs = tuple(global_ranks)
         self._timeout = timeout
-        self._sigs: dict = {}  # signature tensors of _check, by (name, shape, dtype, extra)
-        self._sig_buf = torch.empty(size * _SIG_LEN, dtype=torch.int64)
+        self._sigs: dict = {}  # signature arrays of _xla's check, by signature
+        self._unverified: list = []  # checks of _xla calls not yet given to a work
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size,
                                            timeout)
         # PyTorch asks the group for its per-device C++ backend in a few places
@@ -254,48 +347,69 @@ class ProcessGroupTPU(dist.ProcessGroup):
             "one device type (tpu or cpu)"
         )
 
-    def _check(self, name: str, t: torch.Tensor, extra=0) -> None:
-        """Verify that every rank calls collective ``name`` with the same shape, dtype
-        and ``extra`` (reduce op / root) before the XLA computation runs: with different
+    def _xla(self, name: str, kind: str, t: torch.Tensor, arr, op=None, arg=None, extra=0):
+        """Run XLA collective ``kind`` on this rank's JAX array ``arr`` and return this
+        rank's result, checking that every rank called collective ``name`` with the same
+        shape and dtype of ``t`` and the same ``extra`` (reduce op / root): with different
         shapes the ranks would run different XLA programs, and the collective would hang
-        or return garbage.  One small gloo all-gather of a signature (disable with
-        ``TORCHTPU_DIST_CHECK=0``).
+        or return garbage.
+
+        The check is part of the collective's own XLA program
+        (:func:`torchtpu.distributed.collectives.run_checked`): the program all-gathers a
+        13-integer signature row from every rank and runs the data collective only when
+        all rows are equal (every rank takes the same branch, so a mismatch never hangs;
+        the skipped collective's result is zeros; ``wait()`` puts back the values an
+        all-reduce or broadcast overwrote, an all-gather or reduce-scatter output holds
+        zeros).  No host rendezvous: the program's
+        "rows differ" flag is read by the returned work's ``wait()`` (:class:`_CheckedWork`,
+        :meth:`_done`; a synchronous ``dist.all_reduce`` waits, so it raises in the call)
+        and is also queued as a device-side check (``executor.report_device_checks``),
+        raised at the next sync point (``.cpu()``, ``.item()``,
+        ``torch.tpu.synchronize()``) if no ``wait()`` came first.
+
+        ``TORCHTPU_DIST_CHECK=0`` runs the bare collective (no check).
 
         Raises:
-            ValueError: naming the collective and each rank's shape and dtype.
+            ValueError: naming the collective and each rank's collective, shape, dtype and
+                reduce op / root (every rank raises, at ``wait()`` or at its next sync).
         """
-        if not _CHECK or self._size == 1:
-            return
-        shape = tuple(t.shape)
-        key = (name, shape, t.dtype, extra)
-        mine = self._sigs.get(key)
-        if mine is None:
-            sig = [_code(name), _code(t.dtype), len(shape)] + list(shape[:8])
-            sig += [-1] * (_SIG_LEN - 1 - len(sig)) + [_code(extra)]
-            mine = self._sigs[key] = torch.tensor(sig, dtype=torch.int64)
-        self._gloo._allgather_base(self._sig_buf, mine).wait()
-        if bool((self._sig_buf.view(self._size, _SIG_LEN) == mine).all()):
-            return
-        # each rank's shape and dtype, for the message
-        import pickle
+        try:
+            if not _CHECK or self._size == 1:
+                return collectives.run(kind, self._procs, arr, op, arg)
+            key = (name, t.shape, t.dtype, extra)
+            sig = self._sigs.get(key)
+            if sig is None:
+                sig = self._sigs[key] = self._signature(name, t, extra, arr)
+            out, rows, bad = collectives.run_checked(kind, self._procs, arr, sig, op, arg)
+        except (RuntimeError, ValueError) as e:
+            raise _failed(name, e) from e
+        from torchtpu.eager import executor
 
-        desc = pickle.dumps((name, shape, str(t.dtype), str(extra)))
-        lens = torch.tensor([len(desc)], dtype=torch.int64)
-        all_lens = [torch.empty_like(lens) for _ in range(self._size)]
-        self._gloo.allgather([all_lens], [lens]).wait()
-        width = int(max(x.item() for x in all_lens))
-        buf = torch.zeros(width, dtype=torch.uint8)
-        buf[: len(desc)] = torch.frombuffer(bytearray(desc), dtype=torch.uint8)
-        bufs = [torch.empty_like(buf) for _ in range(self._size)]
-        self._gloo.allgather([bufs], [buf]).wait()
-        parts = []
-        for r, (b, n) in enumerate(zip(bufs, all_lens)):
-            nm, shp, dt, ex = pickle.loads(bytes(b[: int(n.item())].tolist()))
-            extra_s = f", {ex}" if ex != "0" else ""
-            parts.append(f"rank {self._procs[r]}: {nm} {list(shp)} {dt}{extra_s}")
-        raise ValueError(
-            f"tpu_dist {name}: ranks called collectives with different tensors: "
-            + "; ".join(parts))
+        msg = _Mismatch(self, name, rows)
+        executor.report_device_checks(bad, [(ValueError, msg)], f"tpu_dist {name}")
+        # all_reduce / broadcast write their result into ``t``: on a mismatch, wait()
+        # puts its old values back
+        undo = (t, arr) if kind in ("allreduce", "broadcast") else None
+        self._unverified.append((bad, msg, undo))
+        return out
+
+    def _done(self, result) -> dist.Work:
+        """The work of the XLA collectives just dispatched (their checks: ``_xla``)."""
+        if not self._unverified:
+            return _completed(result)
+        checks, self._unverified = self._unverified, []
+        return _CheckedWork(result, checks)
+
+    def _signature(self, name: str, t: torch.Tensor, extra, arr):
+        """This rank's signature row for collective ``name`` on ``t`` (collective, dtype,
+        rank, 8 dims, reduce op / root, whole shape; int32), as the global array
+        :func:`~torchtpu.distributed.collectives.run_checked` takes."""
+        shape = tuple(t.shape)
+        row = [_code(name), _code(t.dtype), len(shape)]
+        row += [d if d < 2 ** 31 else -2 for d in shape[:8]]
+        row += [-1] * (3 + 8 - len(row)) + [_code(extra), _code(shape)]
+        return collectives.signature_array(self._procs, np.array(row, dtype=np.int32),
+                                           arr.device)
 
     def _count(self, path: str, name: str) -> None:
         M.collectives[(path, name)] += 1
@@ -356,20 +470,19 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._cpu(name, tensors, opts)
         op = self._op_name(opts)
         for t in tensors:
-            self._check(public, t, op)
             self._count("xla", name)
-            _write(t, collectives.run("allreduce", self._procs, _array(t), op))
-        return _completed(list(tensors))
+            _write(t, self._xla(public, "allreduce", t, _array(t), op, extra=op))
+        return self._done(list(tensors))
 
     def broadcast(self, tensors, opts=None):
         opts = opts or _c10d.BroadcastOptions()
         if self._route("broadcast", tensors) == "cpu":
             return self._cpu("broadcast", tensors, opts)
         for t in tensors:
-            self._check("broadcast", t, opts.rootRank)
             self._count("xla", "broadcast")
-            _write(t, collectives.run("broadcast", self._procs, _array(t), arg=opts.rootRank))
-        return _completed(list(tensors))
+            _write(t, self._xla("broadcast", "broadcast", t, _array(t), arg=opts.rootRank,
+                                extra=opts.rootRank))
+        return self._done(list(tensors))
 
     def _gather_into(self, name, output, input):
         """all_gather_into_tensor: ``output`` is ``(n * d0, ...)`` or ``(n, *input.shape)``."""
@@ -380,22 +493,21 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"{output.dtype} must hold {n} x the input of shape {tuple(input.shape)} and "
                 f"dtype {input.dtype}"
             )
-        self._check(name, input)
         self._count("xla", name)
-        _write(output, collectives.run("allgather", self._procs, _array(input)))
+        _write(output, self._xla(name, "allgather", input, _array(input)))
 
     def _allgather_base(self, output, input, opts=None):
         if self._route("_allgather_base", [output, input]) == "cpu":
             return self._cpu("_allgather_base", output, input, opts or _c10d.AllgatherOptions())
         self._gather_into("all_gather_into_tensor", output, input)
-        return _completed([output])
+        return self._done([output])
 
     def all_gather_single(self, output, input, opts=None):
         if self._route("all_gather_single", [output, input]) == "cpu":
             return self._cpu("_allgather_base", output, input,
                              opts or _c10d.AllgatherOptions())
         self._gather_into("all_gather_into_tensor", output, input)
-        return _completed([output])
+        return self._done([output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         if self._route("all_gather_single_coalesced", list(outputs) + list(inputs)) == "cpu":
@@ -403,7 +515,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                                   opts or _c10d.AllgatherOptions())
         for o, i in zip(outputs, inputs):
             self._gather_into("all_gather_into_tensor_coalesced", o, i)
-        return _completed(list(outputs))
+        return self._done(list(outputs))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self.all_gather_single_coalesced(outputs, inputs, opts)
@@ -424,14 +536,13 @@ class ProcessGroupTPU(dist.ProcessGroup):
                         f"tpu_dist all_gather: output tensors must match the input's shape "
                         f"{tuple(inp.shape)} and dtype {inp.dtype}, got {tuple(o.shape)} "
                         f"and {o.dtype}")
-            self._check("all_gather", inp)
             self._count("xla", "allgather")
-            g = storage.wrap(collectives.run("allgather", self._procs, _array(inp)),
+            g = storage.wrap(self._xla("all_gather", "allgather", inp, _array(inp)),
                              inp.device.index or 0, inp.dtype).view((n,) + tuple(inp.shape))
             with torch.no_grad():
                 for i, o in enumerate(outs):
                     o.copy_(g[i])
-        return _completed(output_tensors)
+        return self._done(output_tensors)
 
     def _scatter_into(self, name, output, input, op):
         n = self._size
@@ -441,18 +552,16 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 f"tpu_dist {name}: input tensor of shape {tuple(input.shape)} and dtype "
                 f"{input.dtype} must hold {n} x the output of shape {tuple(output.shape)} "
                 f"and dtype {output.dtype}")
-        self._check(name, input, op)
         self._count("xla", name)
-        if input.dim() == 0 or input.shape[0] % n:
-            input = input.reshape(-1)  # (n * k,)
-        _write(output, collectives.run("reduce_scatter", self._procs, _array(input), op))
+        flat = input.reshape(-1) if input.shape[0] % n else input  # (n * k,)
+        _write(output, self._xla(name, "reduce_scatter", input, _array(flat), op, extra=op))
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or _c10d.ReduceScatterOptions()
         if self._route("reduce_scatter_single", [output, input]) == "cpu":
             return self._cpu("_reduce_scatter_base", output, input, opts)
         self._scatter_into("reduce_scatter_tensor", output, input, self._op_name(opts))
-        return _completed([output])
+        return self._done([output])
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self.reduce_scatter_single(output, input, opts)
@@ -464,7 +573,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         op = self._op_name(opts)
         for o, i in zip(outputs, inputs):
             self._scatter_into("reduce_scatter_tensor_coalesced", o, i, op)
-        return _completed(list(outputs))
+        return self._done(list(outputs))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
@@ -482,11 +591,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
                     f"tpu_dist reduce_scatter: input_list must hold {n} tensors of the "
                     f"output's shape {tuple(out.shape)} and dtype {out.dtype}, got "
                     f"{[(tuple(i.shape), i.dtype) for i in ins]}")
-            self._check("reduce_scatter", out, op)
             self._count("xla", "reduce_scatter")
             stacked = torch.stack([i.reshape(-1) for i in ins]).reshape(-1)
-            _write(out, collectives.run("reduce_scatter", self._procs, _array(stacked), op))
-        return _completed(list(output_tensors))
+            _write(out, self._xla("reduce_scatter", "reduce_scatter", out, _array(stacked),
+                                  op, extra=op))
+        return self._done(list(output_tensors))
 
     def barrier(self, opts=None):
         """All ranks reach this point: a 1-element all-reduce on the device, waited for
