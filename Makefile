@@ -25,11 +25,17 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m torchtpu.demo $(ARGS)
 
+# Test files run in parallel, a file per worker process (pytest-xdist, `--dist loadfile`):
+# one worker per CPU core, at most 4 (each holds its own JAX runtime and executables).
+# `make test JOBS=0` runs them in this process, one after the other.
+JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+XDIST := $(if $(filter 0 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
+
 test: setup
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests $(XDIST) $(ARGS)
 
 test-full: setup
-	TORCHTPU_FULL_OPINFO=1 TORCHTPU_FULL_TESTS=1 $(PY) -m pytest tests $(ARGS)
+	TORCHTPU_FULL_OPINFO=1 TORCHTPU_FULL_TESTS=1 $(PY) -m pytest tests $(XDIST) $(ARGS)
 
 # PyTorch's own device-generic test files (../shared/torch_tests) on tpu, against
 # tests/torch_upstream/expected_failures.txt (~40 min on 2 cores; `make test` runs only
