@@ -444,3 +444,91 @@ def test_half_precision_scatter_sums_and_products_round_once_as_cpu(dtype):
     }
     for name, f in cases.items():
         assert torch.equal(f("tpu").cpu(), f("cpu")), name
+
+
+# ------------------------------------------------------------------ test_unary_ufuncs.py
+
+
+def _bitwise_same(t, c):
+    """CPU's infinities, NaNs and zeros (with their signs) exactly; finite values within
+    float tolerance."""
+    t = t.cpu()
+    assert t.dtype == c.dtype
+    special = ~c.isfinite() | (c == 0)
+    same = (t == c) | (t.isnan() & c.isnan())
+    same &= (c != 0) | (t.signbit() == c.signbit())
+    assert bool(same[special].all()), (t[special & ~same], c[special & ~same])
+    torch.testing.assert_close(t[~special], c[~special])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_digamma_of_signed_zero_as_cpu(dtype):
+    """CPU's digamma(+-0) is copysign(inf, -x): -inf at +0, +inf at -0 (tpu gave -inf
+    for both)."""
+    x = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, -2.5], dtype=dtype)
+    for f in (torch.digamma, lambda v: torch.polygamma(0, v), torch.special.psi):
+        _bitwise_same(f(x.to("tpu")), f(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_igamma_igammac_edge_values_as_cpu(dtype):
+    """igamma(0, x > 0) is 1, igamma(inf, finite x) 0, igamma(inf, inf) NaN (and the
+    complements for igammac), as CPU's calc_igamma; tpu gave NaN, NaN and 1."""
+    v = torch.tensor([0.0, 1e-3, 1.0, 1e3, float("inf"), -1.0, float("nan")], dtype=dtype)
+    a, x = torch.meshgrid(v, v, indexing="ij")
+    for f in (torch.igamma, torch.igammac):
+        c, t = f(a, x), f(a.to("tpu"), x.to("tpu")).cpu()
+        special = (a == 0) | (x == 0) | a.isinf() | x.isinf() | (a < 0) | (x < 0)
+        _bitwise_same(t[special], c[special])
+        torch.testing.assert_close(t, c, equal_nan=True)
+
+
+def test_igamma_float32_within_float32_tolerance_of_cpu():
+    """float32 igamma/igammac near a ~ x ~ 45 were up to 1.5e-5 off CPU's (past
+    assert_close's float32 atol 1e-5 + rtol 1.3e-6)."""
+    v = torch.logspace(-4, 4, steps=500, base=2.71828182846, dtype=torch.float64)
+    a = v.unsqueeze(-1).float()
+    for f in (torch.igamma, torch.igammac):
+        torch.testing.assert_close(f(a.to("tpu"), a.T.to("tpu")).cpu(), f(a, a.T))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_exp_special_values_as_cpu(dtype):
+    """exp(inf + inf j) and exp(inf + nan j) are inf + nan j, exp(-inf + inf j) is 0 + 0j,
+    exp(nan + 0j) is nan + 0j (C99 cexp, CPU's std::exp, NumPy); tpu gave nan + nan j
+    for the first two."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, -0.0, 1.0, -1.0, 2.0, inf, -inf, nan]
+    x = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    c, t = torch.exp(x), torch.exp(x.to("tpu")).cpu()
+    # the special values exactly, the finite ones within float tolerance
+    finite = c.real.isfinite() & c.imag.isfinite()
+    _bitwise_same(t.real[~finite], c.real[~finite])
+    _bitwise_same(t.imag[~finite & ~c.imag.isnan()], c.imag[~finite & ~c.imag.isnan()])
+    assert bool(t.imag[c.imag.isnan()].isnan().all())
+    torch.testing.assert_close(t[finite], c[finite])
+
+
+def test_frexp_out_of_wrong_dtype_raises_as_cpu():
+    """frexp(x, out=(m, e)) with m not of x's dtype or e not int32: CPU raises; tpu cast
+    the results into them."""
+    x = torch.randn(5)
+    for md, ed in ((torch.float64, torch.int32), (torch.float32, torch.int64),
+                   (torch.float32, torch.float32)):
+        _same_error(lambda d: torch.frexp(
+            x.to(d), out=(torch.empty(5, dtype=md, device=d), torch.empty(5, dtype=ed, device=d))))
+
+
+def test_abs_of_complex_into_complex_out_as_cpu():
+    """abs(complex, out=<complex>) writes |z| + 0j on CPU; tpu raised the reference's
+    "Expected out tensor to have dtype float"."""
+    z = torch.tensor([1 + 2j, -3 + 0.5j, 0j])
+
+    def run(d):
+        out = torch.empty(3, dtype=torch.complex64, device=d)
+        torch.abs(z.to(d), out=out)
+        return (out,)
+
+    _same_values(run)
+    with pytest.raises(RuntimeError):  # a long out stays an error, as on CPU
+        torch.abs(z.to("tpu"), out=torch.empty(3, dtype=torch.long, device="tpu"))

@@ -417,7 +417,7 @@ def logical_not(x):
 
 # ------------------------------------------------------------------ unary math
 _U = [
-    (aten.exp.default, lambda x: jnp().exp(x)),
+    (aten.exp.default, lambda x: _exp(x)),
     (aten.exp2.default, lambda x: jnp().exp2(x)),
     (aten.expm1.default, lambda x: jnp().expm1(x)),
     (aten.log.default, lambda x: jnp().log(x)),
@@ -476,8 +476,30 @@ def runtime_nn():
 def _digamma(x):
     j = jnp()
     r = lax().digamma(x)
-    # PyTorch: digamma(0) = -inf (for +0 and -0 alike)
-    return j.where(x == 0, -j.inf, r)
+    # PyTorch's calc_digamma: digamma(+-0) = copysign(inf, -x) (-inf at +0, +inf at -0)
+    return j.where(x == 0, j.copysign(j.inf, -x).astype(x.dtype), r)
+
+
+def _exp(x):
+    """``exp``; complex ``x = a + bj`` takes C99 ``cexp``'s special values, as CPU's
+    ``std::exp`` (and NumPy) do where XLA gives NaN + NaNj: ``b == 0`` -> ``exp(a) + bj``
+    (``exp(nan + 0j) = nan + 0j``), ``a = +inf`` with ``b`` inf or NaN -> ``inf + nanj``,
+    ``a = -inf`` with ``b`` inf or NaN -> ``0 + copysign(0, b)j``."""
+    j = jnp()
+    r = j.exp(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    e = j.exp(a)
+    bad_b = ~j.isfinite(b)
+    zero = j.zeros_like(a)
+    re = j.where(b == 0, e, j.real(r))
+    im = j.where(b == 0, b, j.imag(r))
+    re = j.where((a == j.inf) & bad_b, j.inf, re)
+    im = j.where((a == j.inf) & bad_b, j.nan, im)
+    re = j.where((a == -j.inf) & bad_b, zero, re)
+    im = j.where((a == -j.inf) & bad_b, j.copysign(zero, b), im)
+    return lax().complex(re, im)
 
 
 _UI = [  # same dtype in, same dtype out
