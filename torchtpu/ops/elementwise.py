@@ -418,20 +418,20 @@ def logical_not(x):
 # ------------------------------------------------------------------ unary math
 _U = [
     (aten.exp.default, lambda x: _exp(x)),
-    (aten.exp2.default, lambda x: jnp().exp2(x)),
+    (aten.exp2.default, lambda x: _exp2(x)),
     (aten.expm1.default, lambda x: jnp().expm1(x)),
     (aten.log.default, lambda x: jnp().log(x)),
     (aten.log2.default, lambda x: jnp().log2(x)),
     (aten.log10.default, lambda x: jnp().log10(x)),
     (aten.log1p.default, lambda x: jnp().log1p(x)),
-    (aten.sqrt.default, lambda x: jnp().sqrt(x)),
+    (aten.sqrt.default, lambda x: _sqrt(x)),
     (aten.rsqrt.default, lambda x: lax().rsqrt(x)),
     (aten.sin.default, lambda x: jnp().sin(x)),
     (aten.cos.default, lambda x: jnp().cos(x)),
-    (aten.tan.default, lambda x: jnp().tan(x)),
+    (aten.tan.default, lambda x: _tan(x)),
     (aten.asin.default, lambda x: jnp().arcsin(x)),
     (aten.acos.default, lambda x: jnp().arccos(x)),
-    (aten.atan.default, lambda x: jnp().arctan(x)),
+    (aten.atan.default, lambda x: _atan(x)),
     (aten.sinh.default, lambda x: jnp().sinh(x)),
     (aten.cosh.default, lambda x: jnp().cosh(x)),
     (aten.tanh.default, lambda x: jnp().tanh(x)),
@@ -502,9 +502,82 @@ def _exp(x):
     return lax().complex(re, im)
 
 
+# Complex special values (infinities, NaN) where XLA's complex functions give NaN + NaNj
+# and CPU's (std:: complex functions, C99 Annex G, as NumPy) do not.
+
+
+def _abs(x):
+    """``|x|``; complex: ``hypot``'s rule, inf when either part is infinite (even with a
+    NaN in the other)."""
+    j = jnp()
+    r = j.abs(x)
+    if not j.iscomplexobj(x):
+        return r
+    return j.where(j.isinf(j.real(x)) | j.isinf(j.imag(x)), j.inf, r).astype(r.dtype)
+
+
+def _sqrt(x):
+    """``sqrt``; complex ``a + bj`` as C99 ``csqrt``: ``b`` infinite -> ``inf + bj`` (any
+    ``a``), ``a = +inf, b = nan`` -> ``inf + nanj``, ``a = -inf, b = nan`` -> ``nan + infj``."""
+    j = jnp()
+    r = j.sqrt(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    re, im = j.real(r), j.imag(r)
+    nb = j.isnan(b)
+    re = j.where((a == j.inf) & nb, j.inf, j.where((a == -j.inf) & nb, j.nan, re))
+    im = j.where((a == -j.inf) & nb, j.inf, im)
+    re = j.where(j.isinf(b), j.inf, re)
+    im = j.where(j.isinf(b), b, im)
+    return lax().complex(re, im)
+
+
+def _exp2(x):
+    """``2 ** x``; complex as ``exp(x * ln 2)`` with ``ln 2`` real (componentwise, so
+    ``exp2(inf + 0j) = inf + 0j``) and :func:`_exp`'s special values."""
+    j = jnp()
+    if not j.iscomplexobj(x):
+        return j.exp2(x)
+    ln2 = math.log(2.0)
+    return _exp(lax().complex(j.real(x) * ln2, j.imag(x) * ln2))
+
+
+def _tan(x):
+    """``tan``; complex ``a + 0j`` with ``a`` inf or NaN is ``nan + 0j`` (``ctan``)."""
+    j = jnp()
+    r = j.tan(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    flat = (b == 0) & ~j.isfinite(a)
+    return lax().complex(j.where(flat, j.nan, j.real(r)), j.where(flat, b, j.imag(r)))
+
+
+def _atan(x):
+    """``atan``; complex with a NaN part as C99 ``catan``: ``nan + bj`` -> ``nan + 0j``
+    for ``b = +-0``, ``nan +- 0j`` for ``b = +-inf``, else ``nan + nanj``; ``a + nanj``
+    with ``a`` finite -> ``nan + nanj`` (XLA gave +-pi/2 for the real part)."""
+    j = jnp()
+    r = j.arctan(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    re, im = j.real(r), j.imag(r)
+    zero = j.zeros_like(b)
+    na = j.isnan(a)
+    im_na = j.where(b == 0, b, j.where(j.isinf(b), j.copysign(zero, b), j.nan))
+    re = j.where(na, j.nan, re)
+    im = j.where(na, im_na, im)
+    nb = j.isnan(b) & j.isfinite(a)
+    re = j.where(nb, j.nan, re)
+    im = j.where(nb, j.nan, im)
+    return lax().complex(re, im)
+
+
 _UI = [  # same dtype in, same dtype out
     (aten.neg.default, lambda x: -x),
-    (aten.abs.default, lambda x: jnp().abs(x)),
+    (aten.abs.default, lambda x: _abs(x)),
     (aten.sign.default, lambda x: _sign(x)),
     (aten.floor.default, lambda x: jnp().floor(x) if _isfloat(x) else x),
     (aten.ceil.default, lambda x: jnp().ceil(x) if _isfloat(x) else x),
