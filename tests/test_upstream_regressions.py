@@ -454,7 +454,7 @@ def _bitwise_same(t, c, zero_sign=True):
     exactly; finite values within float tolerance."""
     t = t.cpu()
     assert t.dtype == c.dtype
-    special = ~c.isfinite() | (c == 0)
+    special = ~c.isfinite() | ((c == 0) if zero_sign else False)
     same = (t == c) | (t.isnan() & c.isnan())
     if zero_sign:
         same &= (c != 0) | (t.signbit() == c.signbit())
@@ -553,3 +553,21 @@ def test_complex_unary_special_values_as_cpu(fn, dtype):
         _bitwise_same(t.imag, c.imag, zero_sign=False)
     else:
         _bitwise_same(t, c, zero_sign=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt", "sigmoid", "log", "asin", "acos", "atan",
+                                  "asinh", "acosh", "atanh"])
+def test_complex_branch_cuts_and_special_values_as_cpu(name, dtype):
+    """On a branch cut the sign of a zero part picks the side (C99, CPU, NumPy):
+    sqrt(-1 - 0j) = -1j, asinh(-0 - 3j) = -1.81 - 1.57j, acosh(-1 - 0j) = -pi j; XLA
+    ignored it (+1j, +1.81, +pi j).  Also the NaN/inf cases: sigmoid(-inf + 1j) and
+    rsqrt(infj) are NaN + NaNj (CPU's complex division), log(inf + nanj) = inf + nanj,
+    atanh(nanj) = 0 + nanj, acos(0 + nanj) = pi/2 + nanj."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 0.5, -0.5, inf, -inf, nan, 1e20, -1e20]
+    x = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    fn = getattr(torch, name)
+    c, t = fn(x), fn(x.to("tpu")).cpu()
+    _bitwise_same(t.real, c.real, zero_sign=False)
+    _bitwise_same(t.imag, c.imag, zero_sign=False)
