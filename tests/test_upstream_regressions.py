@@ -466,3 +466,130 @@ def test_half_precision_index_add_rounds_as_cpu(dtype, eager_mode):
                 want = x.index_add(dim, idx, src, alpha=alpha)
                 got = x.to("tpu").index_add(dim, idx.to("tpu"), src.to("tpu"), alpha=alpha)
                 assert torch.equal(got.cpu(), want), (shape, dim, idx_dtype, alpha)
+
+
+# ------------------------------------------------------------------ test_unary_ufuncs.py
+
+
+def _bitwise_same(t, c, zero_sign=True):
+    """CPU's infinities, NaNs and zeros (with their signs unless ``zero_sign=False``)
+    exactly; finite values within float tolerance."""
+    t = t.cpu()
+    assert t.dtype == c.dtype
+    special = ~c.isfinite() | ((c == 0) if zero_sign else False)
+    same = (t == c) | (t.isnan() & c.isnan())
+    if zero_sign:
+        same &= (c != 0) | (t.signbit() == c.signbit())
+    assert bool(same[special].all()), (t[special & ~same], c[special & ~same])
+    torch.testing.assert_close(t[~special], c[~special])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_digamma_of_signed_zero_as_cpu(dtype):
+    """CPU's digamma(+-0) is copysign(inf, -x): -inf at +0, +inf at -0 (tpu gave -inf
+    for both)."""
+    x = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, -0.5, -2.5], dtype=dtype)
+    for f in (torch.digamma, lambda v: torch.polygamma(0, v), torch.special.psi):
+        _bitwise_same(f(x.to("tpu")), f(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_igamma_igammac_edge_values_as_cpu(dtype):
+    """igamma(0, x > 0) is 1, igamma(inf, finite x) 0, igamma(inf, inf) NaN (and the
+    complements for igammac), as CPU's calc_igamma; tpu gave NaN, NaN and 1."""
+    v = torch.tensor([0.0, 1e-3, 1.0, 1e3, float("inf"), -1.0, float("nan")], dtype=dtype)
+    a, x = torch.meshgrid(v, v, indexing="ij")
+    for f in (torch.igamma, torch.igammac):
+        c, t = f(a, x), f(a.to("tpu"), x.to("tpu")).cpu()
+        special = (a == 0) | (x == 0) | a.isinf() | x.isinf() | (a < 0) | (x < 0)
+        _bitwise_same(t[special], c[special])
+        torch.testing.assert_close(t, c, equal_nan=True)
+
+
+def test_igamma_float32_within_float32_tolerance_of_cpu():
+    """float32 igamma/igammac near a ~ x ~ 45 were up to 1.5e-5 off CPU's (past
+    assert_close's float32 atol 1e-5 + rtol 1.3e-6)."""
+    v = torch.logspace(-4, 4, steps=500, base=2.71828182846, dtype=torch.float64)
+    a = v.unsqueeze(-1).float()
+    for f in (torch.igamma, torch.igammac):
+        torch.testing.assert_close(f(a.to("tpu"), a.T.to("tpu")).cpu(), f(a, a.T))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_exp_special_values_as_cpu(dtype):
+    """exp(inf + inf j) and exp(inf + nan j) are inf + nan j, exp(-inf + inf j) is 0 + 0j,
+    exp(nan + 0j) is nan + 0j (C99 cexp, CPU's std::exp, NumPy); tpu gave nan + nan j
+    for the first two."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, -0.0, 1.0, -1.0, 2.0, inf, -inf, nan]
+    x = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    c, t = torch.exp(x), torch.exp(x.to("tpu")).cpu()
+    # the special values exactly, the finite ones within float tolerance
+    finite = c.real.isfinite() & c.imag.isfinite()
+    _bitwise_same(t.real[~finite], c.real[~finite])
+    _bitwise_same(t.imag[~finite & ~c.imag.isnan()], c.imag[~finite & ~c.imag.isnan()])
+    assert bool(t.imag[c.imag.isnan()].isnan().all())
+    torch.testing.assert_close(t[finite], c[finite])
+
+
+def test_frexp_out_of_wrong_dtype_raises_as_cpu():
+    """frexp(x, out=(m, e)) with m not of x's dtype or e not int32: CPU raises; tpu cast
+    the results into them."""
+    x = torch.randn(5)
+    for md, ed in ((torch.float64, torch.int32), (torch.float32, torch.int64),
+                   (torch.float32, torch.float32)):
+        _same_error(lambda d: torch.frexp(
+            x.to(d), out=(torch.empty(5, dtype=md, device=d), torch.empty(5, dtype=ed, device=d))))
+
+
+def test_abs_of_complex_into_complex_out_as_cpu():
+    """abs(complex, out=<complex>) writes |z| + 0j on CPU; tpu raised the reference's
+    "Expected out tensor to have dtype float"."""
+    z = torch.tensor([1 + 2j, -3 + 0.5j, 0j])
+
+    def run(d):
+        out = torch.empty(3, dtype=torch.complex64, device=d)
+        torch.abs(z.to(d), out=out)
+        return (out,)
+
+    _same_values(run)
+    with pytest.raises(RuntimeError):  # a long out stays an error, as on CPU
+        torch.abs(z.to("tpu"), out=torch.empty(3, dtype=torch.long, device="tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("fn", [torch.abs, torch.sqrt, torch.exp2, torch.atan, torch.tan],
+                         ids=["abs", "sqrt", "exp2", "atan", "tan"])
+def test_complex_unary_special_values_as_cpu(fn, dtype):
+    """Complex inputs with an infinite or NaN part: CPU follows C99 Annex G (as NumPy):
+    abs(inf + nanj) = inf, sqrt(nan + infj) = inf + infj, exp2(inf + 0j) = inf + 0j,
+    atan(nan + 0j) = nan + 0j, tan(inf + 0j) = nan + 0j; tpu gave NaN (atan: +-pi/2)."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, 1.0, -1.0, inf, -inf, nan, 1e20, -1e20]
+    x = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    c, t = fn(x), fn(x.to("tpu")).cpu()
+    # (the signs of zero parts are not compared: assert_close ignores them too, and CPU's
+    # vectorized and scalar paths differ there)
+    if c.is_complex():
+        _bitwise_same(t.real, c.real, zero_sign=False)
+        _bitwise_same(t.imag, c.imag, zero_sign=False)
+    else:
+        _bitwise_same(t, c, zero_sign=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt", "sigmoid", "log", "asin", "acos", "atan",
+                                  "asinh", "acosh", "atanh"])
+def test_complex_branch_cuts_and_special_values_as_cpu(name, dtype):
+    """On a branch cut the sign of a zero part picks the side (C99, CPU, NumPy):
+    sqrt(-1 - 0j) = -1j, asinh(-0 - 3j) = -1.81 - 1.57j, acosh(-1 - 0j) = -pi j; XLA
+    ignored it (+1j, +1.81, +pi j).  Also the NaN/inf cases: sigmoid(-inf + 1j) and
+    rsqrt(infj) are NaN + NaNj (CPU's complex division), log(inf + nanj) = inf + nanj,
+    atanh(nanj) = 0 + nanj, acos(0 + nanj) = pi/2 + nanj."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, -0.0, 1.0, -1.0, 3.0, -3.0, 0.5, -0.5, inf, -inf, nan, 1e20, -1e20]
+    x = torch.tensor([complex(a, b) for a in vals for b in vals], dtype=dtype)
+    fn = getattr(torch, name)
+    c, t = fn(x), fn(x.to("tpu")).cpu()
+    _bitwise_same(t.real, c.real, zero_sign=False)
+    _bitwise_same(t.imag, c.imag, zero_sign=False)

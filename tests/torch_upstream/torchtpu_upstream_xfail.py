@@ -5,10 +5,15 @@ Loaded in the child pytest with ``-p torchtpu_upstream_xfail``.  Every test id l
 must fail; if it passes, pytest reports ``XPASS(strict)`` as a failure, so the list can
 only shrink.  Listed ids that were not collected (renamed or removed upstream) are
 written to the file named by ``TORCHTPU_UPSTREAM_STALE`` for the parent test to report.
+
+An id holding ``*`` is a pattern (``fnmatch``) for a family of tests that fail for one
+reason (an op with no lowering, across every OpInfo test and dtype): every test it
+matches is a strict xfail, and a pattern that matches no collected test is stale.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from pathlib import Path
 
@@ -37,12 +42,16 @@ def load(path: Path = LIST) -> dict:
 @pytest.hookimpl(tryfirst=True)  # before -k deselects: ids only missing if gone
 def pytest_collection_modifyitems(session, config, items):
     entries = load()
+    patterns = [(t, r) for t, r in entries.items() if "*" in t]
     files = {Path(str(a).split("::")[0]).name for a in config.args}
     seen = set()
     for item in items:
-        reason = entries.get(item.nodeid)
+        key, reason = item.nodeid, entries.get(item.nodeid)
+        if reason is None:
+            key, reason = next(((t, r) for t, r in patterns
+                                if fnmatch.fnmatchcase(item.nodeid, t)), (None, None))
         if reason is not None:
-            seen.add(item.nodeid)
+            seen.add(key)
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
     # node ids on the command line (the fast subset): only those can be reported stale
     requested = {str(a) for a in config.args if "::" in str(a)}

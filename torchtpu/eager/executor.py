@@ -525,14 +525,22 @@ class LoweredPlan:
                 # jax.eval_shape, whose error names the real problem)
                 raise meta_err
             cpu_out = _raise_cpu_error(self.sig, self.op, meta_vals)
-            if self.sig.mutated or any(isinstance(v, torch.Tensor) for v in vals):
-                raise meta_err
-            # a factory op whose meta kernel (PyTorch's reference) is stricter than its
-            # CPU kernel (``arange(0, 2.5, 0.5, dtype=int8)``: the reference casts the
-            # step to int8 and rejects 0, CPU returns 5 zeros): CPU's output defines it
-            out = torch.utils._pytree.tree_map_only(
-                torch.Tensor, lambda t: torch.empty_strided(
-                    t.shape, t.stride(), dtype=t.dtype, device="meta"), cpu_out)
+            if self.sig.out_args and self.fsig is not self.sig:
+                # an out= call CPU accepts and the reference rejects (``abs(complex,
+                # out=<complex>)``): CPU's kernel computes the result and casts it into
+                # ``out``, as the write here does
+                fvals = [v for i, v in enumerate(meta_vals) if i not in self.writeonly]
+                out = call_op(self.fsig, self.fsig.op, fvals[: len(self.fsig.args)])
+            else:
+                if self.sig.mutated or any(isinstance(v, torch.Tensor) for v in vals):
+                    raise meta_err
+                # a factory op whose meta kernel (PyTorch's reference) is stricter than
+                # its CPU kernel (``arange(0, 2.5, 0.5, dtype=int8)``: the reference casts
+                # the step to int8 and rejects 0, CPU returns 5 zeros): CPU's output
+                # defines it
+                out = torch.utils._pytree.tree_map_only(
+                    torch.Tensor, lambda t: torch.empty_strided(
+                        t.shape, t.stride(), dtype=t.dtype, device="meta"), cpu_out)
         if isinstance(out, torch.Tensor) or (not self.sig.mutated and self.sig.nret == 1):
             out = [out]  # (a single Tensor[] result, e.g. a torchtpu.jax_op, is one group)
         groups = [len(o) if isinstance(o, (list, tuple)) else None for o in out]

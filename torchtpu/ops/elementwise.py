@@ -417,27 +417,27 @@ def logical_not(x):
 
 # ------------------------------------------------------------------ unary math
 _U = [
-    (aten.exp.default, lambda x: jnp().exp(x)),
-    (aten.exp2.default, lambda x: jnp().exp2(x)),
+    (aten.exp.default, lambda x: _exp(x)),
+    (aten.exp2.default, lambda x: _exp2(x)),
     (aten.expm1.default, lambda x: jnp().expm1(x)),
-    (aten.log.default, lambda x: jnp().log(x)),
+    (aten.log.default, lambda x: _log(x)),
     (aten.log2.default, lambda x: jnp().log2(x)),
     (aten.log10.default, lambda x: jnp().log10(x)),
     (aten.log1p.default, lambda x: jnp().log1p(x)),
-    (aten.sqrt.default, lambda x: jnp().sqrt(x)),
-    (aten.rsqrt.default, lambda x: lax().rsqrt(x)),
+    (aten.sqrt.default, lambda x: _sqrt(x)),
+    (aten.rsqrt.default, lambda x: _rsqrt(x)),
     (aten.sin.default, lambda x: jnp().sin(x)),
     (aten.cos.default, lambda x: jnp().cos(x)),
-    (aten.tan.default, lambda x: jnp().tan(x)),
-    (aten.asin.default, lambda x: jnp().arcsin(x)),
-    (aten.acos.default, lambda x: jnp().arccos(x)),
-    (aten.atan.default, lambda x: jnp().arctan(x)),
+    (aten.tan.default, lambda x: _tan(x)),
+    (aten.asin.default, lambda x: _asin(x)),
+    (aten.acos.default, lambda x: _acos(x)),
+    (aten.atan.default, lambda x: _atan(x)),
     (aten.sinh.default, lambda x: jnp().sinh(x)),
     (aten.cosh.default, lambda x: jnp().cosh(x)),
     (aten.tanh.default, lambda x: jnp().tanh(x)),
-    (aten.asinh.default, lambda x: jnp().arcsinh(x)),
-    (aten.acosh.default, lambda x: jnp().arccosh(x)),
-    (aten.atanh.default, lambda x: jnp().arctanh(x)),
+    (aten.asinh.default, lambda x: _asinh(x)),
+    (aten.acosh.default, lambda x: _acosh(x)),
+    (aten.atanh.default, lambda x: _atanh(x)),
     (aten.sigmoid.default, lambda x: _sigmoid(x)),
     (aten.erf.default, lambda x: lax().erf(x)),
     (aten.erfc.default, lambda x: lax().erfc(x)),
@@ -462,9 +462,150 @@ def erfinv(x):
 
 
 def _sigmoid(x):
-    if jnp().iscomplexobj(x):
-        return 1 / (1 + jnp().exp(-x))
+    if jnp().iscomplexobj(x):  # CPU: 1 / (1 + exp(-x)), c10::complex's division
+        return _creciprocal(1 + _exp(-x))
     return runtime_nn().sigmoid(x)
+
+
+def _creciprocal(d):
+    """``1 / d`` for complex ``d`` = ``c + dj`` by Smith's algorithm, as c10::complex's
+    (and NumPy's) division: an infinite part makes the ratio NaN (``1 / (inf - infj)`` is
+    NaN + NaNj on CPU; XLA's division gives 0)."""
+    j = jnp()
+    c, e = j.real(d), j.imag(d)
+    big_c = j.abs(c) >= j.abs(e)
+    zero = (c == 0) & (e == 0)
+    rat = j.where(big_c, e / j.where(c == 0, 1, c), c / j.where(e == 0, 1, e))
+    scl = 1 / j.where(big_c, c + e * rat, e + c * rat)
+    re = j.where(big_c, scl, rat * scl)
+    im = j.where(big_c, -rat * scl, -scl)
+    re = j.where(zero, 1 / c, re)  # 1 / 0: inf + nanj, as c10's
+    im = j.where(zero, 0 / j.where(zero, e, 1) * j.nan, im)
+    return lax().complex(re, im)
+
+
+def _rsqrt(x):
+    """``1 / sqrt(x)``; complex as CPU, the reciprocal (:func:`_creciprocal`) of
+    :func:`_sqrt` (``rsqrt(infj)`` is NaN + NaNj on CPU, XLA's rsqrt gives 0)."""
+    if jnp().iscomplexobj(x):
+        return _creciprocal(_sqrt(x))
+    return lax().rsqrt(x)
+
+
+def _branch_signs(x, r, re=0, im=0):
+    """Complex ``r = f(x)``, with the signs of its parts set from ``x``'s as ``f``'s
+    symmetries fix them (``re=1``: the real part has the sign of ``x``'s real part,
+    ``im=1``/``-1``: the imaginary part has the sign of / the opposite sign to ``x``'s
+    imaginary part).  On a branch cut the sign of a zero part of ``x`` picks the side:
+    CPU (C99) follows it, XLA ignores it (``sqrt(-1 - 0j)``: CPU ``-1j``, XLA ``+1j``).
+    NaN parts (in ``x`` or ``r``) are left alone.  Real ``x``: ``r`` unchanged."""
+    j = jnp()
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    rr, ri = j.real(r), j.imag(r)
+    if re:
+        rr = j.where(j.isnan(rr) | j.isnan(a), rr, j.copysign(j.abs(rr), a))
+    if im:
+        ri = j.where(j.isnan(ri) | j.isnan(b), ri, j.copysign(j.abs(ri), im * b))
+    return lax().complex(rr, ri)
+
+
+def _nan_case(x, r, mask, re=None, im=None):
+    """Complex ``r`` with its real / imaginary part replaced by ``re`` / ``im`` (arrays or
+    numbers; None keeps ``r``'s) where ``mask`` holds."""
+    j = jnp()
+    rr, ri = j.real(r), j.imag(r)
+    if re is not None:
+        rr = j.where(mask, re, rr)
+    if im is not None:
+        ri = j.where(mask, im, ri)
+    return lax().complex(rr, ri)
+
+
+def _asinh(x):
+    """``asinh``; complex: the parts take the signs of ``x``'s (:func:`_branch_signs`:
+    ``asinh(-0 - 3j)`` is ``-1.81 - 1.57j`` on CPU, XLA gave ``+1.81``);
+    ``asinh(nan + 0j) = nan + 0j``; a NaN part with a finite (nonzero) other part gives
+    ``nan + nanj`` (C99; XLA's complex64 gave a finite part for ``1e20 + nanj``)."""
+    j = jnp()
+    r = _branch_signs(x, j.arcsinh(x), re=1, im=1)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    r = _nan_case(x, r, j.isnan(a) & (b == 0), im=b)
+    nan_nan = (j.isfinite(a) & j.isnan(b)) | (j.isnan(a) & j.isfinite(b) & (b != 0))
+    return _nan_case(x, r, nan_nan, re=j.nan, im=j.nan)
+
+
+def _asin(x):
+    """``asin``; complex: signs as :func:`_branch_signs` (``asin(3 - 0j)`` has a negative
+    imaginary part on CPU); ``asin(+-0 + nanj) = +-0 + nanj``, ``asin(a + nanj)`` for
+    other finite ``a`` is ``nan + nanj`` (C99)."""
+    j = jnp()
+    r = _branch_signs(x, j.arcsin(x), re=1, im=1)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    r = _nan_case(x, r, (a == 0) & j.isnan(b), re=a)
+    return _nan_case(x, r, j.isfinite(a) & (a != 0) & j.isnan(b), re=j.nan, im=j.nan)
+
+
+def _acos(x):
+    """``acos``; complex: the imaginary part of the opposite sign to ``x``'s
+    (:func:`_branch_signs`); ``acos(+-0 + nanj) = pi/2 + nanj``, other finite ``a``:
+    ``nan + nanj`` (C99)."""
+    j = jnp()
+    r = _branch_signs(x, j.arccos(x), im=-1)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    r = _nan_case(x, r, (a == 0) & j.isnan(b), re=math.pi / 2)
+    return _nan_case(x, r, j.isfinite(a) & (a != 0) & j.isnan(b), re=j.nan, im=j.nan)
+
+
+def _acosh(x):
+    """``acosh``; complex: the imaginary part of ``x``'s sign (:func:`_branch_signs`:
+    ``acosh(-1 - 0j) = -pi j`` on CPU, XLA ``+pi j``); ``acosh(+-0 + nanj) = nan + pi/2 j``,
+    other finite ``a``: ``nan + nanj`` (C99)."""
+    j = jnp()
+    r = _branch_signs(x, j.arccosh(x), im=1)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    r = _nan_case(x, r, (a == 0) & j.isnan(b), im=math.pi / 2)
+    return _nan_case(x, r, j.isfinite(a) & (a != 0) & j.isnan(b), re=j.nan, im=j.nan)
+
+
+def _atanh(x):
+    """``atanh``; complex: the parts take the signs of ``x``'s (:func:`_branch_signs`:
+    ``atanh(inf - 0j) = -pi/2 j`` on CPU) and C99's NaN cases: ``a + nanj`` is
+    ``copysign(0, a) + nanj`` for ``a`` zero or infinite, else ``nan + nanj``;
+    ``nan + bj`` is ``copysign(0, a) +- pi/2 j`` for ``b`` infinite, else ``nan + nanj``
+    (XLA gave ``-pi/2`` imaginary parts)."""
+    j = jnp()
+    r = _branch_signs(x, j.arctanh(x), re=1, im=1)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    zero = j.zeros_like(a)
+    nb = j.isnan(b)
+    r = _nan_case(x, r, nb, re=j.where((a == 0) | j.isinf(a), j.copysign(zero, a), j.nan),
+                  im=j.nan)
+    na = j.isnan(a) & ~nb
+    return _nan_case(x, r, na, re=j.where(j.isinf(b), zero, j.nan),
+                     im=j.where(j.isinf(b), j.copysign(j.full_like(b, math.pi / 2), b), j.nan))
+
+
+def _log(x):
+    """``log``; complex with an infinite part has an infinite real part even with a NaN in
+    the other (``log(inf + nanj) = inf + nanj``, C99; XLA gave NaN)."""
+    j = jnp()
+    r = j.log(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    return _nan_case(x, r, j.isinf(a) | j.isinf(b), re=j.inf)
 
 
 def runtime_nn():
@@ -476,13 +617,109 @@ def runtime_nn():
 def _digamma(x):
     j = jnp()
     r = lax().digamma(x)
-    # PyTorch: digamma(0) = -inf (for +0 and -0 alike)
-    return j.where(x == 0, -j.inf, r)
+    # PyTorch's calc_digamma: digamma(+-0) = copysign(inf, -x) (-inf at +0, +inf at -0)
+    return j.where(x == 0, j.copysign(j.inf, -x).astype(x.dtype), r)
+
+
+def _exp(x):
+    """``exp``; complex ``x = a + bj`` takes C99 ``cexp``'s special values, as CPU's
+    ``std::exp`` (and NumPy) do where XLA gives NaN + NaNj: ``b == 0`` -> ``exp(a) + bj``
+    (``exp(nan + 0j) = nan + 0j``), ``a = +inf`` with ``b`` inf or NaN -> ``inf + nanj``,
+    ``a = -inf`` with ``b`` inf or NaN -> ``0 + copysign(0, b)j``."""
+    j = jnp()
+    r = j.exp(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    e = j.exp(a)
+    bad_b = ~j.isfinite(b)
+    zero = j.zeros_like(a)
+    re = j.where(b == 0, e, j.real(r))
+    im = j.where(b == 0, b, j.imag(r))
+    re = j.where((a == j.inf) & bad_b, j.inf, re)
+    im = j.where((a == j.inf) & bad_b, j.nan, im)
+    re = j.where((a == -j.inf) & bad_b, zero, re)
+    im = j.where((a == -j.inf) & bad_b, j.copysign(zero, b), im)
+    return lax().complex(re, im)
+
+
+# Complex special values (infinities, NaN) where XLA's complex functions give NaN + NaNj
+# and CPU's (std:: complex functions, C99 Annex G, as NumPy) do not.
+
+
+def _abs(x):
+    """``|x|``; complex: ``hypot``'s rule, inf when either part is infinite (even with a
+    NaN in the other)."""
+    j = jnp()
+    r = j.abs(x)
+    if not j.iscomplexobj(x):
+        return r
+    return j.where(j.isinf(j.real(x)) | j.isinf(j.imag(x)), j.inf, r).astype(r.dtype)
+
+
+def _sqrt(x):
+    """``sqrt``; complex ``a + bj`` as C99 ``csqrt``: ``b`` infinite -> ``inf + bj`` (any
+    ``a``), ``a = +inf, b = nan`` -> ``inf + nanj``, ``a = -inf, b = nan`` -> ``nan + infj``;
+    the imaginary part has the sign of ``b`` (``-0`` included)."""
+    j = jnp()
+    r = j.sqrt(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    re, im = j.real(r), j.imag(r)
+    nb = j.isnan(b)
+    re = j.where((a == j.inf) & nb, j.inf, j.where((a == -j.inf) & nb, j.nan, re))
+    im = j.where((a == -j.inf) & nb, j.inf, im)
+    re = j.where(j.isinf(b), j.inf, re)
+    im = j.where(j.isinf(b), b, im)
+    return _branch_signs(x, lax().complex(re, im), im=1)  # sqrt(-1 - 0j) = -1j
+
+
+def _exp2(x):
+    """``2 ** x``; complex as ``exp(x * ln 2)`` with ``ln 2`` real (componentwise, so
+    ``exp2(inf + 0j) = inf + 0j``) and :func:`_exp`'s special values."""
+    j = jnp()
+    if not j.iscomplexobj(x):
+        return j.exp2(x)
+    ln2 = math.log(2.0)
+    return _exp(lax().complex(j.real(x) * ln2, j.imag(x) * ln2))
+
+
+def _tan(x):
+    """``tan``; complex ``a + 0j`` with ``a`` inf or NaN is ``nan + 0j`` (``ctan``)."""
+    j = jnp()
+    r = j.tan(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    flat = (b == 0) & ~j.isfinite(a)
+    return lax().complex(j.where(flat, j.nan, j.real(r)), j.where(flat, b, j.imag(r)))
+
+
+def _atan(x):
+    """``atan``; complex with a NaN part as C99 ``catan``: ``nan + bj`` -> ``nan + 0j``
+    for ``b = +-0``, ``nan +- 0j`` for ``b = +-inf``, else ``nan + nanj``; ``a + nanj``
+    with ``a`` finite -> ``nan + nanj`` (XLA gave +-pi/2 for the real part)."""
+    j = jnp()
+    r = j.arctan(x)
+    if not j.iscomplexobj(x):
+        return r
+    a, b = j.real(x), j.imag(x)
+    re, im = j.real(r), j.imag(r)
+    zero = j.zeros_like(b)
+    na = j.isnan(a)
+    im_na = j.where(b == 0, b, j.where(j.isinf(b), j.copysign(zero, b), j.nan))
+    re = j.where(na, j.nan, re)
+    im = j.where(na, im_na, im)
+    nb = j.isnan(b) & j.isfinite(a)
+    re = j.where(nb, j.nan, re)
+    im = j.where(nb, j.nan, im)
+    return _branch_signs(x, lax().complex(re, im), re=1, im=1)  # atan(-0 + infj) = -pi/2
 
 
 _UI = [  # same dtype in, same dtype out
     (aten.neg.default, lambda x: -x),
-    (aten.abs.default, lambda x: jnp().abs(x)),
+    (aten.abs.default, lambda x: _abs(x)),
     (aten.sign.default, lambda x: _sign(x)),
     (aten.floor.default, lambda x: jnp().floor(x) if _isfloat(x) else x),
     (aten.ceil.default, lambda x: jnp().ceil(x) if _isfloat(x) else x),
