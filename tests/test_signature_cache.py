@@ -52,9 +52,10 @@ def _cpu_reference():
 
 
 def test_second_process_loads_each_op_signature(tmp_path):
-    first = _run(tmp_path / "c")
+    first = _run(tmp_path / "c", TORCHTPU_UPSTREAM_STALE=str(tmp_path / "a.txt"))
     assert first["sig"]["hits"] == 0 and first["sig"]["stores"] == first["compiles"] >= 6
-    second = _run(tmp_path / "c")
+    # torchtpu variables that do not change programs (a file path) do not enter the key
+    second = _run(tmp_path / "c", TORCHTPU_UPSTREAM_STALE=str(tmp_path / "b.txt"))
     assert second["sig"]["hits"] == first["sig"]["stores"]
     assert second["sig"]["stores"] == 0 and second["compiles"] == 0
     ops, half = _cpu_reference()

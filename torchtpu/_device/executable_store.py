@@ -10,7 +10,8 @@ with ``jax.experimental.serialize_executable``.
 
 What else decides an executable goes into every key here: :func:`source_version` (a hash
 of all torchtpu sources, PyTorch's and JAX's versions) and :func:`environment` (JAX's
-64-bit mode, ``XLA_FLAGS`` and ``TORCHTPU_*`` variables, the device's platform and kind).
+64-bit mode, ``XLA_FLAGS``, the ``TORCHTPU_*`` variables that change programs, the
+device's platform and kind).
 
 Not storable: an executable that JAX loaded from its own persistent cache (XLA:CPU cannot
 serialize such an executable again: the copy misses its functions) and executables with
@@ -50,17 +51,23 @@ def source_version() -> str:
     return h.hexdigest()[:16]
 
 
+# torchtpu's environment variables that change what a lowering emits (any new one must be
+# listed here); the others (cache directories, modes, file paths) do not enter the keys,
+# or a run that names a temporary file would never find its executables again.
+PROGRAM_VARIABLES = ("TORCHTPU_SDPA_BLOCK_Q", "TORCHTPU_SDPA_BLOCK_K")
+
+
 @functools.lru_cache(maxsize=None)
 def environment(index: int) -> str:
     """What else decides an executable for ``tpu:index``: JAX's 64-bit mode,
-    ``XLA_FLAGS``, the ``TORCHTPU_*`` environment variables, the device's platform and
-    kind (read once per process)."""
+    ``XLA_FLAGS``, :data:`PROGRAM_VARIABLES`, the device's platform and kind (read once
+    per process)."""
     import jax
 
     from torchtpu._device import runtime
 
     dev = runtime.jax_device(index)
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHTPU_"))
+    env = [(k, os.environ.get(k)) for k in PROGRAM_VARIABLES]
     return repr((bool(jax.config.jax_enable_x64), os.environ.get("XLA_FLAGS"), env,
                  dev.platform, getattr(dev, "device_kind", "")))
 
