@@ -444,3 +444,28 @@ def test_half_precision_scatter_sums_and_products_round_once_as_cpu(dtype):
     }
     for name, f in cases.items():
         assert torch.equal(f("tpu").cpu(), f("cpu")), name
+
+
+# ---------------------------------------------------------------- test_reductions.py
+
+
+@pytest.mark.parametrize("op", ["all", "any"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32])
+def test_all_any_out_of_another_dtype_raises_as_cpu(op, dtype):
+    # PyTorch's meta kernel casts into any out= dtype; CPU accepts only bool or uint8
+    def run(dev):
+        x = torch.ones(3, 4, dtype=dtype, device=dev)
+        out = torch.empty(4, dtype=dtype, device=dev)
+        getattr(torch, op)(x, 0, out=out)
+
+    _same_error(run)
+
+    def ok(dev):
+        x = torch.tensor([[1, 0], [1, 1]], dtype=dtype, device=dev)
+        outs = (torch.empty(2, dtype=torch.bool, device=dev),
+                torch.empty(2, dtype=torch.uint8, device=dev))
+        for out in outs:
+            getattr(torch, op)(x, 0, out=out)
+        return outs
+
+    _same_values(ok)

@@ -17,7 +17,7 @@ import torch
 
 from torchtpu.ops import aten, lower
 from torchtpu.ops._scalar import fits
-from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, tdtype
+from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, scalar_type_name, tdtype
 
 
 # ------------------------------------------------------------------ helpers
@@ -221,9 +221,18 @@ def _bool_reduction(name, pkt):
     def dims(x, dim=None, keepdim=False):
         return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
 
-    lower(pkt.default)(default)
-    lower(pkt.dim)(one_dim)
-    lower(pkt.dims)(dims)
+    def bytebool_out(vals, dts):
+        """``out_dtypes`` hook (build time): CPU's ``allany_meta`` accepts only a bool or
+        uint8 ``out=`` tensor; PyTorch's meta kernel (its Python reference) casts into any."""
+        out = vals[-1] if len(vals) > 1 else None
+        if isinstance(out, torch.Tensor) and out.dtype not in (torch.bool, torch.uint8):
+            raise RuntimeError(f"{name} only supports bool tensor for result, got: "
+                               f"{scalar_type_name(out.dtype)}")
+        return dts
+
+    lower(pkt.default, out_dtypes=bytebool_out)(default)
+    lower(pkt.dim, out_dtypes=bytebool_out)(one_dim)
+    lower(pkt.dims, out_dtypes=bytebool_out)(dims)
 
 
 _bool_reduction("any", aten.any)
