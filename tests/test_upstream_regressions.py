@@ -469,3 +469,70 @@ def test_all_any_out_of_another_dtype_raises_as_cpu(op, dtype):
         return outs
 
     _same_values(ok)
+
+
+@pytest.mark.parametrize("case", ["2d", "float", "minlength", "weights_2d", "weights_len"])
+def test_bincount_invalid_arguments_raise_as_cpu(case):
+    # a 2-d input was counted as if flattened; the others raised numpy's errors
+    def run(dev):
+        x = torch.tensor([1, 0], device=dev)
+        w = torch.tensor([1.0, 0.5], device=dev)
+        if case == "2d":
+            torch.bincount(torch.tensor([[1, 2], [3, 4]], device=dev))
+        elif case == "float":
+            torch.bincount(torch.tensor([1.0, 0.3], device=dev))
+        elif case == "minlength":
+            torch.bincount(x, w, minlength=-1)
+        elif case == "weights_2d":
+            torch.bincount(x, w.expand(2, 2))
+        else:
+            torch.bincount(x, torch.tensor([1.0, 0.3, 0.5], device=dev))
+
+    if case == "float":  # CPU names its kernel ("bincount_cpu")
+        for dev in ("cpu", "tpu"):
+            with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
+                run(dev)
+    else:
+        _same_error(run)
+
+
+def test_nansum_over_a_dim_of_more_than_64_dims_raises_as_cpu():
+    def run(dev):
+        torch.nansum(torch.ones([1] * 65, device=dev), dim=-1)
+
+    _same_error(run)
+
+
+@pytest.mark.parametrize("values", [[1.0, float("inf")], [float("-inf")], [float("nan")],
+                                    [2.0, float("nan")]])
+def test_histc_of_data_with_a_non_finite_range_raises_as_cpu(values):
+    # tpu returned all-zero counts
+    for dev in ("cpu", "tpu"):  # (CPU's message widens an empty range by one ulp)
+        with pytest.raises(RuntimeError, match=r"torch.histc: range of \[.*\] is not finite"):
+            torch.histc(torch.tensor(values, device=dev), bins=4)
+
+    def ok(dev):  # an explicit range ignores values outside it
+        return (torch.histc(torch.tensor(values + [1.5], device=dev), bins=4, min=1, max=3),)
+
+    _same_values(ok)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_aminmax_of_complex_raises_as_cpu(dtype):
+    # tpu returned the 0-d input as its min and max
+    def run(dev):
+        torch.aminmax(torch.tensor(1.0, dtype=dtype, device=dev), dim=0)
+
+    _same_error(run)
+
+
+def test_mode_with_out_views_as_cpu():
+    # mode.values' composite kernel refused the device ("mode only supports CPU, CUDA...")
+    def run(dev):
+        y = torch.arange(15.0, device=dev).reshape(5, 3) % 4
+        values = torch.zeros(5, 3, device=dev)
+        indices = torch.full((5, 3), -1, device=dev)
+        torch.mode(y, 1, out=(values[:, 1], indices[:, 1]))
+        return values, indices
+
+    _same_values(run)

@@ -955,9 +955,17 @@ def bincount(x, weights=None, minlength=0):
     """``torch.bincount``: the output length is ``max(x) + 1`` (data-dependent: runs on
     concrete values).  int64 counts, or the weights' float dtype (float32 stays float32,
     other weights give float64, as on CPU)."""
+    # CPU's checks, in its order: integral dtype, minlength, 1-d and >= 0, weights
+    if not np.issubdtype(x.dtype, np.integer):
+        raise NotImplementedError(
+            f'"bincount" not implemented for {scalar_type_name(tdtype(x))!r}')
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
     v = np.asarray(x).reshape(-1)
-    if v.size and v.min() < 0:
+    if x.ndim != 1 or (v.size and v.min() < 0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.ndim != 1 or weights.shape[0] != x.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
     if weights is None:
         return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
     w = np.asarray(weights).reshape(-1)

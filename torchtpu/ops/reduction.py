@@ -148,6 +148,8 @@ def prod_default(x, dtype=None):
 
 @lower(aten.nansum.default)
 def nansum(x, dim=None, keepdim=False, dtype=None):
+    if dim and x.ndim > 64:  # CPU's dim bitset (PyTorch's meta kernel skips the check)
+        raise RuntimeError("only tensors with up to 64 dims are supported")
     out = _accum_dtype(x, dtype)
     dims = _dims(x.ndim, dim)
     xc = cast(x, opmath(out))
@@ -189,6 +191,8 @@ def amin(x, dim=(), keepdim=False):
 
 @lower(aten.aminmax.default)
 def aminmax(x, dim=None, keepdim=False):
+    if tdtype(x).is_complex:  # CPU's kernel has no complex case (0-d inputs included)
+        raise RuntimeError(f"aminmax not implemented for {scalar_type_name(tdtype(x))}")
     if dim is None and x.size == 0:
         raise RuntimeError(
             "aminmax(): cannot compute aminmax over an empty dimension as the operation "
@@ -739,7 +743,26 @@ def mode(x, dim=-1, keepdim=False):
     return val, idx.astype(i64)
 
 
-@lower(aten.histc.default, static_scalars=True, prepare=fits(2, 3))
+_histc_fits = fits(2, 3)
+
+
+def _histc_prepare(vals):
+    """``prepare`` of histc: ``min``/``max`` must fit the input's dtype; with ``min ==
+    max`` the data's range is used and must be finite (CPU's "range of [a, b] is not
+    finite").  That reads the data's min and max: a sync point, as on CUDA, whose kernel
+    reads them on the host too."""
+    vals = _histc_fits(vals)
+    x, lo, hi = vals[0], vals[2], vals[3]
+    if not isinstance(lo, torch.Tensor) and not isinstance(hi, torch.Tensor) \
+            and float(lo) == float(hi) and x.numel() and x.is_floating_point():
+        mn, mx = torch.aminmax(x.detach())
+        mn, mx = float(mn), float(mx)
+        if not (math.isfinite(mn) and math.isfinite(mx)):
+            raise RuntimeError(f"torch.histc: range of [{mn:g}, {mx:g}] is not finite")
+    return vals
+
+
+@lower(aten.histc.default, static_scalars=True, prepare=_histc_prepare)
 def histc(x, bins=100, min=0, max=0):
     """``torch.histc``: ``bins`` equal-width bins over [min, max] (the data's range when
     both are 0); values outside are ignored; the last bin includes ``max``.  Counts have
@@ -975,3 +998,16 @@ def _dt_name(dt):
     import numpy as np
 
     return {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}.get(np.dtype(dt), str(dt))
+
+
+# mode.values (``torch.mode(..., out=)``) has a CompositeExplicitAutograd kernel that
+# refuses devices other than CPU, CUDA and XPU, so the PrivateUse1 fallback never sees it:
+# its own PrivateUse1 kernel runs the executor's out= plan derived from ``mode``.
+def _mode_values(*args, **kwargs):
+    from torchtpu.eager import executor
+
+    return executor.plan_for(aten.mode.values)(args, kwargs)
+
+
+_ATEN = torch.library.Library("aten", "IMPL")
+_ATEN.impl("mode.values", _mode_values, "PrivateUse1")
