@@ -536,3 +536,28 @@ def test_mode_with_out_views_as_cpu():
         return values, indices
 
     _same_values(run)
+
+
+@pytest.mark.parametrize("op", ["var", "std", "var_mean", "std_mean"])
+def test_var_std_warn_when_correction_leaves_no_degrees_of_freedom_as_cpu(op):
+    def warned(dev, correction):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            getattr(torch, op)(torch.ones(10, 20, device=dev), dim=-1, correction=correction)
+        return [str(m.message) for m in w if "degrees of freedom" in str(m.message)]
+
+    for correction in (20, 5, 30):  # one executable for every correction on tpu
+        cpu = [m.split(" (Triggered")[0] for m in warned("cpu", correction)]
+        assert warned("tpu", correction) == cpu
+
+
+@pytest.mark.parametrize("dtypes", [(torch.uint8, torch.int8, torch.int64),
+                                    (torch.float32, torch.float32, torch.float64)])
+def test_mode_out_of_another_dtype_raises_as_cpu(dtypes):
+    x_ty, v_ty, i_ty = dtypes
+
+    def run(dev):
+        torch.mode(torch.ones(10, dtype=x_ty, device=dev), -1, True,
+                   out=(torch.ones(10, dtype=v_ty, device=dev), torch.ones(10, dtype=i_ty, device=dev)))
+
+    _same_error(run)

@@ -12,6 +12,7 @@ int64.  The executor casts each result to the dtype of PyTorch's meta kernel.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -382,28 +383,55 @@ def _var(x, dim, correction, keepdim):
     return var, mean
 
 
-@lower(aten.var.correction)
+def _dof_check(name, unbiased=False):
+    """``prepare`` of var/std(_mean): CPU warns "degrees of freedom is <= 0" when the
+    correction is not below the number of elements reduced per output (host-side, per
+    call: the executable is shared by every correction)."""
+
+    def prepare(vals):
+        x, dim, c = vals[0], vals[1], vals[2]
+        if unbiased:
+            c = 1.0 if c else 0.0
+        elif c is None:
+            c = 1.0
+        elif not isinstance(c, (int, float)):
+            return vals
+        if x.numel() == 0:
+            return vals
+        dims = _dims(x.dim(), dim)
+        n = math.prod(x.shape[d] for d in dims)
+        if n - c <= 0:
+            warnings.warn(
+                f"{name}(): degrees of freedom is <= 0. Correction should be strictly less "
+                f"than the reduction factor (input numel divided by output numel).",
+                UserWarning, stacklevel=2)
+        return vals
+
+    return prepare
+
+
+@lower(aten.var.correction, prepare=_dof_check("var"))
 def var_correction(x, dim=None, correction=None, keepdim=False):
     return _var(x, dim, correction, keepdim)[0]
 
 
-@lower(aten.std.correction)
+@lower(aten.std.correction, prepare=_dof_check("std"))
 def std_correction(x, dim=None, correction=None, keepdim=False):
     return jnp().sqrt(_var(x, dim, correction, keepdim)[0])
 
 
-@lower(aten.var_mean.correction)
+@lower(aten.var_mean.correction, prepare=_dof_check("var_mean"))
 def var_mean_correction(x, dim=None, correction=None, keepdim=False):
     return _var(x, dim, correction, keepdim)
 
 
-@lower(aten.std_mean.correction)
+@lower(aten.std_mean.correction, prepare=_dof_check("std_mean"))
 def std_mean_correction(x, dim=None, correction=None, keepdim=False):
     v, m = _var(x, dim, correction, keepdim)
     return jnp().sqrt(v), m
 
 
-@lower(aten.var.dim)
+@lower(aten.var.dim, prepare=_dof_check("var", unbiased=True))
 def var_dim(x, dim=None, unbiased=True, keepdim=False):
     from torchtpu.ops._scalar import Scalar
 
@@ -411,7 +439,7 @@ def var_dim(x, dim=None, unbiased=True, keepdim=False):
     return _var(x, dim, c, keepdim)[0]
 
 
-@lower(aten.std.dim)
+@lower(aten.std.dim, prepare=_dof_check("std", unbiased=True))
 def std_dim(x, dim=None, unbiased=True, keepdim=False):
     return jnp().sqrt(var_dim(x, dim, unbiased, keepdim))
 
@@ -708,7 +736,19 @@ def nanmedian(x):
     return _median_all(x, True)
 
 
-@lower(aten.mode.default)
+def _mode_out_dtypes(vals, dts):
+    """``out_dtypes`` hook (build time): ``mode(out=(values, indices))`` needs the input's
+    dtype and int64, as CPU's kernel checks (PyTorch's meta kernel casts)."""
+    if len(vals) == 5 and isinstance(vals[3], torch.Tensor):
+        for t, want, what in ((vals[3], vals[0].dtype, "values"),
+                              (vals[4], torch.int64, "indices")):
+            if t.dtype != want:
+                raise RuntimeError(f"expected scalar type '{scalar_type_name(want)}' but got "
+                                   f"'{scalar_type_name(t.dtype)}' for {what} output")
+    return dts
+
+
+@lower(aten.mode.default, out_dtypes=_mode_out_dtypes)
 def mode(x, dim=-1, keepdim=False):
     """Most frequent value along ``dim`` (ties: the smallest value) and the index of its
     last occurrence."""
