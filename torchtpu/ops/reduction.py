@@ -790,16 +790,23 @@ def _histc_prepare(vals):
     """``prepare`` of histc: ``min``/``max`` must fit the input's dtype; with ``min ==
     max`` the data's range is used and must be finite (CPU's "range of [a, b] is not
     finite").  That reads the data's min and max: a sync point, as on CUDA, whose kernel
-    reads them on the host too."""
+    reads them on the host too.  A compiled graph (fake tensors, no values) runs only the
+    ``fits`` part."""
+    from torch._subclasses.fake_tensor import is_fake
+
     vals = _histc_fits(vals)
     x, lo, hi = vals[0], vals[2], vals[3]
     if not isinstance(lo, torch.Tensor) and not isinstance(hi, torch.Tensor) \
-            and float(lo) == float(hi) and x.numel() and x.is_floating_point():
+            and float(lo) == float(hi) and x.numel() and x.is_floating_point() \
+            and not is_fake(x):
         mn, mx = torch.aminmax(x.detach())
         mn, mx = float(mn), float(mx)
         if not (math.isfinite(mn) and math.isfinite(mx)):
             raise RuntimeError(f"torch.histc: range of [{mn:g}, {mx:g}] is not finite")
     return vals
+
+
+_histc_prepare.scalar_check = True  # as fits(2, 3) was: compile runs the fits part
 
 
 @lower(aten.histc.default, static_scalars=True, prepare=_histc_prepare)
