@@ -561,3 +561,17 @@ def test_mode_out_of_another_dtype_raises_as_cpu(dtypes):
                    out=(torch.ones(10, dtype=v_ty, device=dev), torch.ones(10, dtype=i_ty, device=dev)))
 
     _same_error(run)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.int64, torch.float16,
+                                   torch.float32, torch.float64])
+def test_hash_tensor_as_cpu(dtype):
+    # was not lowered (NotImplementedError)
+    def run(dev):
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(5, 3, 4, generator=g) * 3).to(dtype).to(dev)
+        hs = [torch.hash_tensor(x), torch.hash_tensor(x, 0), torch.hash_tensor(x, [0, 2]),
+              torch.hash_tensor(x, 1, keepdim=True), torch.hash_tensor(x[0, 0, 0])]
+        return [h.view(torch.int64) for h in hs]  # uint64 compares as its bits
+
+    _same_values(run)

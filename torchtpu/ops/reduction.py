@@ -1058,3 +1058,28 @@ def _mode_values(*args, **kwargs):
 
 _ATEN = torch.library.Library("aten", "IMPL")
 _ATEN.impl("mode.values", _mode_values, "PrivateUse1")
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """``torch.hash_tensor`` (mode 0, the only one PyTorch has): the XOR of the elements'
+    bits as uint64 over ``dim`` (all dims when empty); floating inputs are widened to
+    float64 and their bits taken, integers and bool converted to uint64 (sign-extended),
+    as PyTorch's kernel and its NumPy reference."""
+    import numpy as np
+
+    j = jnp()
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor: Only mode=0 (xor_sum) is supported right now, "
+                           f"got mode={mode}")
+    if j.issubdtype(x.dtype, j.complexfloating):
+        _raise("hash_tensor", "complex input")
+    if j.issubdtype(x.dtype, j.floating):
+        u = lax().bitcast_convert_type(x.astype(np.float64), np.uint64)
+    else:
+        u = x.astype(np.int64).astype(np.uint64) if x.dtype != j.bool_ else x.astype(np.uint64)
+    dims = _dims(x.ndim, dim)
+    r = lax().reduce(u, np.uint64(0), lax().bitwise_xor, dims)
+    if keepdim:
+        r = r.reshape(_out_shape(x.shape, dims, True))
+    return r
