@@ -575,3 +575,49 @@ def test_hash_tensor_as_cpu(dtype):
         return [h.view(torch.int64) for h in hs]  # uint64 compares as its bits
 
     _same_values(run)
+
+
+def test_searchsorted_warns_once_for_non_contiguous_inputs_as_cpu():
+    # CPU's once-per-program performance warnings; a fresh process for each device
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch, torchtpu\n"
+        "v = torch.tensor([[[1, 3, 5], [2, 4, 6]], [[1, 2, 3], [4, 5, 6]]], device=DEV)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        torch.searchsorted(v.permute(2, 1, 0).double(), v.permute(2, 1, 0).int())\n"
+        "print([str(m.message).split(' (Triggered')[0] for m in w if 'contiguous' in str(m.message)])\n")
+    out = [subprocess.run([sys.executable, "-c", code.replace("DEV", repr(dev))],
+                          capture_output=True, text=True, timeout=300).stdout
+           for dev in ("cpu", "tpu")]
+    assert "non-contiguous" in out[0]
+    assert out[1] == out[0]
+
+
+@pytest.mark.parametrize("dtype,out_int32", [(torch.float32, False), (torch.int32, False),
+                                             (torch.int64, True)])
+def test_searchsorted_out_of_the_wrong_dtype_raises_as_cpu(dtype, out_int32):
+    # tpu cast the indices into out
+    def run(dev):
+        v = torch.arange(1, 10, device=dev)
+        torch.searchsorted(v, v, out=v.to(dtype), out_int32=out_int32)
+
+    _same_error(run)
+
+
+def test_searchsorted_sorter_must_be_long_as_cpu():
+    # tpu converted a float sorter to indices
+    def run(dev):
+        seq = torch.tensor([3.0, 1.0, 2.0], device=dev)
+        torch.searchsorted(seq, seq, sorter=torch.tensor([1.0, 2.0, 0.0], device=dev))
+
+    _same_error(run)
+
+    def ok(dev):
+        seq = torch.tensor([3.0, 1.0, 2.0], device=dev)
+        return (torch.searchsorted(seq, seq, sorter=torch.tensor([1, 2, 0], device=dev)),)
+
+    _same_values(ok)
