@@ -621,3 +621,23 @@ def test_searchsorted_sorter_must_be_long_as_cpu():
         return (torch.searchsorted(seq, seq, sorter=torch.tensor([1, 2, 0], device=dev)),)
 
     _same_values(ok)
+
+
+@pytest.mark.parametrize("op", ["all", "any"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_all_any_over_an_empty_dim_list_reduce_nothing_as_cpu(op, keepdim):
+    # tpu reduced every dim (and then failed its shape check)
+    def run(dev):
+        x = torch.tensor([[1.0, 0.0], [2.0, 3.0]], device=dev)
+        return (getattr(torch, op)(x, dim=[], keepdim=keepdim),
+                getattr(torch, op)(x.to(torch.uint8), dim=[], keepdim=keepdim))
+
+    _same_values(run)
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_argmin_over_a_dim_of_more_than_64_dims_raises_as_cpu(op):
+    def run(dev):
+        getattr(torch, op)(torch.ones([1] * 65, device=dev), dim=0)
+
+    _same_error(run)

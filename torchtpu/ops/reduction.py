@@ -224,6 +224,8 @@ def _bool_reduction(name, pkt):
         return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
 
     def dims(x, dim=None, keepdim=False):
+        if dim is not None and len(dim) == 0:  # all/any over dim=[] reduce nothing (as CPU)
+            return _to_bool(x)
         return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
 
     def bytebool_out(vals, dts):
@@ -269,6 +271,8 @@ def _arg(x, dim, keepdim, is_max, name):
     j = jnp()
     if x.dtype == j.bool_:
         raise RuntimeError(f"{name}(): does not support bool input")
+    if dim is not None and x.ndim > 64:  # CPU's dim bitset (the meta kernel skips it)
+        raise RuntimeError("only tensors with up to 64 dims are supported")
     if dim is None:
         if x.size == 0:
             raise IndexError(
