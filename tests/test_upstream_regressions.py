@@ -593,3 +593,199 @@ def test_complex_branch_cuts_and_special_values_as_cpu(name, dtype):
     c, t = fn(x), fn(x.to("tpu")).cpu()
     _bitwise_same(t.real, c.real, zero_sign=False)
     _bitwise_same(t.imag, c.imag, zero_sign=False)
+
+# ---------------------------------------------------------------- test_reductions.py
+
+
+@pytest.mark.parametrize("op", ["all", "any"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32])
+def test_all_any_out_of_another_dtype_raises_as_cpu(op, dtype):
+    # PyTorch's meta kernel casts into any out= dtype; CPU accepts only bool or uint8
+    def run(dev):
+        x = torch.ones(3, 4, dtype=dtype, device=dev)
+        out = torch.empty(4, dtype=dtype, device=dev)
+        getattr(torch, op)(x, 0, out=out)
+
+    _same_error(run)
+
+    def ok(dev):
+        x = torch.tensor([[1, 0], [1, 1]], dtype=dtype, device=dev)
+        outs = (torch.empty(2, dtype=torch.bool, device=dev),
+                torch.empty(2, dtype=torch.uint8, device=dev))
+        for out in outs:
+            getattr(torch, op)(x, 0, out=out)
+        return outs
+
+    _same_values(ok)
+
+
+@pytest.mark.parametrize("case", ["2d", "float", "minlength", "weights_2d", "weights_len"])
+def test_bincount_invalid_arguments_raise_as_cpu(case):
+    # a 2-d input was counted as if flattened; the others raised numpy's errors
+    def run(dev):
+        x = torch.tensor([1, 0], device=dev)
+        w = torch.tensor([1.0, 0.5], device=dev)
+        if case == "2d":
+            torch.bincount(torch.tensor([[1, 2], [3, 4]], device=dev))
+        elif case == "float":
+            torch.bincount(torch.tensor([1.0, 0.3], device=dev))
+        elif case == "minlength":
+            torch.bincount(x, w, minlength=-1)
+        elif case == "weights_2d":
+            torch.bincount(x, w.expand(2, 2))
+        else:
+            torch.bincount(x, torch.tensor([1.0, 0.3, 0.5], device=dev))
+
+    if case == "float":  # CPU names its kernel ("bincount_cpu")
+        for dev in ("cpu", "tpu"):
+            with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
+                run(dev)
+    else:
+        _same_error(run)
+
+
+def test_nansum_over_a_dim_of_more_than_64_dims_raises_as_cpu():
+    def run(dev):
+        torch.nansum(torch.ones([1] * 65, device=dev), dim=-1)
+
+    _same_error(run)
+
+
+@pytest.mark.parametrize("values", [[1.0, float("inf")], [float("-inf")], [float("nan")],
+                                    [2.0, float("nan")]])
+def test_histc_of_data_with_a_non_finite_range_raises_as_cpu(values):
+    # tpu returned all-zero counts
+    for dev in ("cpu", "tpu"):  # (CPU's message widens an empty range by one ulp)
+        with pytest.raises(RuntimeError, match=r"torch.histc: range of \[.*\] is not finite"):
+            torch.histc(torch.tensor(values, device=dev), bins=4)
+
+    def ok(dev):  # an explicit range ignores values outside it
+        return (torch.histc(torch.tensor(values + [1.5], device=dev), bins=4, min=1, max=3),)
+
+    _same_values(ok)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_aminmax_of_complex_raises_as_cpu(dtype):
+    # tpu returned the 0-d input as its min and max
+    def run(dev):
+        torch.aminmax(torch.tensor(1.0, dtype=dtype, device=dev), dim=0)
+
+    _same_error(run)
+
+
+def test_mode_with_out_views_as_cpu():
+    # mode.values' composite kernel refused the device ("mode only supports CPU, CUDA...")
+    def run(dev):
+        y = torch.arange(15.0, device=dev).reshape(5, 3) % 4
+        values = torch.zeros(5, 3, device=dev)
+        indices = torch.full((5, 3), -1, device=dev)
+        torch.mode(y, 1, out=(values[:, 1], indices[:, 1]))
+        return values, indices
+
+    _same_values(run)
+
+
+@pytest.mark.parametrize("op", ["var", "std", "var_mean", "std_mean"])
+def test_var_std_warn_when_correction_leaves_no_degrees_of_freedom_as_cpu(op):
+    def warned(dev, correction):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            getattr(torch, op)(torch.ones(10, 20, device=dev), dim=-1, correction=correction)
+        return [str(m.message) for m in w if "degrees of freedom" in str(m.message)]
+
+    for correction in (20, 5, 30):  # one executable for every correction on tpu
+        cpu = [m.split(" (Triggered")[0] for m in warned("cpu", correction)]
+        assert warned("tpu", correction) == cpu
+
+
+@pytest.mark.parametrize("dtypes", [(torch.uint8, torch.int8, torch.int64),
+                                    (torch.float32, torch.float32, torch.float64)])
+def test_mode_out_of_another_dtype_raises_as_cpu(dtypes):
+    x_ty, v_ty, i_ty = dtypes
+
+    def run(dev):
+        torch.mode(torch.ones(10, dtype=x_ty, device=dev), -1, True,
+                   out=(torch.ones(10, dtype=v_ty, device=dev), torch.ones(10, dtype=i_ty, device=dev)))
+
+    _same_error(run)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.int64, torch.float16,
+                                   torch.float32, torch.float64])
+def test_hash_tensor_as_cpu(dtype):
+    # was not lowered (NotImplementedError)
+    def run(dev):
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(5, 3, 4, generator=g) * 3).to(dtype).to(dev)
+        hs = [torch.hash_tensor(x), torch.hash_tensor(x, 0), torch.hash_tensor(x, [0, 2]),
+              torch.hash_tensor(x, 1, keepdim=True), torch.hash_tensor(x[0, 0, 0])]
+        return [h.view(torch.int64) for h in hs]  # uint64 compares as its bits
+
+    _same_values(run)
+
+
+def test_searchsorted_warns_once_for_non_contiguous_inputs_as_cpu():
+    # CPU's once-per-program performance warnings; a fresh process for each device
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch, torchtpu\n"
+        "v = torch.tensor([[[1, 3, 5], [2, 4, 6]], [[1, 2, 3], [4, 5, 6]]], device=DEV)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        torch.searchsorted(v.permute(2, 1, 0).double(), v.permute(2, 1, 0).int())\n"
+        "print([str(m.message).split(' (Triggered')[0] for m in w if 'contiguous' in str(m.message)])\n")
+    out = [subprocess.run([sys.executable, "-c", code.replace("DEV", repr(dev))],
+                          capture_output=True, text=True, timeout=300).stdout
+           for dev in ("cpu", "tpu")]
+    assert "non-contiguous" in out[0]
+    assert out[1] == out[0]
+
+
+@pytest.mark.parametrize("dtype,out_int32", [(torch.float32, False), (torch.int32, False),
+                                             (torch.int64, True)])
+def test_searchsorted_out_of_the_wrong_dtype_raises_as_cpu(dtype, out_int32):
+    # tpu cast the indices into out
+    def run(dev):
+        v = torch.arange(1, 10, device=dev)
+        torch.searchsorted(v, v, out=v.to(dtype), out_int32=out_int32)
+
+    _same_error(run)
+
+
+def test_searchsorted_sorter_must_be_long_as_cpu():
+    # tpu converted a float sorter to indices
+    def run(dev):
+        seq = torch.tensor([3.0, 1.0, 2.0], device=dev)
+        torch.searchsorted(seq, seq, sorter=torch.tensor([1.0, 2.0, 0.0], device=dev))
+
+    _same_error(run)
+
+    def ok(dev):
+        seq = torch.tensor([3.0, 1.0, 2.0], device=dev)
+        return (torch.searchsorted(seq, seq, sorter=torch.tensor([1, 2, 0], device=dev)),)
+
+    _same_values(ok)
+
+
+@pytest.mark.parametrize("op", ["all", "any"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_all_any_over_an_empty_dim_list_reduce_nothing_as_cpu(op, keepdim):
+    # tpu reduced every dim (and then failed its shape check)
+    def run(dev):
+        x = torch.tensor([[1.0, 0.0], [2.0, 3.0]], device=dev)
+        return (getattr(torch, op)(x, dim=[], keepdim=keepdim),
+                getattr(torch, op)(x.to(torch.uint8), dim=[], keepdim=keepdim))
+
+    _same_values(run)
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_argmin_over_a_dim_of_more_than_64_dims_raises_as_cpu(op):
+    def run(dev):
+        getattr(torch, op)(torch.ones([1] * 65, device=dev), dim=0)
+
+    _same_error(run)

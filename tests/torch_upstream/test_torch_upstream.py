@@ -1,7 +1,8 @@
 """PyTorch's own device-generic test files (test_view_ops.py, test_indexing.py,
 test_shape_ops.py, test_scatter_gather.py, test_sort_and_select.py,
-test_type_promotion.py, test_unary_ufuncs.py) run on ``tpu``, each in a child pytest,
-against an expected-failure list kept here (``expected_failures.txt``: test id + reason).
+test_type_promotion.py, test_unary_ufuncs.py, test_reductions.py) run on ``tpu``, each in a
+child pytest, against an expected-failure list kept here (``expected_failures.txt``: test id
++ reason).
 
 The files are upstream PyTorch's, unmodified, in ``shared/torch_tests`` beside the clone
 (``<clone>/../shared/torch_tests``); ``TORCHTPU_TORCH_TESTS_DIR`` names other folders to look
@@ -42,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FILES = ["test_view_ops.py", "test_indexing.py", "test_shape_ops.py",
          "test_scatter_gather.py", "test_sort_and_select.py", "test_type_promotion.py",
-         "test_unary_ufuncs.py"]
+         "test_unary_ufuncs.py", "test_reductions.py"]
 TIMEOUT_S = int(os.environ.get("TORCHTPU_TORCH_TESTS_TIMEOUT", "3600"))
 FAST_SUBSET = HERE / "fast_subset.txt"
 

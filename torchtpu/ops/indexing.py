@@ -706,7 +706,10 @@ def _searchsorted(seq, values, right, side, sorter, out_int32):
                                "got side of left while right was True")
         right = side == "right"
     if sorter is not None:
-        seq = j.take_along_axis(seq, sorter.astype(npdt(torch.int64)), axis=-1)
+        if tdtype(sorter) != torch.int64:
+            raise RuntimeError("torch.searchsorted(): sorter must be a tensor of long dtype but "
+                               f"got dtype {scalar_type_name(tdtype(sorter))}")
+        seq = j.take_along_axis(seq, sorter, axis=-1)
     if isinstance(values, Scalar):
         dt = promote(seq, values)
         v = cast(values, dt)
@@ -726,7 +729,44 @@ def _searchsorted(seq, values, right, side, sorter, out_int32):
     return r.reshape(v.shape).astype(out_dt) if lead else r.astype(out_dt)
 
 
-@lower(aten.searchsorted.Tensor)
+_SEARCHSORTED_WARNED: set = set()
+
+
+def _noncontiguous_warnings(vals):
+    """``prepare`` of searchsorted: PyTorch's once-per-program performance warnings for a
+    non-contiguous boundary or value tensor (its kernels copy them; the warnings are part
+    of what users see, so tpu gives them too)."""
+    if len(_SEARCHSORTED_WARNED) == 2:
+        return vals
+    for t, what in ((vals[1], "input value"), (vals[0], "boundary")):
+        if what not in _SEARCHSORTED_WARNED and isinstance(t, torch.Tensor) \
+                and not t.is_contiguous():
+            _SEARCHSORTED_WARNED.add(what)
+            warnings.warn(
+                f"torch.searchsorted(): {what} tensor is non-contiguous, this will lower the "
+                f"performance due to extra data copy when converting non-contiguous tensor "
+                f"to contiguous, please use contiguous {what} tensor if possible. This "
+                f"message will only appear once per program.", UserWarning, stacklevel=2)
+    return vals
+
+
+def _searchsorted_out_dtype(vals, dts):
+    """``out_dtypes`` hook (build time): ``out=`` must be int32 with ``out_int32``, else
+    int64, as CPU checks (PyTorch's meta kernel casts)."""
+    out = vals[6] if len(vals) > 6 else None
+    if isinstance(out, torch.Tensor):
+        want = torch.int32 if vals[2] else torch.int64
+        if out.dtype != want:
+            raise RuntimeError(
+                "torch.searchsorted(): output tensor's dtype is wrong, it can only be "
+                "Int(int32) or Long(int64) depending on whether out_int32 flag is True, but "
+                f"we got output tensor's dtype {scalar_type_name(out.dtype)} and out_int32 "
+                f"flag is {bool(vals[2])}")
+    return dts
+
+
+@lower(aten.searchsorted.Tensor, prepare=_noncontiguous_warnings,
+       out_dtypes=_searchsorted_out_dtype)
 def searchsorted(seq, x, out_int32=False, right=False, side=None, sorter=None):
     return _searchsorted(seq, x, right, side, sorter, out_int32)
 
@@ -980,9 +1020,17 @@ def bincount(x, weights=None, minlength=0):
     """``torch.bincount``: the output length is ``max(x) + 1`` (data-dependent: runs on
     concrete values).  int64 counts, or the weights' float dtype (float32 stays float32,
     other weights give float64, as on CPU)."""
+    # CPU's checks, in its order: integral dtype, minlength, 1-d and >= 0, weights
+    if not np.issubdtype(x.dtype, np.integer):
+        raise NotImplementedError(
+            f'"bincount" not implemented for {scalar_type_name(tdtype(x))!r}')
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
     v = np.asarray(x).reshape(-1)
-    if v.size and v.min() < 0:
+    if x.ndim != 1 or (v.size and v.min() < 0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.ndim != 1 or weights.shape[0] != x.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
     if weights is None:
         return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
     w = np.asarray(weights).reshape(-1)

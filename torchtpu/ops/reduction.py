@@ -12,12 +12,13 @@ int64.  The executor casts each result to the dtype of PyTorch's meta kernel.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
 from torchtpu.ops import aten, lower
 from torchtpu.ops._scalar import fits
-from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, tdtype
+from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, scalar_type_name, tdtype
 
 
 # ------------------------------------------------------------------ helpers
@@ -148,6 +149,8 @@ def prod_default(x, dtype=None):
 
 @lower(aten.nansum.default)
 def nansum(x, dim=None, keepdim=False, dtype=None):
+    if dim and x.ndim > 64:  # CPU's dim bitset (PyTorch's meta kernel skips the check)
+        raise RuntimeError("only tensors with up to 64 dims are supported")
     out = _accum_dtype(x, dtype)
     dims = _dims(x.ndim, dim)
     xc = cast(x, opmath(out))
@@ -189,6 +192,8 @@ def amin(x, dim=(), keepdim=False):
 
 @lower(aten.aminmax.default)
 def aminmax(x, dim=None, keepdim=False):
+    if tdtype(x).is_complex:  # CPU's kernel has no complex case (0-d inputs included)
+        raise RuntimeError(f"aminmax not implemented for {scalar_type_name(tdtype(x))}")
     if dim is None and x.size == 0:
         raise RuntimeError(
             "aminmax(): cannot compute aminmax over an empty dimension as the operation "
@@ -219,11 +224,22 @@ def _bool_reduction(name, pkt):
         return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, [dim]), keepdims=keepdim)
 
     def dims(x, dim=None, keepdim=False):
+        if dim is not None and len(dim) == 0:  # all/any over dim=[] reduce nothing (as CPU)
+            return _to_bool(x)
         return getattr(jnp(), name)(_to_bool(x), axis=_dims(x.ndim, dim), keepdims=keepdim)
 
-    lower(pkt.default)(default)
-    lower(pkt.dim)(one_dim)
-    lower(pkt.dims)(dims)
+    def bytebool_out(vals, dts):
+        """``out_dtypes`` hook (build time): CPU's ``allany_meta`` accepts only a bool or
+        uint8 ``out=`` tensor; PyTorch's meta kernel (its Python reference) casts into any."""
+        out = vals[-1] if len(vals) > 1 else None
+        if isinstance(out, torch.Tensor) and out.dtype not in (torch.bool, torch.uint8):
+            raise RuntimeError(f"{name} only supports bool tensor for result, got: "
+                               f"{scalar_type_name(out.dtype)}")
+        return dts
+
+    lower(pkt.default, out_dtypes=bytebool_out)(default)
+    lower(pkt.dim, out_dtypes=bytebool_out)(one_dim)
+    lower(pkt.dims, out_dtypes=bytebool_out)(dims)
 
 
 _bool_reduction("any", aten.any)
@@ -255,6 +271,8 @@ def _arg(x, dim, keepdim, is_max, name):
     j = jnp()
     if x.dtype == j.bool_:
         raise RuntimeError(f"{name}(): does not support bool input")
+    if dim is not None and x.ndim > 64:  # CPU's dim bitset (the meta kernel skips it)
+        raise RuntimeError("only tensors with up to 64 dims are supported")
     if dim is None:
         if x.size == 0:
             raise IndexError(
@@ -369,28 +387,55 @@ def _var(x, dim, correction, keepdim):
     return var, mean
 
 
-@lower(aten.var.correction)
+def _dof_check(name, unbiased=False):
+    """``prepare`` of var/std(_mean): CPU warns "degrees of freedom is <= 0" when the
+    correction is not below the number of elements reduced per output (host-side, per
+    call: the executable is shared by every correction)."""
+
+    def prepare(vals):
+        x, dim, c = vals[0], vals[1], vals[2]
+        if unbiased:
+            c = 1.0 if c else 0.0
+        elif c is None:
+            c = 1.0
+        elif not isinstance(c, (int, float)):
+            return vals
+        if x.numel() == 0:
+            return vals
+        dims = _dims(x.dim(), dim)
+        n = math.prod(x.shape[d] for d in dims)
+        if n - c <= 0:
+            warnings.warn(
+                f"{name}(): degrees of freedom is <= 0. Correction should be strictly less "
+                f"than the reduction factor (input numel divided by output numel).",
+                UserWarning, stacklevel=2)
+        return vals
+
+    return prepare
+
+
+@lower(aten.var.correction, prepare=_dof_check("var"))
 def var_correction(x, dim=None, correction=None, keepdim=False):
     return _var(x, dim, correction, keepdim)[0]
 
 
-@lower(aten.std.correction)
+@lower(aten.std.correction, prepare=_dof_check("std"))
 def std_correction(x, dim=None, correction=None, keepdim=False):
     return jnp().sqrt(_var(x, dim, correction, keepdim)[0])
 
 
-@lower(aten.var_mean.correction)
+@lower(aten.var_mean.correction, prepare=_dof_check("var_mean"))
 def var_mean_correction(x, dim=None, correction=None, keepdim=False):
     return _var(x, dim, correction, keepdim)
 
 
-@lower(aten.std_mean.correction)
+@lower(aten.std_mean.correction, prepare=_dof_check("std_mean"))
 def std_mean_correction(x, dim=None, correction=None, keepdim=False):
     v, m = _var(x, dim, correction, keepdim)
     return jnp().sqrt(v), m
 
 
-@lower(aten.var.dim)
+@lower(aten.var.dim, prepare=_dof_check("var", unbiased=True))
 def var_dim(x, dim=None, unbiased=True, keepdim=False):
     from torchtpu.ops._scalar import Scalar
 
@@ -398,7 +443,7 @@ def var_dim(x, dim=None, unbiased=True, keepdim=False):
     return _var(x, dim, c, keepdim)[0]
 
 
-@lower(aten.std.dim)
+@lower(aten.std.dim, prepare=_dof_check("std", unbiased=True))
 def std_dim(x, dim=None, unbiased=True, keepdim=False):
     return jnp().sqrt(var_dim(x, dim, unbiased, keepdim))
 
@@ -695,7 +740,19 @@ def nanmedian(x):
     return _median_all(x, True)
 
 
-@lower(aten.mode.default)
+def _mode_out_dtypes(vals, dts):
+    """``out_dtypes`` hook (build time): ``mode(out=(values, indices))`` needs the input's
+    dtype and int64, as CPU's kernel checks (PyTorch's meta kernel casts)."""
+    if len(vals) == 5 and isinstance(vals[3], torch.Tensor):
+        for t, want, what in ((vals[3], vals[0].dtype, "values"),
+                              (vals[4], torch.int64, "indices")):
+            if t.dtype != want:
+                raise RuntimeError(f"expected scalar type '{scalar_type_name(want)}' but got "
+                                   f"'{scalar_type_name(t.dtype)}' for {what} output")
+    return dts
+
+
+@lower(aten.mode.default, out_dtypes=_mode_out_dtypes)
 def mode(x, dim=-1, keepdim=False):
     """Most frequent value along ``dim`` (ties: the smallest value) and the index of its
     last occurrence."""
@@ -730,7 +787,33 @@ def mode(x, dim=-1, keepdim=False):
     return val, idx.astype(i64)
 
 
-@lower(aten.histc.default, static_scalars=True, prepare=fits(2, 3))
+_histc_fits = fits(2, 3)
+
+
+def _histc_prepare(vals):
+    """``prepare`` of histc: ``min``/``max`` must fit the input's dtype; with ``min ==
+    max`` the data's range is used and must be finite (CPU's "range of [a, b] is not
+    finite").  That reads the data's min and max: a sync point, as on CUDA, whose kernel
+    reads them on the host too.  A compiled graph (fake tensors, no values) runs only the
+    ``fits`` part."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    vals = _histc_fits(vals)
+    x, lo, hi = vals[0], vals[2], vals[3]
+    if not isinstance(lo, torch.Tensor) and not isinstance(hi, torch.Tensor) \
+            and float(lo) == float(hi) and x.numel() and x.is_floating_point() \
+            and not is_fake(x):
+        mn, mx = torch.aminmax(x.detach())
+        mn, mx = float(mn), float(mx)
+        if not (math.isfinite(mn) and math.isfinite(mx)):
+            raise RuntimeError(f"torch.histc: range of [{mn:g}, {mx:g}] is not finite")
+    return vals
+
+
+_histc_prepare.scalar_check = True  # as fits(2, 3) was: compile runs the fits part
+
+
+@lower(aten.histc.default, static_scalars=True, prepare=_histc_prepare)
 def histc(x, bins=100, min=0, max=0):
     """``torch.histc``: ``bins`` equal-width bins over [min, max] (the data's range when
     both are 0); values outside are ignored; the last bin includes ``max``.  Counts have
@@ -966,3 +1049,41 @@ def _dt_name(dt):
     import numpy as np
 
     return {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}.get(np.dtype(dt), str(dt))
+
+
+# mode.values (``torch.mode(..., out=)``) has a CompositeExplicitAutograd kernel that
+# refuses devices other than CPU, CUDA and XPU, so the PrivateUse1 fallback never sees it:
+# its own PrivateUse1 kernel runs the executor's out= plan derived from ``mode``.
+def _mode_values(*args, **kwargs):
+    from torchtpu.eager import executor
+
+    return executor.plan_for(aten.mode.values)(args, kwargs)
+
+
+_ATEN = torch.library.Library("aten", "IMPL")
+_ATEN.impl("mode.values", _mode_values, "PrivateUse1")
+
+
+@lower(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """``torch.hash_tensor`` (mode 0, the only one PyTorch has): the XOR of the elements'
+    bits as uint64 over ``dim`` (all dims when empty); floating inputs are widened to
+    float64 and their bits taken, integers and bool converted to uint64 (sign-extended),
+    as PyTorch's kernel and its NumPy reference."""
+    import numpy as np
+
+    j = jnp()
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor: Only mode=0 (xor_sum) is supported right now, "
+                           f"got mode={mode}")
+    if j.issubdtype(x.dtype, j.complexfloating):
+        _raise("hash_tensor", "complex input")
+    if j.issubdtype(x.dtype, j.floating):
+        u = lax().bitcast_convert_type(x.astype(np.float64), np.uint64)
+    else:
+        u = x.astype(np.int64).astype(np.uint64) if x.dtype != j.bool_ else x.astype(np.uint64)
+    dims = _dims(x.ndim, dim)
+    r = lax().reduce(u, np.uint64(0), lax().bitwise_xor, dims)
+    if keepdim:
+        r = r.reshape(_out_shape(x.shape, dims, True))
+    return r
