@@ -108,14 +108,7 @@ def first_call(jitted, args, on_tier_up, entry=None, check_info=None):
                 return outs, _tier_up(jitted, on_tier_up, entry, check_info)
     t0 = time.perf_counter()
     if opts is None:
-        if entry is None:
-            outs = jitted(*args)
-            caller = jitted
-        else:
-            pc = M.persistent_cache["hits"]
-            caller = jitted.lower(*args).compile()
-            outs = caller(*args)
-            entry.save("full", caller, check_info, pc)
+        outs, caller = _full_tier(jitted, args, entry, check_info)
         dt = time.perf_counter() - t0
         M.compiles += 1
         M.compile_seconds += dt
@@ -133,20 +126,25 @@ def first_call(jitted, args, on_tier_up, entry=None, check_info=None):
     return outs, _tier_up(jitted, on_tier_up, entry, check_info)
 
 
+def _full_tier(jitted, args, entry, check_info):
+    """``(outputs, executable)``: ``jitted`` compiled at the full tier and run on
+    ``args``; with an ``entry``, compiled explicitly so the executable can be stored."""
+    if entry is None:
+        return jitted(*args), jitted
+    pc = M.persistent_cache["hits"]
+    full = jitted.lower(*args).compile()
+    outs = full(*args)
+    entry.save("full", full, check_info, pc)
+    return outs, full
+
+
 def _tier_up(jitted, on_tier_up, entry, check_info):
     """The one-shot caller that recompiles ``jitted`` at the full tier (stored in
     ``entry`` when there is one), hands it to ``on_tier_up`` and runs it."""
 
     def tier_up(*a):
         t1 = time.perf_counter()
-        if entry is None:
-            res = jitted(*a)
-            full = jitted
-        else:
-            pc = M.persistent_cache["hits"]
-            full = jitted.lower(*a).compile()
-            res = full(*a)
-            entry.save("full", full, check_info, pc)
+        res, full = _full_tier(jitted, a, entry, check_info)
         d = time.perf_counter() - t1
         M.compiles += 1
         M.compile_seconds += d
