@@ -72,7 +72,8 @@ def test_off_disables_it(tmp_path):
     res = _run("off")
     assert res["dir"] is None
     assert res["cache"] == {"hits": 0, "misses": 0, "load_seconds": 0.0}
-    assert res["signatures"] == {"hits": 0, "stores": 0, "load_seconds": 0.0}
+    assert res["signatures"] == {"hits": 0, "stores": 0, "load_seconds": 0.0,
+                                 "structure_mismatches": 0}
     assert res["diff"] < 1e-5
 
 

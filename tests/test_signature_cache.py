@@ -83,6 +83,31 @@ def test_quick_tier_entries_are_stored_and_tier_up_as_before(tmp_path):
 def test_off_with_the_environment_variable(tmp_path):
     res = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
     again = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
-    assert res["sig"] == again["sig"] == {"hits": 0, "stores": 0, "load_seconds": 0.0}
+    assert res["sig"] == again["sig"] == {"hits": 0, "stores": 0, "load_seconds": 0.0,
+                                          "structure_mismatches": 0}
     assert again["compiles"] == res["compiles"]
     assert not (tmp_path / "c" / "torchtpu-signatures").exists()
+
+
+def test_out_into_an_uninitialized_and_an_initialized_tensor(eager_mode):
+    """``out=`` into ``torch.empty`` passes no array for it, ``out=`` into a written tensor
+    passes its array: two input structures, which the signature must tell apart (a loaded
+    or explicitly compiled executable refuses the other structure; ``jax.jit`` had traced
+    it again silently).  Found by ``test_moe_grouped_mm_experts_path_matches_cpu`` and the
+    DDP test in a fresh clone."""
+    import torch
+
+    import torchtpu
+
+    torchtpu.reset_metrics()
+    a = torch.arange(6.0).reshape(2, 3)
+    for shape in ((2, 3), (3, 2)):
+        x = a.reshape(shape)
+        got = []
+        for make in (torch.empty, torch.ones, torch.empty):
+            out = make(shape, device="tpu")
+            torch.mul(x.to("tpu"), 2.5, out=out)
+            got.append(out.cpu())
+        for g in got:
+            assert torch.equal(g, x * 2.5)
+    assert torchtpu.metrics()["signature_cache"]["structure_mismatches"] == 0

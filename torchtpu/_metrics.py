@@ -63,7 +63,9 @@ class Metrics:
             ``load_seconds``.
         signature_cache: the eager per-op executables stored under their op signature
             (``eager.signature_cache``): ``hits`` (loaded without tracing, lowering or
-            compiling; not counted in ``compiles``), ``stores`` and ``load_seconds``.
+            compiling; not counted in ``compiles``), ``stores``, ``load_seconds`` and
+            ``structure_mismatches`` (calls whose input structure the signature missed:
+            run through ``jax.jit`` instead; a bug to report).
         collectives: ``torch.distributed`` calls on the ``tpu_dist`` backend by path and
             collective: ``{"xla": {"allreduce": n, ...}, "gloo": {...}, "cpu": {...}}``
             ("xla": one XLA computation; "gloo": tpu tensors staged through host memory
@@ -110,7 +112,8 @@ class Metrics:
             "executable_cache_hits": 0, "collectives": 0, "eager_collective_graphs": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
-        self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0}
+        self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,
+                                "structure_mismatches": 0}
         self.collectives = collections.Counter()
         self.sdpa = {"fused": 0, "math": 0}
 

@@ -99,7 +99,7 @@ class Executable:
     """
 
     __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
-                 "out_avals", "name", "check_info", "groups", "key")
+                 "out_avals", "name", "check_info", "groups", "key", "jitted")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
         self.compiled = False
@@ -109,6 +109,7 @@ class Executable:
         self.check_info = ()  # device checks (exception type, message), see ops._checks
         self.groups = None  # Tensor[] results: per ATen output, its list length (else None)
         self.key = None  # the signature (executor cache key): names it on disk
+        self.jitted = None  # the jax.jit function (ex.call may be a loaded executable)
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -226,10 +227,11 @@ class _Call:
             self.arrays[j] = _input_array(sd, False)
         offs = self.offs
         spec = _st.view_spec(t, sd) if offs is None else _st.dynamic_view_spec(t, sd, offs)
-        if sd.arr is None and not writeonly:
-            # an uninitialized storage (torch.empty) that is read: the executable reads
-            # zeros made inside it, not a zeros array compiled per shape beforehand
-            self.key.append((j, spec, "uninit"))
+        if sd.arr is None:
+            # an uninitialized storage (torch.empty): read, the executable reads zeros made
+            # inside it, not a zeros array compiled per shape beforehand; written only
+            # (out=), it is passed as None, which the key must tell from an array
+            self.key.append((j, spec, "uninit_out" if writeonly else "uninit"))
         else:
             self.key.append((j, spec))
 
@@ -412,7 +414,10 @@ class LoweredPlan:
                 outs = outs[:-1]
             return self._finish(ex, c, vals, outs)
         if ex.compiled:
-            outs = ex.call(c.arrays, c.dyn)
+            try:
+                outs = ex.call(c.arrays, c.dyn)
+            except TypeError:
+                outs = self._other_structure(ex, c)
         else:
             outs = self._first_call(ex, c, vals)
         global LAST_OUTPUTS
@@ -441,6 +446,18 @@ class LoweredPlan:
             ) from e
         ex.compiled = True
         return outs
+
+    def _other_structure(self, ex, c):
+        """A call whose inputs' structure the signature does not capture (``jax.jit``
+        traces such a call again; a ``Compiled`` from the signature cache refuses it): run
+        it, and the signature's later calls, through ``jax.jit`` (``ex.jitted``), and
+        count it (``metrics()["signature_cache"]["structure_mismatches"]``: a key that
+        should name more)."""
+        if ex.jitted is None or ex.call is ex.jitted:
+            raise
+        M.signature_cache["structure_mismatches"] += 1
+        ex.call = ex.jitted
+        return ex.call(c.arrays, c.dyn)
 
     def _resize_outs(self, vals, shapes):
         inputs = {x.untyped_storage()._cdata for j in self.sig.tensor_idx
@@ -701,6 +718,7 @@ class LoweredPlan:
         ex.traced = traced
         ex.name = str(self.op)
         ex.key = key
+        ex.jitted = jitted
         return ex
 
     def _run_dynamic(self, vals):
