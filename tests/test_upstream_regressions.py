@@ -789,3 +789,27 @@ def test_argmax_argmin_over_a_dim_of_more_than_64_dims_raises_as_cpu(op):
         getattr(torch, op)(torch.ones([1] * 65, device=dev), dim=0)
 
     _same_error(run)
+
+
+# ---------------------------------------------------------------------------------------
+# found by the session-6 fresh-clone break attempts (executor cache key)
+
+
+def test_constant_float_arguments_signed_zero_and_nan_as_cpu(eager_mode):
+    """A float argument compiled into the executable is keyed by its value: -0.0 and 0.0
+    compare equal, so ``nan_to_num(x, nan=0.0)`` after ``nan=-0.0`` reused the -0.0
+    executable (CPU: +0.0); NaN compares unequal to itself, so every call with
+    ``posinf=nan`` compiled again."""
+    import torchtpu
+
+    x = torch.tensor([float("nan"), 1.0, float("inf")])
+    for nan in (-0.0, 0.0, -0.0):
+        got = torch.nan_to_num(x.to("tpu"), nan=nan).cpu()
+        want = torch.nan_to_num(x, nan=nan)
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), nan
+    torchtpu.reset_metrics()
+    for _ in range(3):
+        got = torch.nan_to_num(x.to("tpu"), nan=2.0, posinf=float("nan")).cpu()
+    want = torch.nan_to_num(x, nan=2.0, posinf=float("nan"))
+    assert torch.equal(got.isnan(), want.isnan()) and got[1] == want[1]
+    assert torchtpu.metrics()["cache_misses"] <= 1

@@ -279,6 +279,13 @@ def _host_scalar(t):
 _default_dtype = torch.get_default_dtype
 
 
+def _float_key(v: float):
+    """A constant float argument as the cache key holds it where ``==`` misleads: -0.0
+    equals 0.0 (an executable built for one returned the other's sign) and NaN equals
+    nothing (every call compiled again)."""
+    return ("float", repr(v))
+
+
 def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
     c = _Call(not plan.sig.mutated_lists)
@@ -312,6 +319,8 @@ def gather(plan, vals):
             elif plan.lowering.static_scalars or v is defaults[i]:
                 # static: compiled in as a constant (schema defaults such as alpha=1
                 # never change, so passing them as device scalars would only cost)
+                if v.__class__ is float and (v == 0 or v != v):
+                    v = _float_key(v)
                 key.append(("s", type(v), v))
             else:
                 if isinstance(v, torch.Tensor):  # a Scalar passed as 0-d tensor
@@ -326,6 +335,8 @@ def gather(plan, vals):
         else:
             if isinstance(v, list):
                 v = tuple(v)
+            elif v.__class__ is float and (v == 0 or v != v):
+                v = _float_key(v)
             key.append(v)
     if c.index is None:
         # factory-like call: the device comes from a static `device` argument
