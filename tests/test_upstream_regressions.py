@@ -813,3 +813,25 @@ def test_constant_float_arguments_signed_zero_and_nan_as_cpu(eager_mode):
     want = torch.nan_to_num(x, nan=2.0, posinf=float("nan"))
     assert torch.equal(got.isnan(), want.isnan()) and got[1] == want[1]
     assert torchtpu.metrics()["cache_misses"] <= 1
+
+
+def test_negative_index_raises_in_index_select_add_copy_as_cpu():
+    """CPU's ``index_select``, ``index_add`` and ``index_copy`` reject a negative index
+    (IndexError); tpu wrapped it around and returned the last row.  ``index_fill`` wraps
+    on both."""
+    idx = torch.tensor([0, -1])
+    cases = {
+        "index_select": lambda d: torch.arange(4.0, device=d).index_select(0, idx.to(d)),
+        "index_add": lambda d: torch.zeros(4, device=d).index_add(0, idx.to(d),
+                                                                  torch.ones(2, device=d)),
+        "index_copy": lambda d: torch.zeros(4, device=d).index_copy(0, idx.to(d),
+                                                                    torch.ones(2, device=d)),
+        "index_select dim 1": lambda d: torch.ones(2, 4, device=d).index_select(1, idx.to(d)),
+    }
+    for name, f in cases.items():
+        with pytest.raises((IndexError, RuntimeError)):
+            f("cpu")
+        with pytest.raises(IndexError):
+            f("tpu").cpu()
+    fill = lambda d: torch.zeros(4, device=d).index_fill(0, idx.to(d), 1.0)  # noqa: E731
+    assert torch.equal(fill("tpu").cpu(), fill("cpu"))

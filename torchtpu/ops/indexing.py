@@ -490,7 +490,17 @@ def _dim_key(ndim, dim, idx):
 
 
 def _index1d(index, size):
+    """A 1-D index that wraps negative entries (``index_fill``), as int64."""
     return _wrap(index.reshape(-1), size)
+
+
+def _index1d_nonneg(index, size, message, exc=IndexError):
+    """A 1-D index whose entries must lie in ``[0, size)``, as CPU's ``index_select``,
+    ``index_add`` and ``index_copy`` check (no wrapping: ``index_select(0, [-1])`` raises
+    on CPU); a device-side check raising ``exc(message)``."""
+    idx = index.reshape(-1).astype(npdt(torch.int64))
+    _checks.check((idx < 0) | (idx >= size), exc, message)
+    return idx
 
 
 @lower(aten.index_select.default)
@@ -498,7 +508,8 @@ def index_select(x, dim, index):
     if x.ndim == 0:  # PyTorch: index must hold one element (0); the result is 0-d
         return x
     dim = _dim(dim, x.ndim)
-    return jnp().take(x, _index1d(index, x.shape[dim]), axis=dim)
+    idx = _index1d_nonneg(index, x.shape[dim], "index out of range in self")
+    return jnp().take(x, idx, axis=dim)
 
 
 def _source_for(x, dim, source, dt):
@@ -548,7 +559,7 @@ def index_add(x, dim, index, source, alpha=1):
     xx = x.reshape(1) if zero_d else x
     dim = _dim(dim, xx.ndim)
     s = _source_for(x, dim, source, dt)
-    idx = _index1d(index, xx.shape[dim])
+    idx = _index1d_nonneg(index, xx.shape[dim], "index out of range in self")
     key = _dim_key(xx.ndim, dim, idx)
     if dt in (torch.bfloat16, torch.float16):
         wide = _cpu_scatter_add_path(xx, dim, index, s, alpha)
@@ -573,7 +584,9 @@ def index_copy(x, dim, index, source):
     xx = x.reshape(1) if zero_d else x
     dim = _dim(dim, xx.ndim)
     s = _source_for(x, dim, source, dt)
-    idx = _index1d(index, xx.shape[dim])
+    idx = _index1d_nonneg(
+        index, xx.shape[dim],
+        f"index_copy_(): index out of bounds for dimension {dim} with size {xx.shape[dim]}")
     r = xx.at[_dim_key(xx.ndim, dim, idx)].set(s)
     return r.reshape(()) if zero_d else r
 
