@@ -187,18 +187,24 @@ def run(kind: str, procs: tuple, arr, op: str | None = None, arg=None):
     shape = input shape; ``allgather``: ``(n * d0, ...)``; ``reduce_scatter``: input
     ``(n * k, ...)``, result ``(k, ...)``.  Per call: one dict lookup, the global array
     around ``arr`` (no copy) and the program's dispatch."""
-    shape = arr.shape
-    key = (kind, procs, shape, arr.dtype, op, arg)
-    ent = _RUNS.get(key)
+    f, sharding, gshape, make = _entry(_RUNS, _program, kind, procs, arr, op, arg)
+    return f(make(gshape, sharding, [arr])).addressable_data(0)
+
+
+def _entry(cache: dict, build, kind: str, procs: tuple, arr, op, arg):
+    """``(program, sharding, global shape, make_array)`` of collective ``kind`` on
+    ``arr``'s shape and dtype, built by ``build`` (:func:`_program`,
+    :func:`_checked_program`) once per signature and kept in ``cache``."""
+    key = (kind, procs, arr.shape, arr.dtype, op, arg)
+    ent = cache.get(key)
     if ent is None:
         jax = runtime.jax()
-        shape = tuple(shape)
-        f = _program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
+        shape = tuple(arr.shape)
+        f = build(kind, procs, shape, np.dtype(arr.dtype), op, arg)
         sharding = jax.sharding.NamedSharding(mesh(procs), jax.sharding.PartitionSpec("r"))
-        ent = _RUNS[key] = (f, sharding, (len(procs) * shape[0],) + shape[1:],
+        ent = cache[key] = (f, sharding, (len(procs) * shape[0],) + shape[1:],
                             jax.make_array_from_single_device_arrays)
-    f, sharding, gshape, make = ent
-    return f(make(gshape, sharding, [arr])).addressable_data(0)
+    return ent
 
 
 _CHECKED: dict = {}  # same, for _checked_program
@@ -212,17 +218,7 @@ def run_checked(kind: str, procs: tuple, arr, sig, op: str | None = None, arg=No
     rows, bad)``: this process's result (when the rows differ no data collective ran:
     see :func:`_checked_program`), the ``(n, L)`` rows of every rank and the
     bool ``(1,)`` flag "the rows differ" (JAX arrays, not waited for)."""
-    shape = arr.shape
-    key = (kind, procs, shape, arr.dtype, op, arg)
-    ent = _CHECKED.get(key)
-    if ent is None:
-        jax = runtime.jax()
-        shape = tuple(shape)
-        f = _checked_program(kind, procs, shape, np.dtype(arr.dtype), op, arg)
-        sharding = jax.sharding.NamedSharding(mesh(procs), jax.sharding.PartitionSpec("r"))
-        ent = _CHECKED[key] = (f, sharding, (len(procs) * shape[0],) + shape[1:],
-                               jax.make_array_from_single_device_arrays)
-    f, sharding, gshape, make = ent
+    f, sharding, gshape, make = _entry(_CHECKED, _checked_program, kind, procs, arr, op, arg)
     out, rows, bad = f(make(gshape, sharding, [arr]), sig)
     return out.addressable_data(0), rows.addressable_data(0), bad.addressable_data(0)
 
