@@ -161,14 +161,20 @@ except RuntimeError as e:
 """
 
 
+def _two_ranks(script):
+    """Ranks 0 and 1 of ``script`` (``python -c script RANK PORT``) on the CPU platform,
+    started on a free port; their output piped (stderr into stdout)."""
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    return [subprocess.Popen([sys.executable, "-c", script, str(r), port], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for r in range(2)]
+
+
 def test_killed_rank_raises_within_timeout():
     # the survivor's next collective raises (never hangs), and the survivor's process
     # ends soon after (JAX's coordination service ends it once the heartbeat times out)
-    port = str(_free_port())
-    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
-    procs = [subprocess.Popen([sys.executable, "-c", _KILLED_RANK, str(r), port], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+    procs = _two_ranks(_KILLED_RANK)
     try:
         out0 = procs[0].communicate(timeout=60)[0]  # JAX default heartbeat: ~105 s
     except subprocess.TimeoutExpired:
@@ -198,11 +204,7 @@ dist.destroy_process_group()
 def test_rank_that_finishes_early_does_not_abort_the_others():
     # rank 1 ends its program while rank 0 still works: at exit JAX's shutdown barrier
     # waits for rank 0 (it used to time out after the group's timeout and abort both)
-    port = str(_free_port())
-    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
-    procs = [subprocess.Popen([sys.executable, "-c", _EARLY_EXIT, str(r), port], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+    procs = _two_ranks(_EARLY_EXIT)
     try:
         outs = [p.communicate(timeout=120)[0] for p in procs]
     except subprocess.TimeoutExpired:
