@@ -20,6 +20,8 @@ class Metrics:
         decomposed_ops: ops run through a PyTorch decomposition.
         view_ops: view ops (metadata only, no device work).
         cache_hits / cache_misses: per-op executable cache lookups.
+        executable_evictions: per-op executables and DeferAndFuse segments dropped from
+            their bounded caches (``torchtpu._device.executable_limit``).
         compiles: XLA compilations; compile_seconds: wall time spent in them (seconds).
         quick_compiles / quick_compile_seconds: those at the quick tier (a signature's
             first use, see ``torchtpu.eager.tiers``); tier_ups / tier_up_seconds: the
@@ -87,6 +89,7 @@ class Metrics:
         self.view_ops = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.executable_evictions = 0
         self.compiles = 0
         self.compile_seconds = 0.0
         self.quick_compiles = 0

@@ -29,6 +29,7 @@ import weakref
 import numpy as np
 import torch
 
+from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 
 _CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -124,7 +125,7 @@ class StorageData:
         return self.arr
 
 
-_ZEROS: dict = {}
+_ZEROS = _executable_limit.LRUCache(share=0.125)  # one executable per shape and dtype
 
 
 def zeros(shape: tuple, dtype: torch.dtype, index: int):
@@ -137,10 +138,10 @@ def zeros(shape: tuple, dtype: torch.dtype, index: int):
         from jax.sharding import SingleDeviceSharding
 
         np_dtype = runtime.to_np_dtype(dtype)
-        f = _ZEROS[key] = jax.jit(
+        f = _ZEROS.put(key, jax.jit(
             lambda: jax.numpy.zeros(shape, np_dtype),
             out_shardings=SingleDeviceSharding(runtime.jax_device(index)),
-        )
+        ))
     return f()
 
 

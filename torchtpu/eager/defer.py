@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 
 from torchtpu import _metrics
+from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
 
@@ -40,7 +41,7 @@ SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit"
 CUT_AT_BACKWARD = os.environ.get("TORCHTPU_DEFER_CUT_AT_BACKWARD", "1") != "0"
 
 _current = None
-_CACHE: dict = {}
+_CACHE = _executable_limit.LRUCache(share=0.25)  # compiled segments, bounded
 _get_ident = threading.get_ident
 # sys.getrefcount of a segment input held by nobody else: the inputs list + the call's
 # own argument reference.
@@ -173,14 +174,15 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
     del inputs
     if fn is None:
         M.segment_cache_misses += 1
-        fn = _CACHE[key] = _build(seg, [(n, o) for _, n, o in live], donate,
-                                  len(donated) + len(kept))
+        fn = _CACHE.put(key, _build(seg, [(n, o) for _, n, o in live], donate,
+                                  len(donated) + len(kept)))
         t0 = time.perf_counter()
         results = fn(donated, kept, _pack(seg.dyn, fn.groups))
         M.compiles += 1
         M.compile_seconds += time.perf_counter() - t0
     else:
         M.segment_cache_hits += 1
+        _CACHE.move_to_end(key)
         results = fn(donated, kept, _pack(seg.dyn, fn.groups))
     executor.LAST_OUTPUTS = results
     for (lz, _, _), r in zip(live, results):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from torchtpu import _metrics
+from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime, state
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
@@ -121,7 +122,7 @@ class Executable:
         self.resize = resize
 
 
-_CACHE: dict = {}
+_CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
 LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
 
 
@@ -411,13 +412,14 @@ class LoweredPlan:
         if ex is None:
             M.cache_misses += 1
             try:
-                ex = _CACHE[key] = self._build(vals, c, key)
+                ex = _CACHE.put(key, self._build(vals, c, key))
             except NotImplementedError as refused:
                 # a case the lowering refuses (e.g. overlapping views in a mutated list):
                 # the opt-in CPU fallback runs it, as it runs ops without a lowering
                 return UnsupportedPlan(self.op).fallback_or_raise(args, kwargs, refused)
         else:
             M.cache_hits += 1
+            _CACHE.move_to_end(key)
         if ex.resize is not None:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
@@ -880,7 +882,7 @@ def _rebuild(item, arrays, dyn_it, slot_meta, offs=None):
 # ----------------------------------------------------------------- host reads
 
 
-_READERS: dict = {}
+_READERS = _executable_limit.LRUCache(share=0.25)  # one executable per view geometry
 
 
 def to_jax(t: torch.Tensor):
@@ -892,10 +894,10 @@ def to_jax(t: torch.Tensor):
     if len(spec) == 2:
         return arr
     f = _READERS.get(spec)
-    if f is None:  # one reader per view geometry; the offset is an argument
-        if len(_READERS) > 4096:
-            _READERS.clear()
-        f = _READERS[spec] = runtime.jax().jit(lambda a, o, _s=spec: _st.read_view(a, _s, o))
+    if f is not None:
+        _READERS.move_to_end(spec)
+    else:  # one reader per view geometry; the offset is an argument
+        f = _READERS.put(spec, runtime.jax().jit(lambda a, o, _s=spec: _st.read_view(a, _s, o)))
     return f(arr, np.asarray(offs, dtype=np.int32))
 
 
@@ -951,7 +953,7 @@ def check_pending() -> None:
             raise exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
 
 
-_RETYPERS: dict = {}
+_RETYPERS = _executable_limit.LRUCache(share=0.125)
 
 
 def retype(arr, dtype: torch.dtype, shape: tuple):
@@ -959,9 +961,9 @@ def retype(arr, dtype: torch.dtype, shape: tuple):
     key = (arr.shape, arr.dtype, dtype, shape)
     f = _RETYPERS.get(key)
     if f is None:
-        f = _RETYPERS[key] = runtime.jax().jit(
+        f = _RETYPERS.put(key, runtime.jax().jit(
             lambda a: _st._bitcast(a.reshape(-1), dtype).reshape(shape)
-        )
+        ))
     return f(arr)
 
 
