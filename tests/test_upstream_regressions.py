@@ -835,3 +835,54 @@ def test_negative_index_raises_in_index_select_add_copy_as_cpu():
             f("tpu").cpu()
     fill = lambda d: torch.zeros(4, device=d).index_fill(0, idx.to(d), 1.0)  # noqa: E731
     assert torch.equal(fill("tpu").cpu(), fill("cpu"))
+
+
+# --- searchsorted follows CPU's binary search step for step (NaN in the boundaries) ---
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_with_nan_in_boundaries_as_cpu(right, eager_mode):
+    nan, inf = float("nan"), float("inf")
+    queries = torch.tensor([2.5, 4, inf, nan, -1.0, -inf, 1, 2, 3])
+    for seq in ([1, 2, 2, 3, nan], [nan, 1.0, 2.0], [nan, nan], [3.0, 1, 2, 5, 4]):
+        s = torch.tensor(seq)
+        want = torch.searchsorted(s, queries, right=right)
+        got = torch.searchsorted(s.to("tpu"), queries.to("tpu"), right=right)
+        assert torch.equal(got.cpu(), want), (seq, got, want)
+
+
+def test_searchsorted_batched_with_sorter_and_nans_as_cpu():
+    g = torch.Generator().manual_seed(3)
+    s = torch.randint(-5, 5, (4, 17), generator=g).double()
+    s[torch.rand(s.shape, generator=g) < 0.15] = float("nan")
+    v = torch.randint(-6, 6, (4, 9), generator=g).double()
+    sorter = torch.argsort(torch.rand(s.shape, generator=g), -1)
+    for right in (False, True):
+        want = torch.searchsorted(s, v, right=right, sorter=sorter)
+        got = torch.searchsorted(s.to("tpu"), v.to("tpu"), right=right, sorter=sorter.to("tpu"))
+        assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("sorter", [[0, 1, 5], [0, -1, 2]])
+def test_searchsorted_sorter_out_of_range_raises_as_cpu(sorter):
+    s, v = torch.tensor([1.0, 2, 3]), torch.tensor([2.5])
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        torch.searchsorted(s, v, sorter=torch.tensor(sorter))
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        # a device-side check: raised at the next sync point
+        torch.searchsorted(s.to("tpu"), v.to("tpu"), sorter=torch.tensor(sorter).to("tpu")).cpu()
+
+
+@pytest.mark.parametrize("correction", [-2, -1, 0, 1])
+def test_var_of_nothing_is_nan_for_every_correction(correction):
+    for shape, dim in (((0,), None), ((3, 0), 1)):
+        x = torch.empty(shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for fn in (torch.var, torch.std):
+                want = fn(x, dim=dim, correction=correction)
+                got = fn(x.to("tpu"), dim=dim, correction=correction).cpu()
+                torch.testing.assert_close(got, want, equal_nan=True)
+            want_v, want_m = torch.var_mean(x, dim=dim, correction=correction)
+            got_v, got_m = torch.var_mean(x.to("tpu"), dim=dim, correction=correction)
+            torch.testing.assert_close(got_v.cpu(), want_v, equal_nan=True)
+            torch.testing.assert_close(got_m.cpu(), want_m, equal_nan=True)

@@ -722,6 +722,9 @@ def _searchsorted(seq, values, right, side, sorter, out_int32):
         if tdtype(sorter) != torch.int64:
             raise RuntimeError("torch.searchsorted(): sorter must be a tensor of long dtype but "
                                f"got dtype {scalar_type_name(tdtype(sorter))}")
+        # a device-side check, reported at the next sync point (CPU raises at once)
+        _checks.check((sorter < 0) | (sorter >= seq.shape[-1]), RuntimeError,
+                      "torch.searchsorted(): sorter index out of range")
         seq = j.take_along_axis(seq, sorter, axis=-1)
     if isinstance(values, Scalar):
         dt = promote(seq, values)
@@ -730,16 +733,43 @@ def _searchsorted(seq, values, right, side, sorter, out_int32):
         dt = promote(seq, values)
         v = values.astype(npdt(dt))
     s = seq.astype(npdt(dt))
-    how = "right" if right else "left"
     out_dt = npdt(torch.int32 if out_int32 else torch.int64)
     if s.ndim == 1:
-        return j.searchsorted(s, v, side=how).astype(out_dt)
+        return _cpu_binary_search(s, v, right).astype(out_dt)
     lead = s.shape[:-1]
     nlead = int(np.prod(lead, dtype=np.int64))
     s2 = s.reshape(nlead, s.shape[-1])
     v2 = v.reshape(nlead, v.shape[-1])
-    r = jax.vmap(lambda a, b: j.searchsorted(a, b, side=how))(s2, v2)
-    return r.reshape(v.shape).astype(out_dt) if lead else r.astype(out_dt)
+    return _cpu_binary_search(s2, v2, right).reshape(v.shape).astype(out_dt)
+
+
+def _cpu_binary_search(s, v, right):
+    """The insertion points of ``v`` in ``s`` found by PyTorch CPU's binary search
+    (``cus_lower_bound`` / ``cus_upper_bound`` in ATen's Bucketization.cpp), step for step:
+    ``start`` moves past ``mid`` while ``!(s[mid] >= v)`` (left) or ``!(s[mid] > v)``
+    (right).  The same steps give the same answer where the boundaries are not what a
+    sorted search assumes: a NaN inside them (CPU's search for 2.5 in [1, 2, 2, 3, nan]
+    ends at 5, past the NaN; a search that orders NaN last says 3), or unsorted ones.
+
+    ``s``: (n,) with ``v`` of any shape, or (B, n) with ``v`` (B, m), one row each.
+    Returns int64 (or int32 when n fits) indices shaped like ``v``.
+    """
+    j = jnp()
+    n = s.shape[-1]
+    idt = j.int32 if n < 2**31 - 1 else j.int64
+    start = j.zeros(v.shape, idt)
+    if n == 0:
+        return start
+    end = j.full(v.shape, n, idt)
+    for _ in range(n.bit_length()):  # each step at least halves end - start
+        mid = start + ((end - start) >> 1)
+        at = j.minimum(mid, n - 1)  # mid == n only where start == end (inactive)
+        mv = j.take(s, at) if s.ndim == 1 else j.take_along_axis(s, at, axis=-1)
+        go_right = ~(mv > v) if right else ~(mv >= v)
+        active = start < end
+        start = j.where(active & go_right, mid + 1, start)
+        end = j.where(active & ~go_right, mid, end)
+    return start
 
 
 _SEARCHSORTED_WARNED: set = set()

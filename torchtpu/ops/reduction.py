@@ -381,7 +381,9 @@ def _var(x, dim, correction, keepdim):
     else:
         c = cast(correction, torch.float64).astype(s.dtype)
     denom = j.maximum(j.asarray(n, s.dtype) - c, j.asarray(0, s.dtype))
-    var = s / denom
+    # nothing reduced: NaN whatever the correction, as CPU (its mean is NaN; a negative
+    # correction would otherwise give 0 / (0 - c) = 0)
+    var = s / denom if n else s * j.asarray(j.nan, s.dtype)
     if not keepdim:
         mean = j.squeeze(mean, dims) if dims else mean
     return var, mean
