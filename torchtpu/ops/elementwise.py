@@ -423,7 +423,7 @@ _U = [
     (aten.log.default, lambda x: _log(x)),
     (aten.log2.default, lambda x: jnp().log2(x)),
     (aten.log10.default, lambda x: jnp().log10(x)),
-    (aten.log1p.default, lambda x: jnp().log1p(x)),
+    (aten.log1p.default, lambda x: _log1p(x)),
     (aten.sqrt.default, lambda x: _sqrt(x)),
     (aten.rsqrt.default, lambda x: _rsqrt(x)),
     (aten.sin.default, lambda x: jnp().sin(x)),
@@ -577,6 +577,32 @@ def _acosh(x):
     return _nan_case(x, r, j.isfinite(a) & (a != 0) & j.isnan(b), re=j.nan, im=j.nan)
 
 
+def _log1p(x):
+    """``log1p``; complex: ``log(1 + x)`` where ``|x| >= 1/2`` (``1 + x`` is then exact or
+    within an ulp of ``|1 + x|``), XLA's ``log1p`` below.  XLA's complex ``log1p`` squares
+    ``|1 + x|``, which underflows in complex64: ``log1p(-1 + 1e-30j)`` gave ``-inf``, CPU
+    ``-69.08 + 1.57j``."""
+    j = jnp()
+    r = j.log1p(x)
+    if not j.iscomplexobj(x):
+        return r
+    return j.where(j.abs(x) < 0.5, r, _log(1 + x))
+
+
+def _unless_finite(x, r, fallback):
+    """``r``, except where ``x`` is finite, ``r`` is not and ``fallback`` is: XLA's
+    complex64 ``atan``/``atanh`` square a tiny ``|1 +- x|`` to 0 and return inf where CPU
+    returns finite values (``atanh(1 + 1e-30j)``: CPU ``34.89 + 0.785j``)."""
+    j = jnp()
+    finite = lambda v: j.isfinite(j.real(v)) & j.isfinite(j.imag(v))  # noqa: E731
+    return j.where(finite(x) & ~finite(r) & finite(fallback), fallback, r)
+
+
+def _catanh_by_log1p(x):
+    """Complex ``atanh(x) = (log1p(x) - log1p(-x)) / 2`` through :func:`_log1p`."""
+    return 0.5 * (_log1p(x) - _log1p(-x))
+
+
 def _atanh(x):
     """``atanh``; complex: the parts take the signs of ``x``'s (:func:`_branch_signs`:
     ``atanh(inf - 0j) = -pi/2 j`` on CPU) and C99's NaN cases: ``a + nanj`` is
@@ -587,6 +613,7 @@ def _atanh(x):
     r = _branch_signs(x, j.arctanh(x), re=1, im=1)
     if not j.iscomplexobj(x):
         return r
+    r = _unless_finite(x, r, _catanh_by_log1p(x))
     a, b = j.real(x), j.imag(x)
     zero = j.zeros_like(a)
     nb = j.isnan(b)
@@ -704,6 +731,7 @@ def _atan(x):
     r = j.arctan(x)
     if not j.iscomplexobj(x):
         return r
+    r = _unless_finite(x, r, -1j * _catanh_by_log1p(1j * x))  # atan(x) = -i atanh(ix)
     a, b = j.real(x), j.imag(x)
     re, im = j.real(r), j.imag(r)
     zero = j.zeros_like(b)
