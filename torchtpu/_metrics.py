@@ -18,7 +18,9 @@ class Metrics:
         ops_dispatched: ATen ops that reached the tpu backend.
         lowered_ops: ops run through a compiled per-op executable.
         decomposed_ops: ops run through a PyTorch decomposition.
-        view_ops: view ops (metadata only, no device work).
+        view_ops: view ops (metadata only, no device work) that went through Python;
+            ``as_strided``/``view`` run in C++ once the native helper is loaded
+            (``torchtpu._tensor.native``) and are not counted.
         cache_hits / cache_misses: per-op executable cache lookups.
         executable_evictions: per-op executables and DeferAndFuse segments dropped from
             their bounded caches (``torchtpu._device.executable_limit``).

@@ -9,7 +9,12 @@ It provides three things PyTorch 2.13's Python backend API cannot:
   unwinds an exception raised by a backward hook, which aborts the process; the C++
   guard never calls into Python;
 * ``UntypedStorage.resize_`` of a tpu storage (:func:`torchtpu._tensor.storage.resize_bytes`,
-  used by FSDP2): the StorageImpl's byte size set from Python.
+  used by FSDP2): the StorageImpl's byte size set from Python;
+* C++ PrivateUse1 kernels for ``as_strided`` and ``view`` (PyTorch's own CPU kernels:
+  metadata only), so a view op does not go through Python (~13 us each otherwise).
+  Registered when the module loads, and at a process's first view op when an earlier
+  process already built it (:func:`view_kernels_if_built`: no build on that path).  Views
+  they make are not counted in ``metrics()["view_ops"]``.
 
 The build takes about half a minute once per machine and version of ``_native.cpp``
 (cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, in one
@@ -34,14 +39,10 @@ def module():
     """
     from torch.utils.cpp_extension import load
 
-    src = os.path.join(os.path.dirname(__file__), "_native.cpp")
-    # one build directory per source version and location: two checkouts on one machine
-    # (worktrees, an install beside a clone) would otherwise rebuild over each other's
-    # module on every load, since the source's path is part of the build command
-    with open(src, "rb") as f:
-        name = f"torchtpu_native_{zlib.crc32(f.read() + src.encode()):08x}"
+    src, name = _source_and_name()
     try:
         mod = load(name, [src], extra_cflags=["-O1"], verbose=False)
+        mod.register_view_kernels()
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
         raise NotImplementedError(
             f"torchtpu: tensors on tpu:N>0 and UntypedStorage.resize_ on tpu need a "
@@ -49,6 +50,63 @@ def module():
         ) from e
     _install_guard(mod)
     return mod
+
+
+def _source_and_name():
+    """``(path of _native.cpp, extension name)``: one build directory per source version and
+    location: two checkouts on one machine (worktrees, an install beside a clone) would
+    otherwise rebuild over each other's module on every load, since the source's path is
+    part of the build command."""
+    src = os.path.join(os.path.dirname(__file__), "_native.cpp")
+    with open(src, "rb") as f:
+        name = f"torchtpu_native_{zlib.crc32(f.read() + src.encode()):08x}"
+    return src, name
+
+
+_view_kernels_tried = False
+
+
+def view_kernels_if_built() -> bool:
+    """Register the C++ ``as_strided`` / ``view`` kernels if this source version of the
+    helper is already built (by an earlier process); never builds.  Called once, at the
+    first view op that reaches Python.  Returns whether they are registered now."""
+    global _view_kernels_tried
+    if _view_kernels_tried:
+        return False
+    _view_kernels_tried = True
+    try:
+        import importlib.util
+
+        _, name = _source_and_name()
+        path = os.path.join(_extensions_dir(), name, name + ".so")
+        if not os.path.exists(path):
+            return False
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.register_view_kernels()
+        return True
+    except Exception:  # a stale or foreign build: the Python path stays
+        return False
+
+
+def _extensions_dir() -> str:
+    """Where ``torch.utils.cpp_extension.load`` builds (its ``_get_build_directory``'s
+    parent), worked out without importing that module (~120 ms): ``TORCH_EXTENSIONS_DIR``,
+    else ``<user cache>/torch_extensions/py<XY>_<cpu|cuXY>``.  A wrong guess only means
+    no C++ view kernels until the helper is loaded."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return root
+    import sys
+
+    import torch
+    from torch import _appdirs
+
+    cu = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
+    py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return os.path.join(os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions")),
+                        f"{py}_{cu}")
 
 
 def _install_guard(mod) -> None:

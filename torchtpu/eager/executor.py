@@ -1012,6 +1012,9 @@ class DecompPlan:
         return out
 
 
+_native_views = [False]  # whether ViewPlan tried torchtpu._tensor.native's view kernels
+
+
 class ViewPlan:
     """View ops: PyTorch's CPU kernel only computes metadata; re-dispatch to it."""
 
@@ -1020,6 +1023,12 @@ class ViewPlan:
 
     def __call__(self, args, kwargs):
         M.view_ops += 1
+        if not _native_views[0]:
+            # once: C++ as_strided/view kernels if the native helper is built already
+            _native_views[0] = True
+            from torchtpu._tensor import native
+
+            native.view_kernels_if_built()
         return self.op.redispatch(_st._CPU_KEYSET, *args, **kwargs)
 
 
