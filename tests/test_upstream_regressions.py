@@ -901,3 +901,42 @@ def test_complex_log1p_atan_atanh_near_their_poles_as_cpu(fn, z, dtype):
     got = fn(x.to("tpu")).cpu()
     assert torch.isfinite(want).all()
     torch.testing.assert_close(got, want)
+
+
+# --- index_add / index_reduce: CPU's argument checks that PyTorch's meta kernels skip ---
+
+@pytest.mark.parametrize("fn", ["index_add", "index_reduce"])
+@pytest.mark.parametrize("self_shape, dim, n_index, source_shape", [
+    ((6, 8), 1, 2, (1, 2)),   # a source that would broadcast
+    ((6, 8), 0, 2, (2, 1)),
+    ((5,), 0, 1, ()),         # 1-d self, 0-d source
+    ((), 0, 1, (1,)),         # 0-d self, 1-d source
+    ((), -1, 2, (2, 1)),
+    ((2, 3), 1, 1, ()),       # dim past a 0-d source
+    ((), 1, 1, ()),           # dim out of range for a 0-d self
+    ((), 0, 2, ()),
+    ((), 0, 2, (1,)),
+    ((6, 8), 0, 2, (2, 8)),   # valid
+    ((), 0, 1, ()),           # valid
+    ((5,), 0, 1, (1,)),       # valid
+])
+def test_index_add_and_reduce_check_arguments_as_cpu(fn, self_shape, dim, n_index, source_shape):
+    x = torch.zeros(self_shape)
+    idx = torch.zeros(n_index, dtype=torch.long)
+    src = torch.ones(source_shape)
+
+    def run(x, idx, src):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if fn == "index_reduce":
+                return x.index_reduce(dim, idx, src, "amax")
+            return x.index_add(dim, idx, src)
+
+    try:
+        want = run(x, idx, src)
+    except Exception as e:  # noqa: BLE001 - the CPU error is the expected one
+        with pytest.raises(type(e)) as got:
+            run(x.to("tpu"), idx.to("tpu"), src.to("tpu")).cpu()
+        assert str(got.value) == str(e)
+    else:
+        assert torch.equal(run(x.to("tpu"), idx.to("tpu"), src.to("tpu")).cpu(), want)

@@ -455,8 +455,58 @@ _INDEX_REDUCE_WARNED = []
 
 
 @scalar_check
+def _check_source_shape(vals, name="index_add_"):
+    """Host side, CPU's ``index_func_meta_impl`` check that PyTorch's meta kernels skip:
+    ``source`` has ``self``'s number of dims and its sizes apart from ``dim`` (a (1, 2)
+    source broadcast into a (6, 8) ``self`` was accepted).  ``dim`` is wrapped against
+    ``self``; a bad ``dim`` or number of indices is left to the meta kernel, whose errors
+    CPU raises first."""
+    x, dim, index, source = vals[0], vals[1], vals[2], vals[3]
+    if not (isinstance(x, torch.Tensor) and isinstance(source, torch.Tensor)
+            and isinstance(index, torch.Tensor) and isinstance(dim, int)):
+        return
+    xs, ss = tuple(x.shape), tuple(source.shape)
+    nd = max(len(xs), 1)
+    if xs == ss or not -nd <= dim < nd or index.dim() > 1:
+        return
+    d = dim % nd
+    if d >= max(len(ss), 1):  # the meta kernel does not check it
+        raise RuntimeError(f"{name}(): Indexing dim {d} is out of bounds of the source "
+                           f"tensor with dim {len(ss)}")
+    if index.numel() != (ss[d] if ss else 1):
+        return
+    if len(xs) == len(ss) and xs[:d] + xs[d + 1:] == ss[:d] + ss[d + 1:]:
+        return
+    raise RuntimeError(
+        "source tensor shape must match self tensor shape, excluding the specified "
+        f"dimension. Got self.shape = {list(xs)} source.shape = {list(ss)}")
+
+
+def _check_index_reduce_args(vals):
+    """Host side: ``index_reduce``'s meta kernel checks less than CPU (a 0-d ``self`` took
+    ``dim=1``); CPU's checks are ``index_add``'s (``index_func_meta_impl``).  Where
+    ``index_add``'s meta kernel rejects the arguments, CPU's ``index_reduce`` runs on
+    zero-filled stand-ins of the same shapes and dtypes to raise CPU's own error."""
+    x, dim, index, source = vals[0], vals[1], vals[2], vals[3]
+    if not (isinstance(x, torch.Tensor) and isinstance(source, torch.Tensor)
+            and isinstance(index, torch.Tensor)):
+        return
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            for t in (x, index, source)]
+    try:
+        torch.ops.aten.index_add.default(meta[0], dim, meta[1], meta[2])
+    except (RuntimeError, IndexError) as meta_err:
+        cpu = [torch.zeros(t.shape, dtype=t.dtype) for t in (x, index, source)]
+        torch.index_reduce(cpu[0], dim, cpu[1], cpu[2], vals[4], include_self=vals[5]
+                           if len(vals) > 5 else True)
+        raise meta_err
+    _check_source_shape(vals, "index_reduce_")
+
+
 def _index_reduce_beta(vals):
-    """CPU's ``TORCH_WARN_ONCE``: the first ``index_reduce`` of the process warns."""
+    """CPU's ``TORCH_WARN_ONCE``: the first ``index_reduce`` of the process warns; the
+    arguments are checked as CPU does (:func:`_check_index_reduce_args`)."""
+    _check_index_reduce_args(vals)
     if not _INDEX_REDUCE_WARNED:
         _INDEX_REDUCE_WARNED.append(True)
         warnings.warn("index_reduce() is in beta and the API may change at any time.",
@@ -526,7 +576,9 @@ def _source_for(x, dim, source, dt):
 def _index_add_alpha(vals):
     """Host side, as CPU's checked ``alpha.to<scalar_t>()``: ``alpha`` must fit the
     tensor's dtype (float16 takes no 1e6); a float ``alpha`` for an integer tensor is
-    truncated toward zero (``alpha=2.5`` adds twice the source), bool tensors take any."""
+    truncated toward zero (``alpha=2.5`` adds twice the source), bool tensors take any.
+    The source shape is checked as CPU does (:func:`_check_source_shape`)."""
+    _check_source_shape(vals)
     x, alpha = vals[0], vals[4]
     if alpha is None or isinstance(alpha, (bool, torch.Tensor)) or x.dtype is torch.bool:
         return vals
