@@ -417,7 +417,7 @@ class GraphExecutable:
         # this loop runs for every input of every call)
         sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
         index = None
-        Tensor, Lazy = torch.Tensor, _st.Lazy
+        Tensor = torch.Tensor
         for a in args:
             if isinstance(a, Tensor) and not a.is_cpu:
                 st = a.untyped_storage()
@@ -432,12 +432,11 @@ class GraphExecutable:
                     raise RuntimeError(
                         f"Expected all tensors to be on the same device, but found at least "
                         f"two devices, tpu:{index} and tpu:{sd.index}!")
-                cd = st._cdata
-                j = slot_of.get(cd)
+                j = slot_of.get(sd)  # one StorageData per storage
                 if j is None:
-                    j = slot_of[cd] = len(arrays)
-                    arr = sd.arr
-                    arrays.append(arr if arr is not None and arr.__class__ is not Lazy
+                    j = slot_of[sd] = len(arrays)
+                    # (no local name for the array: _own counts its references)
+                    arrays.append(sd.arr if sd.arr.__class__ not in _NOT_CONCRETE
                                   else sd.get())
                     sdatas.append(sd)
                     storages.append(st)
@@ -490,6 +489,7 @@ class GraphExecutable:
             # nothing to compute (every output is an input or a view of one: the
             # ``detach`` graph after a graph break): no executable to launch
             outs = ()
+            c["launch_free_calls"] += 1
         elif split is None:
             outs = jitted(arrays, host_vals, keys)
             executor.dispatched(outs)
@@ -552,18 +552,25 @@ class GraphExecutable:
         one flat numpy array per dtype (one host-to-device transfer each); their shapes
         and dtypes are appended to ``key``."""
         groups: dict = {}
+        Tensor = torch.Tensor
         for v in feeds:
-            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-                key.append(("h", tuple(v.shape), v.dtype))
-                a = v.detach().numpy().reshape(-1)
-                g = groups.get(v.dtype)
+            if isinstance(v, Tensor) and v.is_cpu:
+                dt = v.dtype
+                shape = tuple(v.shape)
+                key.append(("h", shape, dt))
+                g = groups.get(dt)
                 if g is None:
-                    groups[v.dtype] = [a]
+                    groups[dt] = ([v], {shape})
                 else:
-                    g.append(a)
+                    g[0].append(v)
+                    g[1].add(shape)
             else:
                 key.append(_NOT_FED)
-        return [np.concatenate(g) for g in groups.values()]
+        # values of one shape (an optimizer's step counters): one torch.stack, a new array
+        # (the feeds are not copied into the CPU inputs before the executable reads it)
+        return [torch.stack(vs).detach().numpy().reshape(-1) if len(vs) > 1 and len(shapes) == 1
+                else np.concatenate([v.detach().numpy().reshape(-1) for v in vs])
+                for vs, shapes in groups.values()]
 
     def _plan(self, key):
         """The input slots the graph writes (``copy_`` into an input's storage), from the
@@ -1098,6 +1105,9 @@ def _eager_modules():
 
 
 _CPU_KEY = ("c",)
+# StorageData.arr classes that StorageData.get() must resolve first (uninitialized storage,
+# pending DeferAndFuse value)
+_NOT_CONCRETE = (type(None), _st.Lazy)
 _NOT_FED = ("n",)
 # sys.getrefcount of an input array held only by its storage: the storage's StorageData,
 # the call's list of input arrays and getrefcount's own argument
