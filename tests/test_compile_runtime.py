@@ -157,3 +157,31 @@ def test_batchnorm_running_stats_donated_in_an_inference_graph():
     _close(tpu.running_var, cpu.running_var)
     _close(keep_mean, cpu.running_mean)
     assert int(tpu.num_batches_tracked.cpu()) == 3
+
+
+def test_graph_with_nothing_to_compute_launches_no_executable_and_aliases_as_cpu():
+    # the graph after a graph break returns only views of its input (out.detach(), as the
+    # resume function of a training step that ends in `return loss.detach()`)
+    def f(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y.detach(), y[1]
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(3, 4)
+    xt = x.to("tpu")
+    cf(xt)
+    torchtpu.reset_metrics()
+    for _ in range(3):
+        d, r = cf(xt)
+    d_c, r_c = f(x)
+    _close(d, d_c)
+    _close(r, r_c)
+    # the same aliasing as on CPU: both views of one storage, r at offset 4
+    assert d.untyped_storage().data_ptr() == r.untyped_storage().data_ptr()
+    assert (d.storage_offset(), r.storage_offset()) == (d_c.storage_offset(), r_c.storage_offset())
+    assert not d.requires_grad and d_c.requires_grad == d.requires_grad
+    c = torchtpu.metrics()["compile"]
+    # two graphs per call (x * 2; the views): only the first launches an executable
+    assert c["graph_calls"] == 2 * 3, c
+    assert c["launch_free_calls"] == 3, c

@@ -61,7 +61,9 @@ class Metrics:
             the group's devices, ``torchtpu.compile.collectives``), and
             ``eager_collective_graphs`` (graphs whose collectives could not be lowered --
             several process groups in one graph, uneven ``all_to_all_single`` -- and so
-            run op by op in eager).
+            run op by op in eager), ``launch_free_calls`` (of ``graph_calls``, calls of a
+            graph with nothing to compute -- every output an input or a view of one, as
+            the ``out.detach()`` graph after a graph break --: no executable launched).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -115,6 +117,7 @@ class Metrics:
             "recompiles": 0, "recompile_reasons": collections.Counter(),
             "donated_buffers": 0, "donation_copies": 0, "graph_cache_hits": 0,
             "executable_cache_hits": 0, "collectives": 0, "eager_collective_graphs": 0,
+            "launch_free_calls": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,

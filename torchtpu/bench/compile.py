@@ -257,7 +257,8 @@ def torch_whole_step(model, batch, loss):
     (``torch.compile(train_step, backend="tpu")`` with ``loss.backward()``, ``opt.step()``
     and ``opt.zero_grad()`` inside), traced with ``torch._dynamo.config.trace_autograd_ops``
     so that Dynamo traces the backward into the forward's graph (one executable for
-    forward + backward) instead of breaking the graph at ``backward()``.  ``Optimizer.step``
+    forward + backward) instead of breaking the graph at ``backward()`` (the returned loss
+    is detached before ``backward()`` for that).  ``Optimizer.step``
     breaks the graph itself (``torch.optim.optimizer._use_grad``, PyTorch issue 104053),
     so the update stays its own graph.  Returns ``step()`` -> the loss (detached) before
     the update; the caller sets ``trace_autograd_ops`` while it runs."""
@@ -265,10 +266,15 @@ def torch_whole_step(model, batch, loss):
 
     def train_step(*xs):
         out = loss(model, *xs)
+        # the value to return is taken before backward(): a compiled function that
+        # returns a tensor whose grad_fn backward() consumes makes Dynamo break the graph
+        # at backward() ("autograd.grad consumed returned tensor's grad_fn"), and the
+        # backward then runs in the autograd engine, a graph of its own
+        val = out.detach()
         out.backward()
         opt.step()
         opt.zero_grad()
-        return out.detach()
+        return val
 
     compiled = torch.compile(train_step, backend="tpu")
 

@@ -351,7 +351,8 @@ class GraphExecutable:
                 raise NotImplementedError(
                     f"torchtpu.compile: {n.target} with an explicit generator in a compiled "
                     f"graph")
-        self.cache: dict = {}
+        # layout key -> (written input slots, executable tuple): the per-call lookup
+        self.runtime: dict = {}
         self.check_info: list = []
         self.symbolic = _is_symbolic(gm)
         # host-side argument checks of the lowerings (eager runs them at every call)
@@ -395,8 +396,7 @@ class GraphExecutable:
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
-        from torchtpu.eager import defer, executor
-
+        defer, executor = _EAGER or _eager_modules()
         if len(args) == 1 and isinstance(args[0], list):  # boxed call (a list of inputs)
             args = args[0]
         if self.arg_error is not None:  # a constant argument that eager also rejects
@@ -412,12 +412,14 @@ class GraphExecutable:
             M.collectives[("compiled", name)] += 1
         if self.get_attrs:
             args = list(args) + [getattr(self.gm, n.target) for n in self.get_attrs]
-        # device inputs: one slot per distinct storage; the key is the inputs' layout
+        # device inputs: one slot per distinct storage; the key is the inputs' layout (per
+        # tensor input ("t", slot, view spec), the view spec as storage.view_spec, inlined:
+        # this loop runs for every input of every call)
         sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
         index = None
-        view_spec = _st.view_spec
+        Tensor = torch.Tensor
         for a in args:
-            if isinstance(a, torch.Tensor) and not a.is_cpu:
+            if isinstance(a, Tensor) and not a.is_cpu:
                 st = a.untyped_storage()
                 sd = getattr(st, "_tpu", None)
                 if sd is None:
@@ -430,14 +432,25 @@ class GraphExecutable:
                     raise RuntimeError(
                         f"Expected all tensors to be on the same device, but found at least "
                         f"two devices, tpu:{index} and tpu:{sd.index}!")
-                j = slot_of.get(st._cdata)
+                j = slot_of.get(sd)  # one StorageData per storage
                 if j is None:
-                    j = slot_of[st._cdata] = len(arrays)
-                    arrays.append(sd.get())
+                    j = slot_of[sd] = len(arrays)
+                    # (no local name for the array: _own counts its references)
+                    arrays.append(sd.arr if sd.arr.__class__ not in _NOT_CONCRETE
+                                  else sd.get())
                     sdatas.append(sd)
                     storages.append(st)
-                key.append(("t", j, view_spec(a, sd)))
-            elif isinstance(a, torch.Tensor):
+                dt = a.dtype
+                if a.is_neg() or (dt.is_complex and a.is_conj()):
+                    spec = _st.view_spec(a, sd)
+                else:
+                    size = tuple(a.shape)
+                    off = a.storage_offset()
+                    spec = (size, dt) if (size == sd.shape and dt is sd.dtype and off == 0
+                                          and a.is_contiguous()) \
+                        else (size, dt, tuple(a.stride()), off, sd.shape, sd.dtype)
+                key.append(("t", j, spec))
+            elif isinstance(a, Tensor):
                 key.append(_CPU_KEY)
             else:
                 key.append(("v", a))
@@ -456,14 +469,54 @@ class GraphExecutable:
         key.append(("prec", torch._C._get_float32_matmul_precision()))
         key.append(index)
         key = tuple(key)
-        # donation: the old buffers of the inputs the graph writes (optimizer state, running
-        # stats) are donated when nothing but their storage holds them
-        base = self.cache.get(key)
-        if base is None:
-            base = self.cache[key] = self._plan(key)
-        written_slots = base
+        # one lookup per call: the written input slots (from the layout) and the executable
+        hit = self.runtime.get(key)
+        if hit is None:
+            hit = self.runtime[key] = self._prepare(key, args, arrays, host_vals, keys, sdatas,
+                                                    index)
+            written_slots, ex = hit
+        else:
+            c["cache_hits"] += 1
+            written_slots, ex = hit
+            if written_slots:
+                # donation: the old buffers of the inputs the graph writes (optimizer
+                # state, running stats) are donated when nothing but their storage holds
+                # them
+                executor.LAST_OUTPUTS = ()  # synchronize() waits on this call's outputs
+                _own(arrays, written_slots)
+        jitted, n_new, written, check_info, assemble, split = ex
+        if jitted is None:
+            # nothing to compute (every output is an input or a view of one: the
+            # ``detach`` graph after a graph break): no executable to launch
+            outs = ()
+            c["launch_free_calls"] += 1
+        elif split is None:
+            outs = jitted(arrays, host_vals, keys)
+            executor.dispatched(outs)
+        else:
+            don_slots, kept_slots = split
+            outs = jitted([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
+                          host_vals, keys)
+            c["donated_buffers"] += len(don_slots)
+            executor.dispatched(outs)
+        del arrays
+        if late:
+            self._late(args, late)
+        if check_info:
+            executor.report_device_checks(outs[-1], check_info, f"compiled graph {self.name}")
+        for j, arr in zip(written, outs[n_new:]):
+            sdatas[j].arr = arr
+        return assemble(outs, storages, args, houts, index)
+
+    def _prepare(self, key, args, arrays, host_vals, keys, sdatas, index):
+        """First call with layout ``key``: ``(written input slots, executable tuple)``,
+        the executable compiled (or loaded) for it, the written inputs' old buffers made
+        safe to donate (:func:`_own`)."""
+        from torchtpu.eager import executor
+
+        written_slots = self._plan(key)
         if written_slots:
-            executor.LAST_OUTPUTS = ()  # synchronize() waits on this call's outputs below
+            executor.LAST_OUTPUTS = ()  # synchronize() waits on this call's outputs
             _own(arrays, written_slots)
         ex = self.executables.get(key)
         if ex is None:
@@ -474,42 +527,50 @@ class GraphExecutable:
                 self._args = None
             self.executables[key] = ex
         else:
-            c["cache_hits"] += 1
-        jitted, n_new, written, check_info, assemble, split = ex
-        if split is None:
-            outs = jitted(arrays, host_vals, keys)
-        else:
-            don_slots, kept_slots = split
-            outs = jitted([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
-                          host_vals, keys)
-            c["donated_buffers"] += len(don_slots)
-        executor.dispatched(outs)
-        del arrays
+            M.compile["cache_hits"] += 1
+        compiled, n_new, written, check_info, assemble, split = ex
+        if not n_new and not written and not check_info and split is None \
+                and self.group is None:
+            ex = (None,) + ex[1:]
+        return written_slots, ex
+
+    def _late(self, args, late) -> None:
+        """The host part's ``copy_`` into CPU inputs (an optimizer's step counters), after
+        the executable is dispatched: one ``torch._foreach_copy_`` (PyTorch's CPU kernel
+        copies them one by one, as ``copy_``) when every value is a tensor and the inputs
+        are distinct tensors that do not require grad, else ``copy_`` one by one."""
+        if self.late_foreach:
+            dsts = [args[i] for i, _ in late]
+            if not any(d.requires_grad for d in dsts):
+                torch._foreach_copy_(dsts, [v for _, v in late])
+                return
         for i, src in late:
             args[i].copy_(src)
-        if check_info:
-            executor.report_device_checks(outs[-1], check_info, f"compiled graph {self.name}")
-        for j, arr in zip(written, outs[n_new:]):
-            sdatas[j].arr = arr
-        return assemble(outs, storages, args, houts, index)
 
     def _pack_host(self, feeds, key):
         """The host values the executable reads (CPU tensors among ``feeds``), packed into
         one flat numpy array per dtype (one host-to-device transfer each); their shapes
         and dtypes are appended to ``key``."""
         groups: dict = {}
+        Tensor = torch.Tensor
         for v in feeds:
-            if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-                key.append(("h", tuple(v.shape), v.dtype))
-                a = v.detach().numpy().reshape(-1)
-                g = groups.get(v.dtype)
+            if isinstance(v, Tensor) and v.is_cpu:
+                dt = v.dtype
+                shape = tuple(v.shape)
+                key.append(("h", shape, dt))
+                g = groups.get(dt)
                 if g is None:
-                    groups[v.dtype] = [a]
+                    groups[dt] = ([v], {shape})
                 else:
-                    g.append(a)
+                    g[0].append(v)
+                    g[1].add(shape)
             else:
                 key.append(_NOT_FED)
-        return [np.concatenate(g) for g in groups.values()]
+        # values of one shape (an optimizer's step counters): one torch.stack, a new array
+        # (the feeds are not copied into the CPU inputs before the executable reads it)
+        return [torch.stack(vs).detach().numpy().reshape(-1) if len(vs) > 1 and len(shapes) == 1
+                else np.concatenate([v.detach().numpy().reshape(-1) for v in vs])
+                for vs, shapes in groups.values()]
 
     def _plan(self, key):
         """The input slots the graph writes (``copy_`` into an input's storage), from the
@@ -526,6 +587,7 @@ class GraphExecutable:
         ``f(*inputs) -> (feeds, late, outs)``: the values of ``self.host_feed``, the
         ``(input position, value)`` pairs to copy into CPU inputs after the call, and the
         values of the host nodes the graph returns (``self.host_outs``)."""
+        self.late_foreach = False
         if not self.host_calls:
             return None
         g = torch.fx.Graph()
@@ -544,6 +606,12 @@ class GraphExecutable:
             m[n] = g.node_copy(n, lambda x: m[x])
         feeds = tuple(m[n] for n in self.host_feed)
         outs = tuple(m[n] for n in self.host_outs)
+        srcs = [n.args[1] for n in self.host_calls
+                if n.target is aten.copy_.default and n.args[0].op == "placeholder"]
+        dsts = [p for p, _ in late]
+        self.late_foreach = len(late) > 1 and len(set(dsts)) == len(dsts) and all(
+            isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+            for a in srcs)
         g.output((feeds, tuple(late), outs))
         return torch.fx.GraphModule(torch.nn.Module(), g).forward
 
@@ -876,6 +944,11 @@ class GraphExecutable:
         new_storage, tensor_on = _st.new_storage, _st.tensor_on
 
         def assemble(outs, storages, args, houts, index):
+            # the C++ helper, once something loaded it (the first backward() installs its
+            # device guard): one call makes a tensor on a storage (~3x cheaper than
+            # storage.tensor_on's empty tensor + set_ redispatch); the same tensor
+            native = state._native
+            mk = tensor_on if native is None else native.make_on_storage
             made = [None] * n_new
             res = []
             for p in plan:
@@ -885,9 +958,9 @@ class GraphExecutable:
                     st = made[i]
                     if st is None:
                         st = made[i] = new_storage(p[2], p[3], index, outs[i])
-                    res.append(tensor_on(st, p[4], p[5], p[6], p[7]))
+                    res.append(mk(st, p[4], p[5], p[6], p[7]))
                 elif k == 4:
-                    res.append(tensor_on(storages[p[1]], p[2], p[3], p[4], p[5]))
+                    res.append(mk(storages[p[1]], p[2], p[3], p[4], p[5]))
                 elif k == 0:
                     res.append(p[1])
                 elif k == 1:
@@ -1018,7 +1091,23 @@ def _device_side(nodes, host, output, table) -> set:
     return {n for n in calls if n not in keep}
 
 
+_EAGER = None
+
+
+def _eager_modules():
+    """``(torchtpu.eager.defer, torchtpu.eager.executor)``, imported at the first call
+    (they import this package)."""
+    global _EAGER
+    from torchtpu.eager import defer, executor
+
+    _EAGER = (defer, executor)
+    return _EAGER
+
+
 _CPU_KEY = ("c",)
+# StorageData.arr classes that StorageData.get() must resolve first (uninitialized storage,
+# pending DeferAndFuse value)
+_NOT_CONCRETE = (type(None), _st.Lazy)
 _NOT_FED = ("n",)
 # sys.getrefcount of an input array held only by its storage: the storage's StorageData,
 # the call's list of input arrays and getrefcount's own argument
