@@ -50,3 +50,36 @@ def test_bad_limit_is_a_clear_error(raw):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "TORCHTPU_MAX_EXECUTABLES" in proc.stderr
+
+
+EVICT_UNDER_DEFER = textwrap.dedent("""
+    import torch, torchtpu
+    OPS = [torch.sin, torch.cos, torch.exp, torch.tanh, torch.neg, torch.abs, torch.sigmoid,
+           torch.relu, torch.floor, torch.ceil, torch.expm1, torch.square, torch.reciprocal,
+           torch.atan, torch.sinh, torch.cosh]
+    xc = torch.linspace(0.1, 0.9, 7)
+    x = xc.to("tpu")
+    shape = 100
+    for r in range(3):
+        for op in OPS:
+            with torch.tpu.set_eager_mode("defer_and_fuse"):
+                got = op(x).cpu()
+            assert torch.allclose(got, op(xc)), (r, op.__name__, got, op(xc))
+        for _ in range(90):  # new STRICT signatures evict every executable above
+            shape += 1
+            torch.ones(shape, device="tpu").add_(1)
+        OPS = OPS[5:] + OPS[:5]
+    print("OK")
+""")
+
+
+def test_fused_segments_never_reuse_an_evicted_executables_program(tmp_path):
+    # DeferAndFuse keyed its fused segments on id(executable): once a bounded cache freed
+    # an executable, a new one at the same address hit the old segment (wrong values or
+    # an IndexError); segments now key on a serial number that is never reused
+    env = dict(os.environ, TORCHTPU_MAX_EXECUTABLES="64", TORCHTPU_CACHE_DIR="off")
+    script = tmp_path / "evict_defer.py"
+    script.write_text(EVICT_UNDER_DEFER)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -115,7 +115,7 @@ def record(ex, c):
     seg.dyn.extend(c.dyn)
     node = len(seg.nodes)
     seg.nodes.append((ex.traced, refs, len(c.dyn)))
-    seg.key.append((id(ex), refs))
+    seg.key.append((ex.serial, refs))
     outs = []
     for i, av in enumerate(ex.out_avals):
         lz = _st.Lazy(seg, node, i, av.shape, av.dtype)

@@ -90,6 +90,9 @@ def describe(vals) -> str:
 # ------------------------------------------------------------------------ the cache
 
 
+_SERIALS = itertools.count()
+
+
 class Executable:
     """A compiled per-op executable and what is needed to wrap its results.
 
@@ -102,7 +105,7 @@ class Executable:
 
     __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
                  "out_avals", "name", "check_info", "groups", "key", "jitted", "calls",
-                 "donating")
+                 "donating", "serial")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
         self.compiled = False
@@ -114,6 +117,9 @@ class Executable:
         self.key = None  # the signature (executor cache key): names it on disk
         self.jitted = None  # the jax.jit function (ex.call may be a loaded executable)
         self.calls = 0  # calls so far (a hot in-place signature donates, see _call_donating)
+        # never reused, unlike id(): DeferAndFuse keys its fused segments on it, and an
+        # evicted executable's address can be a new one's (executable_limit)
+        self.serial = next(_SERIALS)
         self.donating = None  # the variant donating the written storages' old arrays
         self.call = call
         self.out_meta = out_meta
