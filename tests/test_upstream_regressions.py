@@ -940,3 +940,52 @@ def test_index_add_and_reduce_check_arguments_as_cpu(fn, self_shape, dim, n_inde
         assert str(got.value) == str(e)
     else:
         assert torch.equal(run(x.to("tpu"), idx.to("tpu"), src.to("tpu")).cpu(), want)
+
+
+@pytest.mark.parametrize("case", ["0-d boundaries", "0-d boundaries, scalar value",
+                                  "2-d boundaries, scalar value", "complex", "bool",
+                                  "bucketize bool"])
+def test_searchsorted_argument_errors_as_cpu(case):
+    def run(d):
+        if case == "0-d boundaries":
+            return torch.searchsorted(torch.tensor(1.0, device=d), torch.tensor([0.5], device=d))
+        if case == "0-d boundaries, scalar value":
+            return torch.searchsorted(torch.tensor(1.0, device=d), 0.5)
+        if case == "2-d boundaries, scalar value":
+            return torch.searchsorted(torch.ones(2, 2, device=d), 0.5)
+        if case == "complex":
+            return torch.searchsorted(torch.tensor([1.0, 2.0], device=d),
+                                      torch.tensor([1j], device=d))
+        if case == "bool":
+            return torch.searchsorted(torch.tensor([False, True], device=d),
+                                      torch.tensor([True], device=d))
+        return torch.bucketize(torch.tensor([True], device=d),
+                               torch.tensor([False, True], device=d))
+
+    with pytest.raises(Exception) as cpu_err:
+        run("cpu")
+    with pytest.raises(type(cpu_err.value)) as tpu_err:
+        run("tpu").cpu()
+    # CPU's dtype error names its kernel ("searchsorted_out_cpu"); ours names tpu's
+    assert str(tpu_err.value) == str(cpu_err.value).replace("_cpu", "_tpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_log1p_keeps_the_sign_of_a_negative_zero_imaginary_part(dtype):
+    x = torch.tensor([complex(-2, -0.0), complex(-1e30, -0.0), complex(-1.5, 0.0),
+                      complex(-1.5, -0.0)], dtype=dtype)
+    torch.testing.assert_close(torch.log1p(x.to("tpu")).cpu(), torch.log1p(x))
+
+
+def test_tensors_stay_usable_when_a_device_check_raises_after_a_donating_op():
+    x = torch.zeros(5, device="tpu")
+    y_t = torch.zeros(5, device="tpu")
+    good, one = torch.tensor([0, 4]), torch.ones(2)
+    x.index_add_(0, torch.tensor([0, 7], device="tpu"), one.to("tpu"))  # reported later
+    calls = 0
+    with pytest.raises(IndexError, match="index out of range"):
+        for _ in range(400):  # y's signature donates; the pending check fires in a call
+            calls += 1
+            y_t.index_add_(0, good.to("tpu"), one.to("tpu"))
+    y_c = torch.zeros(5).index_add_(0, good, one * calls)
+    assert torch.equal(y_t.cpu(), y_c)  # y kept its array, and the call that raised ran

@@ -25,7 +25,7 @@ M = _metrics.METRICS
 
 
 def _limit_from_env() -> int:
-    raw = os.environ.get("TORCHTPU_MAX_EXECUTABLES", "2048").strip()
+    raw = os.environ.get("TORCHTPU_MAX_EXECUTABLES", "").strip() or "2048"
     try:
         n = int(raw)
     except ValueError:

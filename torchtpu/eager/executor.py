@@ -449,14 +449,19 @@ class LoweredPlan:
             outs = self._first_call(ex, c, vals)
         global LAST_OUTPUTS
         LAST_OUTPUTS = outs
+        check = False
         if ex.check_info:
             PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
             outs = outs[:-1]
-            if CONFIG.debug_sync or len(PENDING_CHECKS) > 256:
-                check_pending()
+            check = CONFIG.debug_sync or len(PENDING_CHECKS) > 256
+        # the written storages take their new arrays before any check can raise: a
+        # donated old array is gone, and the tensors must stay usable after the error
+        result = self._finish(ex, c, vals, outs)
+        if check:
+            check_pending()
         if CONFIG.debug_sync:
             _debug_checks(self.op, vals, outs)
-        return self._finish(ex, c, vals, outs)
+        return result
 
     def _first_call(self, ex, c, vals):
         """The first call traces and compiles, at the quick tier where the platform has

@@ -586,7 +586,9 @@ def _log1p(x):
     r = j.log1p(x)
     if not j.iscomplexobj(x):
         return r
-    return j.where(j.abs(x) < 0.5, r, _log(1 + x))
+    # 1 + x built part by part: adding 1 would turn a -0 imaginary part into +0 and put
+    # log1p(-2 - 0j) on the other side of the branch cut (+pi j; CPU -pi j)
+    return j.where(j.abs(x) < 0.5, r, _log(lax().complex(1 + j.real(x), j.imag(x))))
 
 
 def _unless_finite(x, r, fallback):

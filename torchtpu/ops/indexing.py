@@ -778,11 +778,21 @@ def _searchsorted(seq, values, right, side, sorter, out_int32):
         _checks.check((sorter < 0) | (sorter >= seq.shape[-1]), RuntimeError,
                       "torch.searchsorted(): sorter index out of range")
         seq = j.take_along_axis(seq, sorter, axis=-1)
+    if seq.ndim == 0:
+        if isinstance(values, Scalar):
+            raise RuntimeError(
+                "torch.searchsorted(): input value can be a scalar only when boundaries "
+                "tensor dimension is 1, but we got boundaries tensor dim(0) and input "
+                "value's dim(0) numel(1)")
+        raise RuntimeError("torch.searchsorted(): boundaries tensor should have positive "
+                           "dimension, but got 0 dimension")
+    dt = promote(seq, values)
+    if dt.is_complex or dt is torch.bool:  # as CPU's kernel, which has no such dtypes
+        raise NotImplementedError(
+            f'"searchsorted_out_tpu" not implemented for \'{scalar_type_name(dt)}\'')
     if isinstance(values, Scalar):
-        dt = promote(seq, values)
         v = cast(values, dt)
     else:
-        dt = promote(seq, values)
         v = values.astype(npdt(dt))
     s = seq.astype(npdt(dt))
     out_dt = npdt(torch.int32 if out_int32 else torch.int64)
@@ -870,7 +880,8 @@ def searchsorted(seq, x, out_int32=False, right=False, side=None, sorter=None):
 def searchsorted_scalar(seq, x, out_int32=False, right=False, side=None, sorter=None):
     if seq.ndim != 1:
         raise RuntimeError("torch.searchsorted(): input value can be a scalar only when "
-                           "boundaries tensor dimension is 1")
+                           "boundaries tensor dimension is 1, but we got boundaries tensor "
+                           f"dim({seq.ndim}) and input value's dim(0) numel(1)")
     return _searchsorted(seq, x, right, side, sorter, out_int32)
 
 
