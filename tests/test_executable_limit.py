@@ -31,14 +31,21 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_per_op_executables_are_bounded_and_evicted_signatures_rerun_correctly(tmp_path):
-    env = dict(os.environ, TORCHTPU_MAX_EXECUTABLES="8", TORCHTPU_CACHE_DIR="off")
+def _run_bounded(tmp_path, source: str, bound: int):
+    """Run ``source`` in a fresh process with at most ``bound`` executables, no disk cache;
+    assert it exits 0 and return its stdout."""
+    env = dict(os.environ, TORCHTPU_MAX_EXECUTABLES=str(bound), TORCHTPU_CACHE_DIR="off")
     script = tmp_path / "bounded.py"
-    script.write_text(SCRIPT)
+    script.write_text(source)
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("EVICTIONS")][-1]
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_per_op_executables_are_bounded_and_evicted_signatures_rerun_correctly(tmp_path):
+    out = _run_bounded(tmp_path, SCRIPT, 8)
+    line = [ln for ln in out.splitlines() if ln.startswith("EVICTIONS")][-1]
     _, evictions, _, cached = line.split()
     assert int(evictions) > 0 and int(cached) <= 8, line
 
@@ -77,9 +84,4 @@ def test_fused_segments_never_reuse_an_evicted_executables_program(tmp_path):
     # DeferAndFuse keyed its fused segments on id(executable): once a bounded cache freed
     # an executable, a new one at the same address hit the old segment (wrong values or
     # an IndexError); segments now key on a serial number that is never reused
-    env = dict(os.environ, TORCHTPU_MAX_EXECUTABLES="64", TORCHTPU_CACHE_DIR="off")
-    script = tmp_path / "evict_defer.py"
-    script.write_text(EVICT_UNDER_DEFER)
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "OK" in _run_bounded(tmp_path, EVICT_UNDER_DEFER, 64)
