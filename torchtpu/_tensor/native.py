@@ -13,7 +13,8 @@ It provides three things PyTorch 2.13's Python backend API cannot:
 * C++ PrivateUse1 kernels for ``as_strided`` and ``view`` (PyTorch's own CPU kernels:
   metadata only), so a view op does not go through Python (~13 us each otherwise).
   Registered when the module loads, and at a process's first view op when an earlier
-  process already built it (:func:`view_kernels_if_built`: no build on that path).  Views
+  process already built and loaded it with the same torch version
+  (:func:`view_kernels_if_built`: no build on that path).  Views
   they make are not counted in ``metrics()["view_ops"]``.
 
 The build takes about half a minute once per machine and version of ``_native.cpp``
@@ -43,6 +44,7 @@ def module():
     try:
         mod = load(name, [src], extra_cflags=["-O1"], verbose=False)
         mod.register_view_kernels()
+        _write_built_for(mod)
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
         raise NotImplementedError(
             f"torchtpu: tensors on tpu:N>0 and UntypedStorage.resize_ on tpu need a "
@@ -79,8 +81,8 @@ def view_kernels_if_built() -> bool:
 
         _, name = _source_and_name()
         path = os.path.join(_extensions_dir(), name, name + ".so")
-        if not os.path.exists(path):
-            return False
+        if not os.path.exists(path) or _built_for(path) != _torch_version():
+            return False  # not built, or built against another torch (its ABI)
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -88,6 +90,30 @@ def view_kernels_if_built() -> bool:
         return True
     except Exception:  # a stale or foreign build: the Python path stays
         return False
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _built_for(so_path: str):
+    """The torch version the helper at ``so_path`` was last loaded with (written by
+    :func:`module`, whose ``load`` rebuilds it when PyTorch's headers change), or None."""
+    try:
+        with open(so_path + ".torch_version") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _write_built_for(mod) -> None:
+    try:
+        with open(mod.__file__ + ".torch_version", "w") as f:
+            f.write(_torch_version())
+    except (OSError, AttributeError):
+        pass  # the fast path at the first view op then waits for a load()
 
 
 def _extensions_dir() -> str:
