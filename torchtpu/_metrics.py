@@ -124,6 +124,7 @@ class Metrics:
                                 "structure_mismatches": 0}
         self.collectives = collections.Counter()
         self.sdpa = {"fused": 0, "math": 0}
+        self.shape_buckets = {"runs": 0, "hot_signatures": 0, "churning_ops": 0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

@@ -89,6 +89,32 @@ def jax_device(index: int | None):
     return devs[index]
 
 
+_PUT = {}  # index -> (sharding, device) for put_host
+
+
+def put_host(host, index: int):
+    """A new JAX array on ``tpu:index`` holding a copy of the numpy array ``host``.
+
+    Mirrors ``jax.device_put(host, device)`` (committed to the device), through JAX's
+    batched transfer directly: ~10 us instead of ~50-90 us for a small array, which
+    matters where an op moves a few small arrays per call (``eager.buckets``).  Falls
+    back to ``jax.device_put`` where that entry point is missing (another JAX)."""
+    hit = _PUT.get(index)
+    if hit is None:
+        from jax.sharding import SingleDeviceSharding
+
+        dev = jax_device(index)
+        hit = _PUT[index] = (SingleDeviceSharding(dev), dev)
+    try:
+        from jax._src import core
+        from jax._src.interpreters import pxla
+
+        return pxla.batched_device_put(core.ShapedArray(host.shape, host.dtype), hit[0],
+                                       [host], [hit[1]])
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other JAX
+        return jax().device_put(host, hit[1])
+
+
 @functools.lru_cache(maxsize=None)
 def _dtype_tables():
     import numpy as np

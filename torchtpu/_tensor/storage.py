@@ -122,6 +122,11 @@ class StorageData:
             return self.arr
         if a is None:
             self.arr = zeros(self.shape, self.dtype, self.index)
+        elif a.__class__ is Padded:  # cut the bucket padding off, through the host
+            from torchtpu import _metrics
+
+            _metrics.METRICS.sync("shape_bucket_unpad")
+            self.arr = runtime.put_host(a.host(self.shape), self.index)
         return self.arr
 
 
@@ -159,6 +164,31 @@ class Lazy:
         self.shape = shape
         self.dtype = dtype
         self.value = None
+
+
+class Padded:
+    """A storage's elements held at the front of a longer 1-D array (``eager.buckets``).
+
+    Attributes:
+        arr: JAX array of shape ``(B,)``, ``B >= n``, of the storage's dtype.
+        n: how many leading elements are the storage's (its elements, flat, row-major).
+        edge: whether every element after ``n`` equals element ``n - 1`` (else they are
+            arbitrary values).
+
+    Bucketed ops read and write such arrays directly; anything else gets the storage's
+    own array from :meth:`StorageData.get`, which cuts the padding off (a sync point).
+    """
+
+    __slots__ = ("arr", "n", "edge")
+
+    def __init__(self, arr, n: int, edge: bool):
+        self.arr = arr
+        self.n = n
+        self.edge = edge
+
+    def host(self, shape: tuple) -> np.ndarray:
+        """The storage's elements on the host, in ``shape`` (a sync point)."""
+        return np.array(np.asarray(self.arr)[: self.n]).reshape(shape)
 
 
 def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):

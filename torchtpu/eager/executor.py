@@ -37,6 +37,7 @@ from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime, state
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
 from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
@@ -197,7 +198,8 @@ def _meta_number(v):
 class _Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
-    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs")
+    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs",
+                 "padded")
 
     def __init__(self, dynamic_offsets=True):
         self.arrays = []
@@ -210,6 +212,14 @@ class _Call:
         # views' storage offsets, passed at run time (storage.dynamic_view_spec); None:
         # compiled in (ops writing tensor lists check their views for overlap when built)
         self.offs = [] if dynamic_offsets else None
+        self.padded = False  # an input array is eager.buckets' Padded (see unpad)
+
+    def unpad(self):
+        """Replace bucket-padded input arrays by their storages' own arrays (a call
+        that is not bucketed)."""
+        for j, a in enumerate(self.arrays):
+            if a.__class__ is _st.Padded:
+                self.arrays[j] = self.sdatas[j].get()
 
     def tensor(self, op, t, writeonly=False):
         st = t.untyped_storage()
@@ -233,9 +243,14 @@ class _Call:
             j = len(self.arrays)
             self.slots[cid] = j
             self.sdatas.append(sd)
-            self.arrays.append(_input_array(sd, writeonly))
+            a = _input_array(sd, writeonly)
+            if a.__class__ is _st.Padded:
+                self.padded = True
+            self.arrays.append(a)
         elif self.arrays[j] is None and not writeonly:
-            self.arrays[j] = _input_array(sd, False)
+            a = self.arrays[j] = _input_array(sd, False)
+            if a.__class__ is _st.Padded:
+                self.padded = True
         offs = self.offs
         spec = _st.view_spec(t, sd) if offs is None else _st.dynamic_view_spec(t, sd, offs)
         if sd.arr is None:
@@ -259,6 +274,8 @@ def _input_array(sd, writeonly):
             a = sd.arr
         elif not CONFIG.defer:
             a = sd.get()
+    # (an eager.buckets Padded array is returned as is: kept for a bucketed call, cut to
+    # the storage's own array otherwise, see _Call.unpad)
     return a
 
 
@@ -412,20 +429,34 @@ class LoweredPlan:
             vals = self.lowering.prepare(vals)
         if self.lowering.dynamic_shape:
             return self._run_dynamic(vals)
+        return self._run(vals, args, kwargs)
+
+    def _run(self, vals, args=None, kwargs=None):
+        """Run on normalized, prepared ``vals`` (``args``/``kwargs``: the call as made,
+        for the CPU fallback and ``out=`` resizing; None for a bucketed run's own call)."""
         c = gather(self, vals)
         key = tuple(c.key)
         ex = _CACHE.get(key)
         if ex is None:
+            if _buckets.ON[0] and not CONFIG.defer:
+                # an op churning through shapes: an executable shared by a bucket of sizes
+                res = _buckets.run(self, vals, key, c.index)
+                if res is not _buckets.NO:
+                    return res
             M.cache_misses += 1
             try:
                 ex = _CACHE.put(key, self._build(vals, c, key))
             except NotImplementedError as refused:
                 # a case the lowering refuses (e.g. overlapping views in a mutated list):
                 # the opt-in CPU fallback runs it, as it runs ops without a lowering
+                if args is None:
+                    raise
                 return UnsupportedPlan(self.op).fallback_or_raise(args, kwargs, refused)
         else:
             M.cache_hits += 1
             _CACHE.move_to_end(key)
+        if c.padded:
+            c.unpad()
         if ex.resize is not None:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
@@ -989,6 +1020,11 @@ def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
     else:
         M.sync(cause)
     check_pending()
+    p = _st.data(t).arr
+    if p.__class__ is _st.Padded and _buckets.whole(t):  # the front of a bucketed array
+        arr = p.host(tuple(t.shape))
+        M.transfers_to_host_bytes += arr.nbytes
+        return arr
     arr = np.asarray(to_jax(t))
     M.transfers_to_host_bytes += arr.nbytes
     return arr

@@ -1,0 +1,421 @@
+"""Shape buckets: an op that keeps meeting new shapes runs executables shared by a bucket
+of sizes instead of compiling one per shape.
+
+Why: a per-op executable is compiled for exact shapes, so a loop over 500 lengths
+(``for i in range(1, 512): torch.randn(i, device="tpu").abs()...``) compiles an executable
+per length and op: ~0.1-0.3 s each on XLA:CPU, against microseconds for the op itself.
+
+What: once an op overload has compiled ``after`` exact signatures (default 4,
+``TORCHTPU_SHAPE_BUCKETS_AFTER``) it is *churning*, and its next new signatures run
+*bucketed* when the call fits one of the rules below: each tensor is read to the host
+(a sync point, counted as ``host_syncs["shape_bucket"]``), flattened and padded to a bucket
+length (the next power of two, at least 512 elements), the op runs through the ordinary
+executable cache on the padded tensors (one executable per bucket, reused by every length
+in it), and the results are cut back to their true shapes on the host.  A signature that
+runs bucketed ``HOT`` (2) times compiles its exact executable on its next call, so steady
+loops (training, decoding) still run the exact code without syncs from then on.
+
+Rules (the padding never changes a value: the result is the one the exact executable
+gives, bit for bit, which ``tests/test_shape_buckets.py`` checks against both the exact
+path and CPU):
+
+* pointwise ops (``torch.Tag.pointwise``, not random) and dtype casts (``_to_copy``) on
+  whole, contiguous storages of one shape (0-d operands and Python scalars allowed):
+  padded with copies of the last element, so padding can trip no device-side check a real
+  element does not;
+* ``max()`` / ``min()`` of a whole tensor: the same padding leaves the set of values as it
+  was;
+* ``index_put(..., accumulate=True)`` of a 1-D tensor with one 1-D integer index: the index
+  is range-checked and wrapped on the host (an out-of-range index takes the exact path and
+  its error), the padding adds ``-0.0`` (``0``/``False``), IEEE's exact additive identity;
+* on platforms where a prefix of a longer draw was checked to equal the shorter draw
+  (``_PREFIX_PLATFORMS``: ``cpu``): ``uniform_``, ``normal_`` and 1-D ``cumsum``.  Random
+  ops reuse the generator offset the exact call would have used, so a seeded program gives
+  the same numbers whichever path a call takes.
+
+Not bucketed: DeferAndFuse (its segments are fused per structure anyway), ``out=``
+calls, views (non-contiguous, offset, conj/neg bits), tensors over ``MAX_NUMEL`` elements,
+ops returning tensor lists.
+
+Counters (``torchtpu.metrics()["shape_buckets"]``): ``runs`` (calls run bucketed),
+``hot_signatures`` (signatures that then got their exact executable), ``churning_ops``.
+``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from torchtpu import _metrics
+from torchtpu._device import executable_limit as _executable_limit
+from torchtpu._device import runtime
+from torchtpu._tensor import storage as _st
+from torchtpu.ops._schema import GEN, OPT_T, OPT_T_LIST, T, T_LIST
+
+M = _metrics.METRICS
+aten = torch.ops.aten
+
+HOT = 128  # bucketed runs of one signature before it compiles its exact executable
+MIN_BUCKET = 512  # elements
+MAX_NUMEL = 1 << 16  # larger tensors always compile exact executables
+_PREFIX_PLATFORMS = frozenset({"cpu"})  # see the module docstring
+
+NO = object()  # run() result: not bucketed, take the exact path
+
+_EDGE, _ANY, _NEG0, _INDEX = "edge", "any", "neg0", "index"
+
+ON = [os.environ.get("TORCHTPU_SHAPE_BUCKETS", "1") not in ("0", "")]  # switched on
+_after = int(os.environ.get("TORCHTPU_SHAPE_BUCKETS_AFTER", "4"))
+_churn: dict = {}  # op -> misses of calls a rule fits
+_uses: dict = {}  # exact signature -> bucketed runs
+_active = [False]  # inside a bucketed run: its own misses compile normally
+_RULES: dict = {}
+
+
+def set_policy(enabled: bool | None = None, after: int | None = None) -> None:
+    """Switch buckets on or off, and set after how many exact compiles of an op its new
+    shapes are bucketed (0: from the first call).  Forgets the ops seen so far.
+
+    Raises ``ValueError`` for a negative ``after``."""
+    global _after
+    if enabled is not None:
+        ON[0] = bool(enabled)
+    if after is not None:
+        if after < 0:
+            raise ValueError(f"shape buckets: after must be >= 0, got {after}")
+        _after = int(after)
+    _churn.clear()
+    _uses.clear()
+
+
+def enabled() -> bool:
+    """Whether shape buckets are switched on (``TORCHTPU_SHAPE_BUCKETS``)."""
+    return ON[0]
+
+
+def bucket(n: int) -> int:
+    """The bucket length (elements) a tensor of ``n >= 1`` elements is padded to."""
+    return max(MIN_BUCKET, 1 << (n - 1).bit_length())
+
+
+# ------------------------------------------------------------------ rules
+
+
+def _whole(t) -> bool:
+    """``t`` is a tpu tensor reading its whole storage array, contiguously, in the array's
+    shape and dtype (no view geometry, no conj/neg bit), with no pending value."""
+    if t.device.type != "tpu":
+        return False
+    sd = t.untyped_storage()._tpu
+    return (t.storage_offset() == 0 and tuple(t.shape) == sd.shape and t.dtype == sd.dtype
+            and t.stride() == _st.contiguous_strides(sd.shape) and not t.is_neg()
+            and not t.is_conj()
+            and sd.arr.__class__ is not _st.Lazy)
+
+
+def _small(t) -> bool:
+    return 1 <= t.numel() <= MAX_NUMEL
+
+
+def _pointwise(plan, vals):
+    kinds = plan.sig.kinds
+    shape, pads = None, []
+    for v, k in zip(vals, kinds):
+        if k in (T_LIST, OPT_T_LIST) and v:
+            return None
+        if (k == T or k == OPT_T) and isinstance(v, torch.Tensor):
+            if v.dim() == 0:
+                continue
+            if not _whole(v):
+                return None
+            if shape is None:
+                shape = v.shape
+            elif v.shape != shape:
+                return None
+            pads.append((v, _EDGE))
+    if not pads or not _small(pads[0][0]):
+        return None
+    return pads
+
+
+def _one_whole(plan, vals, mode, dim1=False):
+    if plan.sig.out_args:
+        return None
+    x = vals[0]
+    if not isinstance(x, torch.Tensor) or not _whole(x) or not _small(x):
+        return None
+    if dim1 and x.dim() != 1:
+        return None
+    return [(x, mode)]
+
+
+def _random_fill(plan, vals):
+    return _one_whole(plan, vals, _ANY) if runtime.platform() in _PREFIX_PLATFORMS else None
+
+
+def _cumsum_1d(plan, vals):
+    if runtime.platform() not in _PREFIX_PLATFORMS:
+        return None
+    return _one_whole(plan, vals, _ANY, dim1=True)  # a prefix op: padding never read
+
+
+def _full_reduction(plan, vals):
+    return _one_whole(plan, vals, _EDGE)
+
+
+def _index_put_accumulate(plan, vals):
+    if plan.sig.out_args:
+        return None
+    x, indices, values, accumulate = vals[:4]
+    if accumulate is not True or len(indices) != 1 or indices[0] is None:
+        return None
+    idx = indices[0]
+    if not (_whole(x) and x.dim() == 1 and _small(x)):
+        return None
+    if not (idx.dtype in (torch.int64, torch.int32) and _whole(idx) and idx.dim() == 1
+            and _small(idx)):
+        return None
+    if not isinstance(values, torch.Tensor) or values.dtype != x.dtype:
+        return None
+    if values.dim() == 0:
+        return [(x, _ANY), (idx, _INDEX)]
+    if not (_whole(values) and values.shape == idx.shape):
+        return None
+    return [(x, _ANY), (idx, _INDEX), (values, _NEG0)]
+
+
+def rule_for(op):
+    """The bucketing rule of ``op`` (see the module docstring), or None."""
+    r = _RULES.get(op, NO)
+    if r is NO:
+        if op in (aten.uniform_.default, aten.normal_.default):
+            r = _random_fill
+        elif op is aten.cumsum.default:
+            r = _cumsum_1d
+        elif op in (aten.max.default, aten.min.default, aten.all.default, aten.any.default):
+            r = _full_reduction
+        elif op in (aten.index_put.default, aten.index_put_.default):
+            r = _index_put_accumulate
+        elif op is aten._to_copy.default:
+            r = _pointwise
+        elif (torch.Tag.pointwise in op.tags
+              and torch.Tag.nondeterministic_seeded not in op.tags):
+            r = _pointwise
+        else:
+            r = None
+        _RULES[op] = r
+    return r
+
+
+# ------------------------------------------------------------------ running
+
+
+def _host(sd) -> np.ndarray:
+    """The storage's elements on the host, flat (a sync point unless uninitialized)."""
+    if sd.arr is None:  # uninitialized (torch.empty): the exact executable reads zeros
+        return np.zeros(math.prod(sd.shape), runtime.to_np_dtype(sd.dtype))
+    return np.asarray(sd.arr).reshape(-1)
+
+
+def _fill_value(dt):
+    """IEEE's exact additive identity for numpy dtype ``dt``: -0.0 (complex: -0.0-0.0j),
+    0 for integers, False for bool."""
+    if dt == np.bool_ or np.issubdtype(dt, np.integer):
+        return np.zeros((), dt)
+    if np.issubdtype(dt, np.complexfloating):
+        return np.asarray(complex(-0.0, -0.0), dt)
+    return np.asarray(-0.0, dt)
+
+
+def _pad_host(flat: np.ndarray, mode: str, n_x: int):
+    """``flat`` padded on the host to its bucket length, or None when the call must take
+    the exact path (an index out of range of the indexed length ``n_x``)."""
+    n = flat.shape[0]
+    extra = bucket(n) - n
+    if mode == _INDEX:
+        if flat.min() < -n_x or flat.max() >= n_x:
+            return None  # the exact executable raises the device-side index error
+        flat = np.where(flat < 0, flat + n_x, flat).astype(flat.dtype)
+        mode = _EDGE
+    if mode == _NEG0:
+        return np.concatenate([flat, np.full(extra, _fill_value(flat.dtype), flat.dtype)])
+    return np.pad(flat, (0, extra), mode="edge")
+
+
+_REPADS = _executable_limit.LRUCache(share=0.125)  # (mode, B, dtype, index) -> jitted
+
+
+def _repad(p, mode: str, index: int, n_x: int, op):
+    """A :class:`Padded` array whose padding suits ``mode``, on the device (no sync): one
+    executable per bucket length and dtype, the true length passed at run time."""
+    arr = p.arr
+    key = (mode, arr.shape[0], arr.dtype, index)
+    f = _REPADS.get(key)
+    if f is None:
+        f = _REPADS.put(key, _repad_fn(mode, arr.dtype))
+    if mode == _INDEX:
+        out, bad = f(arr, np.int64(p.n), np.int64(n_x))
+        from torchtpu.eager import executor as _ex
+
+        # the exact lowering's check (ops._checks.index_in_range), against the true size
+        _ex.PENDING_CHECKS.append(
+            (bad, [(IndexError, f"index out of bounds for dimension 0 with size {n_x}")], op))
+        return out
+    return f(arr, np.int64(p.n))
+
+
+def _repad_fn(mode, dtype):
+    jax = runtime.jax()
+    jnp = jax.numpy
+
+    def live(x, n):
+        return jax.lax.iota(np.int64, x.shape[0]) < n
+
+    if mode == _EDGE:
+        return jax.jit(lambda x, n: jnp.where(live(x, n), x, x[n - 1]))
+    if mode == _NEG0:
+        fill = _fill_value(np.dtype(dtype))
+        return jax.jit(lambda x, n: jnp.where(live(x, n), x, fill))
+
+    def index(x, k, m):  # in range, negatives wrapped, padding repeats the last index
+        keep = live(x, k)
+        bad = jnp.any(keep & ((x < -m) | (x >= m)))
+        x = jnp.where(keep, x, x[k - 1])
+        return jnp.where(x < 0, x + m, x).astype(x.dtype), bad.reshape(1)
+
+    return jax.jit(index)
+
+
+def whole(t) -> bool:
+    """See :func:`_whole` (for the executor's host reads of bucketed results)."""
+    return _whole(t)
+
+
+def run(plan, vals, key, index):
+    """Run ``plan`` (a ``LoweredPlan``) on ``vals`` bucketed, or return :data:`NO`.
+
+    Called on a miss of the executable cache with the call's normalized (and prepared)
+    arguments and its signature ``key``; ``index`` is the call's tpu index.  Returns the
+    op's result as the exact path would (in-place and ``out=`` ops: their written tensors
+    updated), its tensors holding :class:`~torchtpu._tensor.storage.Padded` arrays.
+    """
+    if _active[0]:
+        return NO
+    rule = rule_for(plan.op)
+    if rule is None:
+        return NO
+    pads = rule(plan, vals)
+    if pads is None:
+        return NO
+    seen = _churn.get(plan.op, 0)
+    _churn[plan.op] = seen + 1
+    if seen < _after:
+        return NO
+    used = _uses.get(key, 0)
+    if used >= HOT:
+        return NO
+    # padded arrays, one per storage (x.add_(x) stays aliased); arrays that are not
+    # padded yet are padded through the host (a sync point)
+    n_x = pads[0][0].numel()
+    # out= storages no input reads (x.mul_(y) arrives as mul.out(x, y, out=x): read)
+    outs = plan.sig.out_args
+    writeonly = set()
+    if outs:
+        writeonly = {vals[i].untyped_storage()._cdata for i in outs}
+        writeonly -= {v.untyped_storage()._cdata for i, v in enumerate(vals)
+                      if i not in outs and isinstance(v, torch.Tensor)
+                      and v.device.type == "tpu"}
+    by_storage = {}
+    synced = False
+    for t, mode in pads:
+        st = t.untyped_storage()
+        cid = st._cdata
+        if cid in by_storage:
+            continue
+        sd = st._tpu
+        a = sd.arr
+        if a.__class__ is _st.Padded:
+            if mode == _ANY or cid in writeonly or (mode == _EDGE and a.edge):
+                arr = a.arr
+            else:
+                arr = _repad(a, mode, index, n_x, plan.op)
+        elif cid in writeonly:  # an out= tensor: its old values are never read
+            arr = runtime.put_host(np.zeros(bucket(t.numel()), runtime.to_np_dtype(t.dtype)),
+                                   index)
+        else:
+            if a is not None and not synced:
+                M.sync("shape_bucket")
+                synced = True
+            h = _pad_host(_host(sd), mode, n_x)
+            if h is None:
+                return NO
+            arr = runtime.put_host(h, index)
+        by_storage[cid] = (t, arr)
+    if len(_uses) > 100_000:
+        _uses.clear()
+    _uses[key] = used + 1
+    if used + 1 == HOT:
+        M.shape_buckets["hot_signatures"] += 1
+    if seen == _after:
+        M.shape_buckets["churning_ops"] += 1
+    padded = {cid: _st.wrap(arr, index, t.dtype) for cid, (t, arr) in by_storage.items()}
+
+    def sub(v):
+        if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+            return padded.get(v.untyped_storage()._cdata, v)
+        return v
+
+    pvals = []
+    for v, k in zip(vals, plan.sig.kinds):
+        if k == T or k == OPT_T:
+            v = sub(v)
+        elif (k == T_LIST or k == OPT_T_LIST) and v is not None:
+            v = [sub(x) for x in v]
+        pvals.append(v)
+    if plan.lowering.random:  # draw with the key the exact call drew (gather took it)
+        _unwind_rng(plan, vals, index)
+    _active[0] = True
+    try:
+        res = plan._run(pvals)
+    finally:
+        _active[0] = False
+    M.shape_buckets["runs"] += 1
+    edge = rule is _pointwise  # edge-padded inputs give edge-padded results
+    if plan.sig.mutated:
+        for i in plan.sig.mutated:
+            t = vals[i]
+            cid = t.untyped_storage()._cdata
+            if cid in padded:
+                t.untyped_storage()._tpu.arr = _st.Padded(
+                    _st.data(padded[cid]).arr, t.numel(), edge)
+        ret = plan.sig.mutated_returns
+        if len(ret) == 1:
+            return vals[ret[0]]
+        return tuple(vals[i] for i in ret) if ret else None
+    # every rule's results have the first padded tensor's shape, or are 0-d reductions
+    shape = tuple(pads[0][0].shape)
+    outs = [res] if plan.sig.nret == 1 else list(res)
+    cut = []
+    for r in outs:
+        if r.dim() != 0:
+            st = _st.new_storage(shape, r.dtype, index,
+                                 _st.Padded(_st.data(r).arr, n_x, edge))
+            r = _st.tensor_on(st, shape, _st.contiguous_strides(shape), 0, r.dtype)
+        cut.append(r)
+    return cut[0] if plan.sig.nret == 1 else tuple(cut)
+
+
+def _unwind_rng(plan, vals, index):
+    from torchtpu._device import generator as _gen
+    from torchtpu._device import state
+
+    gen = None
+    for v, k in zip(vals, plan.sig.kinds):
+        if k == GEN:
+            gen = v
+    rs = state.rng(index) if gen is None else _gen.state_of(gen, index)
+    rs.offset -= 1
