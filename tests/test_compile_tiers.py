@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import tiers
+from torchtpu.eager import buckets, tiers
 
 TPU = "tpu"
 
@@ -15,11 +15,15 @@ needs_quick_tier = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def quick_tier_on():
-    """The quick tier is opt-in (TORCHTPU_COMPILE_TIERS=1); these tests switch it on."""
+    """The quick tier is opt-in (TORCHTPU_COMPILE_TIERS=1); these tests switch it on, and
+    shape buckets off (they count one compile per shape; tests/test_shape_buckets.py
+    covers buckets)."""
     before = tiers.enabled()
     tiers.set_enabled(True)
+    buckets.set_policy(enabled=False)
     yield
     tiers.set_enabled(before)
+    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
 
 
 @needs_quick_tier

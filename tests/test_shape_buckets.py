@@ -17,7 +17,7 @@ def bucketed():
     """Bucket from an op's first call (after=0); restore the defaults afterwards."""
     buckets.set_policy(enabled=True, after=0)
     yield
-    buckets.set_policy(enabled=True, after=4)
+    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
 
 
 def _runs():
@@ -248,7 +248,7 @@ def test_hot_signature_gets_its_exact_executable(bucketed):
 
 
 def test_policy_default_and_off():
-    """By default an op compiles its first `after` shapes exactly; off means never."""
+    """An op compiles its first `after` shapes exactly; off means never."""
     buckets.set_policy(enabled=True, after=4)
     r0 = _runs()
     for n in range(300, 304):
@@ -262,7 +262,7 @@ def test_policy_default_and_off():
     for n in range(310, 315):
         torch.ones(n, device="tpu").cosh()
     assert _runs() == r1
-    buckets.set_policy(enabled=True, after=4)
+    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
     with pytest.raises(ValueError):
         buckets.set_policy(after=-1)
 

@@ -68,8 +68,10 @@ NO = object()  # run() result: not bucketed, take the exact path
 
 _EDGE, _ANY, _NEG0, _INDEX = "edge", "any", "neg0", "index"
 
-ON = [os.environ.get("TORCHTPU_SHAPE_BUCKETS", "1") not in ("0", "")]  # switched on
-_after = int(os.environ.get("TORCHTPU_SHAPE_BUCKETS_AFTER", "4"))
+DEFAULT_ON = os.environ.get("TORCHTPU_SHAPE_BUCKETS", "1") not in ("0", "")
+DEFAULT_AFTER = int(os.environ.get("TORCHTPU_SHAPE_BUCKETS_AFTER", "4"))
+ON = [DEFAULT_ON]  # switched on
+_after = DEFAULT_AFTER
 _churn: dict = {}  # op -> misses of calls a rule fits
 _uses: dict = {}  # exact signature -> bucketed runs
 _active = [False]  # inside a bucketed run: its own misses compile normally
@@ -79,6 +81,7 @@ _RULES: dict = {}
 def set_policy(enabled: bool | None = None, after: int | None = None) -> None:
     """Switch buckets on or off, and set after how many exact compiles of an op its new
     shapes are bucketed (0: from the first call).  Forgets the ops seen so far.
+    ``set_policy(DEFAULT_ON, DEFAULT_AFTER)`` restores the start-up policy.
 
     Raises ``ValueError`` for a negative ``after``."""
     global _after
