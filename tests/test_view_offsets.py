@@ -112,3 +112,26 @@ def test_reading_a_row_past_a_shrunk_storage_raises():
     assert torch.equal((x[1] + 1).cpu(), torch.full((2,), 2.0))
     with pytest.raises(RuntimeError, match="out of bounds for storage of size 16"):
         (r + 1).cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
+def test_sparse_views_read_and_write_as_cpu(eager_mode, dtype):
+    """Views whose few elements span a long stretch of storage (``x[:, i, :]`` of a
+    ``(5, 3000, 3)`` tensor: 15 elements over 36,003) read and write by gather/scatter;
+    every position, static and runtime offsets, equals CPU."""
+    torch.manual_seed(0)
+    src = torch.randn(5, 3000, 3).to(dtype)
+    ref = torch.zeros(5, 1000, 3, dtype=dtype)
+    x = torch.zeros(5, 1000, 3, dtype=dtype, device="tpu")
+    s = src.to("tpu")
+    for i in (0, 1, 17, 999, 2999, 1234):
+        j = i % 1000
+        x[:, j, :] = s[:, i, :] * 2
+        ref[:, j, :] = src[:, i, :] * 2
+        x[:, :, i % 3][:, j] += 1
+        ref[:, :, i % 3][:, j] += 1
+    torch.testing.assert_close(x.cpu(), ref)
+    torch.testing.assert_close(s[:, 2999, :].cpu(), src[:, 2999, :])
+    torch.testing.assert_close(s[1:4, ::700, 2].cpu(), src[1:4, ::700, 2])
+    a = torch.as_strided(s, (4, 2), (4000, 2001), 7)
+    torch.testing.assert_close(a.cpu(), torch.as_strided(src, (4, 2), (4000, 2001), 7))

@@ -518,7 +518,7 @@ def read_view(arr, spec, offs=None):
     else:
         _check_bounds(size, stride, offset, dtype, math.prod(arr.shape) * sdtype.itemsize)
     plan = _nested_plan(size, stride)
-    if plan is None:
+    if plan is None or _sparse(size, stride):
         return flat[_index_array(size, stride, 0) + offset]
     length, shape, index, order = plan
     if dynamic:
@@ -532,6 +532,14 @@ def read_view(arr, spec, offs=None):
     perm = sorted(range(len(order)), key=lambda k: order[k])
     x = jnp.transpose(x, perm)
     return lax.broadcast_in_dim(x, size, tuple(sorted(order)))
+
+
+def _sparse(size, stride) -> bool:
+    """A view whose elements are spread far apart in its storage (``x[:, i]`` of a wide
+    ``x``): a gather/scatter of its own elements beats slicing the whole region it spans
+    (``(5, 3)`` elements of a ``(5, 40000, 3)`` storage: 15 elements, not 480,003)."""
+    n = math.prod(size)
+    return n <= 65536 and _extent(size, stride) > max(4096, 16 * n)
 
 
 def _extent(size, stride):
@@ -579,7 +587,8 @@ def write_view(arr, spec, value, offs=None):
     flat = arr.reshape(-1)
     n = flat.shape[0]
     plan = _nested_plan(size, stride)
-    if plan is None or any(s == 0 and k != 1 for k, s in zip(size, stride)):
+    if plan is None or _sparse(size, stride) or any(
+            s == 0 and k != 1 for k, s in zip(size, stride)):
         idx = (_index_array(size, stride, 0) + offset).reshape(-1)
         return flat.at[idx].set(value.reshape(-1)).reshape(arr.shape)
     length, shape, index, order = plan
