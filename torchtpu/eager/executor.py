@@ -440,7 +440,7 @@ class LoweredPlan:
         if ex is None:
             if _buckets.ON[0] and not CONFIG.defer:
                 # an op churning through shapes: an executable shared by a bucket of sizes
-                res = _buckets.run(self, vals, key, c.index)
+                res = _buckets.run(self, vals, c)
                 if res is not _buckets.NO:
                     return res
             M.cache_misses += 1
