@@ -115,6 +115,19 @@ def test_integer_division_by_zero_raises_as_exact(bucketed):
         torch.div(a, b, rounding_mode="floor").cpu()
 
 
+@pytest.mark.parametrize("fn", [lambda t: t.to(memory_format=torch.channels_last),
+                                lambda t: t.clone(memory_format=torch.channels_last),
+                                lambda t: t.to(torch.float64, memory_format=torch.channels_last),
+                                lambda t: t.clone(memory_format=torch.contiguous_format)])
+def test_layout_changing_copies_keep_cpu_strides(bucketed, fn):
+    """A copy into another memory format is not bucketed: its strides are CPU's
+    (PyTorch's test_view_copy_output_contiguous found a bucketed channels_last copy)."""
+    x = torch.randn(2, 3, 4, 5)
+    got, want = fn(x.to("tpu")), fn(x)
+    assert got.stride() == want.stride() and got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want)
+
+
 def test_scalar_and_zero_dim_operands(bucketed):
     x = torch.randn(41)
     _check(lambda t: t * 2.5 + 1, x)

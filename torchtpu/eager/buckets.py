@@ -124,8 +124,14 @@ def _small(t) -> bool:
     return 1 <= t.numel() <= MAX_NUMEL
 
 
+_KEEP_LAYOUT = (None, torch.preserve_format, torch.contiguous_format)
+
+
 def _pointwise(plan, vals):
     kinds = plan.sig.kinds
+    for name, v in zip(plan.sig.names, vals):
+        if name == "memory_format" and v not in _KEEP_LAYOUT:
+            return None  # (channels_last results have other strides than the input)
     shape, pads = None, []
     for v, k in zip(vals, kinds):
         if k in (T_LIST, OPT_T_LIST) and v:
