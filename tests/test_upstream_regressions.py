@@ -989,3 +989,20 @@ def test_tensors_stay_usable_when_a_device_check_raises_after_a_donating_op():
             y_t.index_add_(0, good.to("tpu"), one.to("tpu"))
     y_c = torch.zeros(5).index_add_(0, good, one * calls)
     assert torch.equal(y_t.cpu(), y_c)  # y kept its array, and the call that raised ran
+
+
+def test_constant_zero_and_nan_scalars_reach_lowerings_as_floats():
+    """A constant Scalar argument of 0.0, -0.0 or NaN is keyed by its repr (so -0.0 and
+    0.0 get their own executables); the lowering must still get the float, not the key
+    (``torch.arange(0.0, 16)`` raised TypeError: test_indexing's test_advancedindex,
+    test_byte_tensor_assignment, test_broadcast_subspace)."""
+    for args in [(0.0, 16), (-0.0, 5), (0.0, 3.5, 0.5), (0.0, 1.0, 0.25)]:
+        got, want = torch.arange(*args, device="tpu"), torch.arange(*args)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
+    x = torch.tensor([float("nan"), 1.0, -2.0, 0.0])
+    for fn in (lambda t: torch.nan_to_num(t, nan=-0.0), lambda t: torch.nan_to_num(t, nan=0.0),
+               lambda t: torch.full_like(t, float("nan")), lambda t: t.add(1, alpha=0.0)):
+        got, want = fn(x.to("tpu")).cpu(), fn(x)
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))

@@ -314,6 +314,13 @@ def _float_key(v: float):
     return ("float", repr(v))
 
 
+def _key_float(k):
+    """The constant a key item holds: the float back from :func:`_float_key`'s form."""
+    if k.__class__ is tuple and len(k) == 2 and k[0] == "float":
+        return float(k[1])
+    return k
+
+
 def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
     c = _Call(not plan.sig.mutated_lists)
@@ -709,7 +716,7 @@ class LoweredPlan:
                 if v is None:
                     item = ("const", None)
                 elif kk[0] == "s":
-                    item = ("const", kk[2])
+                    item = ("const", _key_float(kk[2]))
                 else:
                     item = ("scalar", kk[1])
             elif k == GEN:
