@@ -302,3 +302,72 @@ def test_training_with_varying_batch_matches_cpu(bucketed):
     assert _runs() > r0
     for g, w in zip(got, run("cpu")):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_zero_dim_views_of_the_same_or_a_bucketed_storage(bucketed):
+    """``x / x[0]``: the 0-d view reads the storage being padded (not bucketed; it read
+    the padded whole tensor and gave all ones); ``z * w[3]`` with ``w`` a bucketed result
+    (its padded array was passed where the exact one belongs)."""
+    for n in (6, 7, 8):
+        x = torch.arange(1.0, n + 1)
+        torch.testing.assert_close((x.to("tpu") / x.to("tpu")[0]).cpu(), x / x[0])
+        w = torch.arange(4.0, device="tpu") * 2
+        z = torch.ones(n, device="tpu")
+        torch.testing.assert_close((z * w[3]).cpu(), torch.full((n,), 6.0))
+        torch.testing.assert_close(torch.mul(z, w[3]).cpu(), torch.full((n,), 6.0))
+
+
+def test_overlapping_out_raises_as_cpu(bucketed):
+    for n in (20, 21):
+        x, xc = torch.arange(float(n), device="tpu"), torch.arange(float(n))
+        with pytest.raises(RuntimeError) as cpu_err:
+            torch.add(xc, xc[1], out=xc)
+        with pytest.raises(RuntimeError) as tpu_err:
+            torch.add(x, x[1], out=x)
+        assert str(tpu_err.value) == str(cpu_err.value)
+
+
+def test_index_put_zero_dim_value_and_aliased_values(bucketed):
+    """A 0-d value is added at every index (padding indices included: not bucketed);
+    values that are self or the index (one storage, two paddings: not bucketed)."""
+    for n in range(2, 9):
+        idx = torch.tensor([0, n - 1])
+        want = torch.index_put(torch.zeros(n), (idx,), torch.tensor(1.0), accumulate=True)
+        got = torch.index_put(torch.zeros(n, device="tpu"), (idx.to("tpu"),),
+                              torch.tensor(1.0, device="tpu"), accumulate=True)
+        torch.testing.assert_close(got.cpu(), want)
+        x = torch.arange(1.0, n + 1)
+        xt = x.to("tpu")
+        i = torch.arange(n)
+        torch.testing.assert_close(
+            torch.index_put(xt, (i.to("tpu"),), xt, accumulate=True).cpu(),
+            torch.index_put(x, (i,), x, accumulate=True))
+        j = torch.arange(n) - 1
+        jt = j.to("tpu")
+        torch.testing.assert_close(
+            torch.index_put(torch.zeros(n, dtype=torch.long, device="tpu"), (jt,), jt,
+                            accumulate=True).cpu(),
+            torch.index_put(torch.zeros(n, dtype=torch.long), (j,), j, accumulate=True))
+
+
+def test_float_min_max_of_signed_zeros_not_bucketed(bucketed):
+    """Which zero a float min/max returns depends on the reduction order, which padding
+    changes: float min/max are not bucketed (integers are)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.where(torch.rand(3004, generator=g) < 0.77, -0.0, 0.0)
+    r0 = _runs()
+    x.to("tpu").min().cpu()
+    assert _runs() == r0
+    k = torch.randint(-50, 50, (777,), generator=g)
+    _check(torch.max, k)
+
+
+def test_debug_mode_is_not_bucketed(bucketed):
+    """DEBUG checks every output, padding included ([-3e38, 3e38].cumsum() overflowed
+    in the padding and raised)."""
+    r0 = _runs()
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEBUG):
+        x = torch.tensor([-3e38, 3e38], device="tpu")
+        got = (x.cumsum(0) * 1).cpu()
+    assert _runs() == r0
+    torch.testing.assert_close(got, torch.tensor([-3e38, 3e38]).cumsum(0))

@@ -7,13 +7,17 @@ per length and op: ~0.1-0.3 s each on XLA:CPU, against microseconds for the op i
 
 What: once an op overload has compiled ``after`` exact signatures (default 4,
 ``TORCHTPU_SHAPE_BUCKETS_AFTER``) it is *churning*, and its next new signatures run
-*bucketed* when the call fits one of the rules below: each tensor is read to the host
-(a sync point, counted as ``host_syncs["shape_bucket"]``), flattened and padded to a bucket
-length (the next power of two, at least 512 elements), the op runs through the ordinary
-executable cache on the padded tensors (one executable per bucket, reused by every length
-in it), and the results are cut back to their true shapes on the host.  A signature that
-runs bucketed ``HOT`` (2) times compiles its exact executable on its next call, so steady
-loops (training, decoding) still run the exact code without syncs from then on.
+*bucketed* when the call fits one of the rules below: each tensor is flattened and padded
+to a bucket length (the next power of two, at least 512 elements), and the op runs through
+the ordinary executable cache on the padded arrays (one executable per bucket, reused by
+every length in it).  Results stay padded on the device (``storage.Padded``), so a chain
+of bucketed ops never goes through the host; a tensor that is not padded yet is padded
+through the host (a sync point, ``host_syncs["shape_bucket"]``), and anything else that
+reads a padded storage gets its exact array through the host
+(``host_syncs["shape_bucket_unpad"]``; ``.cpu()``/``.tolist()`` read the padded array's
+front directly).  A signature that runs bucketed ``HOT`` (128,
+``TORCHTPU_SHAPE_BUCKETS_HOT``) times compiles its exact executable on its next call, so
+steady loops (training, decoding) end up on the exact executables.
 
 Rules (the padding never changes a value: the result is the one the exact executable
 gives, bit for bit, which ``tests/test_shape_buckets.py`` checks against both the exact
@@ -23,8 +27,8 @@ path and CPU):
   whole, contiguous storages of one shape (0-d operands and Python scalars allowed):
   padded with copies of the last element, so padding can trip no device-side check a real
   element does not;
-* ``max()`` / ``min()`` of a whole tensor: the same padding leaves the set of values as it
-  was;
+* ``all()`` / ``any()`` and integer ``max()`` / ``min()`` of a whole tensor: the same
+  padding leaves the set of values as it was;
 * ``index_put(..., accumulate=True)`` of a 1-D tensor with one 1-D integer index: the index
   is range-checked and wrapped on the host (an out-of-range index takes the exact path and
   its error), the padding adds ``-0.0`` (``0``/``False``), IEEE's exact additive identity;
@@ -33,11 +37,15 @@ path and CPU):
   ops reuse the generator offset the exact call would have used, so a seeded program gives
   the same numbers whichever path a call takes.
 
-Not bucketed: DeferAndFuse (its segments are fused per structure anyway), ``out=``
-calls, views (non-contiguous, offset, conj/neg bits), tensors over ``MAX_NUMEL`` elements,
-ops returning tensor lists.
+Not bucketed: DeferAndFuse, DEBUG mode (its checks read every output, padding
+included), views (non-contiguous, offset, conj/neg bits), tensors over ``MAX_NUMEL``
+elements, copies into another memory format, ``out=`` tensors of the wrong shape, ops
+returning tensor lists, float ``max``/``min`` (which zero they return depends on the
+order), ``index_put`` with a 0-d value, and calls where one storage would be padded two
+ways or is also read through another view (``x / x[0]``).
 
-Counters (``torchtpu.metrics()["shape_buckets"]``): ``runs`` (calls run bucketed),
+Counters (``torchtpu.metrics()["shape_buckets"]``): ``runs`` (calls run bucketed; a
+call of a bucket's existing executable also counts as a cache hit),
 ``hot_signatures`` (signatures that then got their exact executable), ``churning_ops``.
 ``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
 """
@@ -59,9 +67,20 @@ from torchtpu.ops._schema import GEN, OPT_T, OPT_T_LIST, T, T_LIST
 M = _metrics.METRICS
 aten = torch.ops.aten
 
+def _env_count(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"torchtpu: {name} must be a whole number >= 0, got {raw!r}")
+    return value
+
+
 # bucketed runs of one signature before it compiles its exact executable: a compile costs
 # ~30-300 ms, a bucketed run ~0.1-0.4 ms more than an exact one (CPU platform)
-HOT = int(os.environ.get("TORCHTPU_SHAPE_BUCKETS_HOT", "128"))
+HOT = _env_count("TORCHTPU_SHAPE_BUCKETS_HOT", 128)
 MIN_BUCKET = 512  # elements
 MAX_NUMEL = 1 << 16  # larger tensors always compile exact executables
 _PREFIX_PLATFORMS = frozenset({"cpu"})  # see the module docstring
@@ -71,7 +90,7 @@ NO = object()  # run() result: not bucketed, take the exact path
 _EDGE, _ANY, _NEG0, _INDEX = "edge", "any", "neg0", "index"
 
 DEFAULT_ON = os.environ.get("TORCHTPU_SHAPE_BUCKETS", "1") not in ("0", "")
-DEFAULT_AFTER = int(os.environ.get("TORCHTPU_SHAPE_BUCKETS_AFTER", "4"))
+DEFAULT_AFTER = _env_count("TORCHTPU_SHAPE_BUCKETS_AFTER", 4)
 ON = [DEFAULT_ON]  # switched on
 _after = DEFAULT_AFTER
 _churn: dict = {}  # op -> misses of calls a rule fits
@@ -175,6 +194,10 @@ def _cumsum_1d(plan, vals):
 
 
 def _full_reduction(plan, vals):
+    x = vals[0]
+    if plan.op in (aten.max.default, aten.min.default) and isinstance(x, torch.Tensor) and (
+            x.dtype.is_floating_point or x.dtype.is_complex):
+        return None  # which of +0.0 / -0.0 a float min/max returns depends on the order
     return _one_whole(plan, vals, _EDGE)
 
 
@@ -193,10 +216,34 @@ def _index_put_accumulate(plan, vals):
     if not isinstance(values, torch.Tensor) or values.dtype != x.dtype:
         return None
     if values.dim() == 0:
-        return [(x, _ANY), (idx, _INDEX)]
+        return None  # (a 0-d value would be added at every padding index too)
     if not (_whole(values) and values.shape == idx.shape):
         return None
     return [(x, _ANY), (idx, _INDEX), (values, _NEG0)]
+
+
+def _consistent(plan, vals, pads) -> bool:
+    """Every storage the call reads is padded one way only, and no other tensor of the
+    call (a 0-d view ``x[0]`` in ``x / x[0]``, ``x`` passed as both ``index_put``'s self
+    and its values) reads a storage being padded."""
+    modes, ids = {}, set()
+    for t, mode in pads:
+        cid = t.untyped_storage()._cdata
+        if modes.setdefault(cid, mode) != mode:
+            return False
+        ids.add(id(t))
+    for v, k in zip(vals, plan.sig.kinds):
+        if k == T or k == OPT_T:
+            group = (v,)
+        elif (k == T_LIST or k == OPT_T_LIST) and v:
+            group = v
+        else:
+            continue
+        for x in group:
+            if (isinstance(x, torch.Tensor) and id(x) not in ids and x.device.type == "tpu"
+                    and x.untyped_storage()._cdata in modes):
+                return False
+    return True
 
 
 def rule_for(op):
@@ -322,8 +369,10 @@ def run(plan, vals, c):
     if rule is None:
         return NO
     pads = rule(plan, vals)
-    if pads is None:
+    if pads is None or not _consistent(plan, vals, pads):
         return NO
+    if _executor().CONFIG.debug_sync:
+        return NO  # DEBUG checks every output, padding included (an overflowing cumsum)
     seen = _churn.get(plan.op, 0)
     _churn[plan.op] = seen + 1
     if seen < _after:
@@ -470,8 +519,14 @@ def _run_known(plan, vals, c, ex, by_sd, shape, n_x, edge):
     call gathered (``c``): no padded tensors, no second gather."""
     _ex = _executor()
 
-    arrays = [by_sd.get(id(sd), a) for sd, a in zip(c.sdatas, c.arrays)]
+    arrays = []
+    for sd, a in zip(c.sdatas, c.arrays):
+        p = by_sd.get(id(sd))
+        if p is None and a.__class__ is _st.Padded:
+            p = sd.get()  # another bucketed result read through a view (w[3]): cut
+        arrays.append(a if p is None else p)
     outs = ex.call(arrays, c.dyn)
+    M.cache_hits += 1  # (the bucket's executable)
     _ex.LAST_OUTPUTS = outs
     if ex.check_info:
         _ex.PENDING_CHECKS.append((outs[-1], ex.check_info, plan.op))
