@@ -129,15 +129,14 @@ def bucket(n: int) -> int:
 # ------------------------------------------------------------------ rules
 
 
-def _whole(t) -> bool:
-    """``t`` is a tpu tensor reading its whole storage array, contiguously, in the array's
-    shape and dtype (no view geometry, no conj/neg bit), with no pending value."""
+def whole(t) -> bool:
+    """``t`` is a tpu tensor reading its whole storage array (``storage.view_spec``'s
+    whole-storage case: contiguous, in the array's shape and dtype, no conj/neg bit) with
+    standard strides and no pending DeferAndFuse value."""
     if t.device.type != "tpu":
         return False
     sd = t.untyped_storage()._tpu
-    return (t.storage_offset() == 0 and tuple(t.shape) == sd.shape and t.dtype == sd.dtype
-            and t.stride() == _st.contiguous_strides(sd.shape) and not t.is_neg()
-            and not t.is_conj()
+    return (len(_st.view_spec(t, sd)) == 2 and t.stride() == _st.contiguous_strides(sd.shape)
             and sd.arr.__class__ is not _st.Lazy)
 
 
@@ -160,7 +159,7 @@ def _pointwise(plan, vals):
         if (k == T or k == OPT_T) and isinstance(v, torch.Tensor):
             if v.dim() == 0:
                 continue
-            if not _whole(v):
+            if not whole(v):
                 return None
             if shape is None:
                 shape = v.shape
@@ -176,7 +175,7 @@ def _one_whole(plan, vals, mode, dim1=False):
     if plan.sig.out_args:
         return None
     x = vals[0]
-    if not isinstance(x, torch.Tensor) or not _whole(x) or not _small(x):
+    if not isinstance(x, torch.Tensor) or not whole(x) or not _small(x):
         return None
     if dim1 and x.dim() != 1:
         return None
@@ -208,16 +207,16 @@ def _index_put_accumulate(plan, vals):
     if accumulate is not True or len(indices) != 1 or indices[0] is None:
         return None
     idx = indices[0]
-    if not (_whole(x) and x.dim() == 1 and _small(x)):
+    if not (whole(x) and x.dim() == 1 and _small(x)):
         return None
-    if not (idx.dtype in (torch.int64, torch.int32) and _whole(idx) and idx.dim() == 1
+    if not (idx.dtype in (torch.int64, torch.int32) and whole(idx) and idx.dim() == 1
             and _small(idx)):
         return None
     if not isinstance(values, torch.Tensor) or values.dtype != x.dtype:
         return None
     if values.dim() == 0:
         return None  # (a 0-d value would be added at every padding index too)
-    if not (_whole(values) and values.shape == idx.shape):
+    if not (whole(values) and values.shape == idx.shape):
         return None
     return [(x, _ANY), (idx, _INDEX), (values, _NEG0)]
 
@@ -345,11 +344,6 @@ def _repad_fn(mode, dtype):
         return jnp.where(x < 0, x + m, x).astype(x.dtype), bad.reshape(1)
 
     return jax.jit(index)
-
-
-def whole(t) -> bool:
-    """See :func:`_whole` (for the executor's host reads of bucketed results)."""
-    return _whole(t)
 
 
 def run(plan, vals, c):
