@@ -15,6 +15,38 @@ jnp = pytest.importorskip("jax.numpy")
 CALLS = executor._DONATE_AFTER + 6  # well past the point where a signature donates
 
 
+@pytest.fixture(autouse=True)
+def donate_small_storages(monkeypatch, request):
+    """These tests use small storages: let them donate (the default needs 64 KiB), and
+    forget earlier decisions not to donate for signatures other tests met first."""
+    if request.node.name == "test_small_storages_copy_and_large_ones_donate":
+        yield
+        return
+    monkeypatch.setattr(executor, "_DONATE_MIN_BYTES", 0)
+    for ex in list(executor._CACHE.values()):
+        if ex.donating is False:
+            ex.donating = None
+    yield
+
+
+def test_small_storages_copy_and_large_ones_donate():
+    # the default threshold: a 4 KiB storage's in-place loop never donates (its copy is
+    # cheaper than a second executable), a 256 KiB one does; both match CPU
+    assert 4096 < executor._DONATE_MIN_BYTES <= 65536 * 4
+    for n in (1024, 65536):
+        x_c = torch.zeros(n)
+        x_t = x_c.to("tpu")
+        before = _donated()
+        for k in range(CALLS):
+            x_c.add_(k)
+            x_t.add_(k)
+        assert torch.equal(x_t.cpu(), x_c)
+        if n * 4 < executor._DONATE_MIN_BYTES:
+            assert _donated() == before, n
+        else:
+            assert _donated() > before, n
+
+
 def _donated():
     return torchtpu.metrics()["donated_buffers"]
 

@@ -135,3 +135,47 @@ def test_sparse_views_read_and_write_as_cpu(eager_mode, dtype):
     torch.testing.assert_close(s[1:4, ::700, 2].cpu(), src[1:4, ::700, 2])
     a = torch.as_strided(s, (4, 2), (4000, 2001), 7)
     torch.testing.assert_close(a.cpu(), torch.as_strided(src, (4, 2), (4000, 2001), 7))
+
+
+VIEWS_OF_SMALL_STORAGES = {
+    "row": lambda x: x[2],
+    "column": lambda x: x[:, 1],
+    "element": lambda x: x[3, 2],
+    "transposed": lambda x: x.t(),
+    "strided": lambda x: x[1::2, ::3],
+    "expanded": lambda x: x[1:2].expand(3, 5),
+    "empty": lambda x: x[2:2],
+    "neg": lambda x: torch._neg_view(x[1:3]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool,
+                                   torch.complex64])
+def test_host_reads_of_views_of_small_storages_match_cpu(dtype, eager_mode):
+    """``.cpu()``, ``.tolist()`` and ``.item()`` of a view of a small storage cut the
+    view on the host from one copy of the storage (``executor.to_numpy``): no reader
+    executable per view geometry, CPU's values, conj/neg bits applied."""
+    from torchtpu.eager import executor
+
+    torch.manual_seed(0)
+    base = torch.randn(6, 5, dtype=torch.complex64 if dtype.is_complex else torch.float32)
+    base = (base * 4).to(dtype)
+    t = base.to("tpu")
+    readers = len(executor._READERS)
+    views = dict(VIEWS_OF_SMALL_STORAGES)
+    if dtype.is_complex:
+        views["conj"] = lambda x: x[1:4].conj()
+        views["conj_neg"] = lambda x: torch._neg_view(x.conj()[::2])
+    for name, view in views.items():
+        if name.startswith("neg") and dtype is torch.bool:
+            continue  # no neg view of bool on CPU either
+        want, got = view(base), view(t)
+        assert got.cpu().dtype == want.dtype and torch.equal(got.cpu(), want), name
+        assert got.tolist() == want.tolist(), name
+        if want.numel() == 1:
+            assert got.item() == want.item(), name
+    assert len(executor._READERS) == readers  # no executable was built to read
+    # a write through one view is seen by the next host read of another
+    t[2].fill_(1)
+    base[2].fill_(1)
+    assert torch.equal(t[:, 1].cpu(), base[:, 1])

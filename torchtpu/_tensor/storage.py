@@ -534,6 +534,28 @@ def read_view(arr, spec, offs=None):
     return lax.broadcast_in_dim(x, size, tuple(sorted(order)))
 
 
+def read_view_host(host, t: torch.Tensor) -> np.ndarray:
+    """Host twin of :func:`read_view`: the elements of ``t`` (a view of the storage whose
+    host copy is the numpy array ``host``, of the same dtype) as a new numpy array of
+    ``t``'s shape, with ``t``'s conj/neg bits applied.  Raises PyTorch's ``setStorage``
+    RuntimeError for a view reaching past the storage."""
+    size = tuple(t.shape)
+    flat = host.reshape(-1)
+    if 0 in size:
+        return np.zeros(size, flat.dtype)
+    stride = t.stride()
+    off = t.storage_offset()
+    _check_bounds(size, stride, off, t.dtype, flat.nbytes)
+    item = flat.itemsize
+    x = np.array(np.lib.stride_tricks.as_strided(
+        flat[off:], size, tuple(s * item for s in stride), writeable=False))
+    if t.dtype.is_complex and t.is_conj():
+        x = np.conj(x)
+    if t.is_neg():
+        x = np.negative(x)
+    return x
+
+
 def _sparse(size, stride) -> bool:
     """A view whose elements are spread far apart in its storage (``x[:, i]`` of a wide
     ``x``): a gather/scatter of its own elements beats slicing the whole region it spans

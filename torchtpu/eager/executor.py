@@ -121,7 +121,8 @@ class Executable:
         # never reused, unlike id(): DeferAndFuse keys its fused segments on it, and an
         # evicted executable's address can be a new one's (executable_limit)
         self.serial = next(_SERIALS)
-        self.donating = None  # the variant donating the written storages' old arrays
+        # the variant donating the written storages' old arrays (False: too small to)
+        self.donating = None
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -839,6 +840,10 @@ class LoweredPlan:
 # CPU).  Not from the first call: a signature used a few times (tests looping over shapes)
 # would pay a second compile for nothing.
 _DONATE_AFTER = 4
+# ... and only when the written storages hold at least this many bytes together: below it
+# the copy costs less than a microsecond, while the donating variant costs a trace and a
+# compile per signature (a loop over small shapes met 0.5-5 ms of that per signature).
+_DONATE_MIN_BYTES = 64 * 1024
 # sys.getrefcount of a storage array nobody else holds, seen from _call_donating: the
 # storage's ``arr``, the call's ``arrays`` list, the local ``a`` and getrefcount's argument
 _REFS_IF_ONLY_STORAGE = 4
@@ -851,14 +856,19 @@ def _call_donating(ex, c):
     as after an in-place kernel on CUDA.  Otherwise the ordinary, copying executable runs.
     Donated arrays are counted in ``metrics()["donated_buffers"]``."""
     global LAST_OUTPUTS
-    LAST_OUTPUTS = ()  # the previous op's results: replaced after this call anyway
     arrays = c.arrays
+    d = ex.donating
+    if d is False:
+        return ex.call(arrays, c.dyn)
+    LAST_OUTPUTS = ()  # the previous op's results: replaced after this call anyway
     for j in ex.writes:
         a = arrays[j]
         if a is None or a.__class__ is _st.Lazy or _getrefcount(a) > _REFS_IF_ONLY_STORAGE:
             return ex.call(arrays, c.dyn)
-    d = ex.donating
     if d is None:
+        if sum(arrays[j].nbytes for j in ex.writes) < _DONATE_MIN_BYTES:
+            ex.donating = False  # too small to be worth a second executable
+            return ex.call(arrays, c.dyn)
         d = ex.donating = _donating_variant(ex, len(arrays))
     M.donated_buffers += len(ex.writes)
     return d(*arrays, c.dyn)
@@ -1032,9 +1042,22 @@ def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
         arr = p.host(tuple(t.shape))
         M.transfers_to_host_bytes += arr.nbytes
         return arr
+    sd = _st.data(t)
+    if (t.dtype is sd.dtype and sd.nbytes <= _HOST_VIEW_READ_BYTES
+            and len(_st.view_spec(t, sd)) != 2):
+        # a view of a small storage: the whole storage comes to the host (one transfer,
+        # kept by the array for later reads) and the view is cut there, instead of a
+        # reader executable per view geometry (``x[i].item()`` in a loop over shapes)
+        host = np.asarray(sd.get())
+        M.transfers_to_host_bytes += host.nbytes
+        return _st.read_view_host(host, t)
     arr = np.asarray(to_jax(t))
     M.transfers_to_host_bytes += arr.nbytes
     return arr
+
+
+# Views of storages up to this size are read to the host whole (``to_numpy``).
+_HOST_VIEW_READ_BYTES = 1 << 20
 
 
 # ------------------------------------------------------------------------ plans
