@@ -7,14 +7,17 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import buckets
+from torchtpu.eager import buckets, executor
 
 SIZES = [1, 7, 100, 513]
 
 
 @pytest.fixture
 def bucketed():
-    """Bucket from an op's first call (after=0); restore the defaults afterwards."""
+    """Bucket from an op's first call (after=0); restore the defaults afterwards.  The
+    per-op executables are forgotten first: a signature another test file met in this
+    process (``neg`` of 7 float32) would run its exact executable, not a bucket."""
+    executor._CACHE.clear()
     buckets.set_policy(enabled=True, after=0)
     yield
     buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)

@@ -67,6 +67,24 @@ def test_second_process_loads_each_op_signature(tmp_path):
         "index out of bounds for dimension 0 with size 5"
 
 
+def test_signatures_jax_already_cached_are_stored_again(tmp_path):
+    """After a torchtpu source change every signature key is new while JAX's persistent
+    cache still holds the same StableHLO: its executable cannot be serialized again, so
+    the signature is compiled afresh and stored (a third process then loads it).  The
+    first process here stands in for the old source: the signature cache off, JAX's on."""
+    old = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
+    assert old["sig"]["stores"] == 0 and old["compiles"] >= 6
+    refill = _run(tmp_path / "c")
+    assert refill["sig"]["hits"] == 0 and refill["sig"]["stores"] == refill["compiles"] >= 6
+    warm = _run(tmp_path / "c")
+    assert warm["sig"]["hits"] == refill["sig"]["stores"] and warm["compiles"] == 0
+    ops, half = _cpu_reference()
+    for run in (old, refill, warm):
+        assert max(abs(a - b) for a, b in zip(run["ops"], ops)) < 1e-4
+        assert run["half"] == half
+        assert run["check"] == "index out of bounds for dimension 0 with size 5"
+
+
 def test_quick_tier_entries_are_stored_and_tier_up_as_before(tmp_path):
     """With the quick compile tier on, a signature used once is stored at the quick
     tier; a later process loads it, and a second call still recompiles it at the full

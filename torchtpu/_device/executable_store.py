@@ -14,8 +14,9 @@ of all torchtpu sources, PyTorch's and JAX's versions) and :func:`environment` (
 device's platform and kind).
 
 Not storable: an executable that JAX loaded from its own persistent cache (XLA:CPU cannot
-serialize such an executable again: the copy misses its functions) and executables with
-host callbacks or effects.  Callers fall back to JAX's cache for those.
+serialize such an executable again: the copy misses its functions; callers compile what
+they store inside ``persistent_cache.bypassed()``) and executables with host callbacks or
+effects (callers fall back to JAX's cache for those).
 """
 
 from __future__ import annotations

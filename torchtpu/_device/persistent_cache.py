@@ -1,10 +1,12 @@
 """JAX's persistent compilation cache, on by default, for every executable torchtpu compiles.
 
-A second process skips XLA compilation for every signature an earlier process compiled:
-the eager modes' per-op executables (both compile tiers), DeferAndFuse segments and
-``torch.compile`` graphs all go through ``jax.jit``, whose executables JAX stores on disk
+A second process skips XLA compilation for every signature an earlier process compiled.
+DeferAndFuse segments (and whatever else goes through ``jax.jit``) are stored by JAX on disk
 keyed by the StableHLO module, the compile options, the device kind and the jax/jaxlib
-versions (so a stale entry is never reused after an upgrade).
+versions (so a stale entry is never reused after an upgrade).  The eager per-op
+executables (``eager.signature_cache``) and ``torch.compile`` graphs' executables
+(``compile.graph_cache``) are stored in the same directory under torchtpu's own keys, and
+compiled outside JAX's cache (:func:`bypassed`).
 
 Where (read once, when torchtpu first configures JAX):
 
@@ -37,6 +39,7 @@ Mirrors ``torch._inductor``'s on-by-default FX graph cache and JAX's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -172,3 +175,35 @@ def _listen(jax) -> None:
 
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)
+
+
+@contextlib.contextmanager
+def bypassed():
+    """Within the block, JAX's persistent cache is neither read nor written: what is
+    compiled there is compiled by XLA in this process.  Used where torchtpu stores the
+    executable under its own key (``eager.signature_cache``): XLA:CPU cannot serialize an
+    executable that JAX loaded from its cache (the copy misses its functions), so a
+    signature whose StableHLO JAX already holds (after any torchtpu source change) would
+    otherwise never be stored again.  Relies on JAX's private switch
+    (``jax._src.compilation_cache._cache_used``, jax 0.10); where that is missing it
+    bypasses nothing.  Not thread-safe: another thread compiling meanwhile skips the cache
+    too (a slower compile, never a wrong one)."""
+    try:
+        from jax._src import compilation_cache as cc
+
+        mutex = cc._cache_initialized_mutex
+        with mutex:
+            saved = (cc._cache_checked, cc._cache_used)
+    except (ImportError, AttributeError):
+        yield
+        return
+    if not saved[1] and saved[0]:  # no cache in use: nothing to bypass
+        yield
+        return
+    with mutex:
+        cc._cache_checked, cc._cache_used = True, False
+    try:
+        yield
+    finally:
+        with mutex:
+            cc._cache_checked, cc._cache_used = saved

@@ -24,6 +24,7 @@ as an input, so masks change between calls and ``torch.manual_seed`` replays the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import sys
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from torchtpu import _metrics, ops
-from torchtpu._device import runtime, state
+from torchtpu._device import persistent_cache, runtime, state
 from torchtpu._tensor import storage as _st
 from torchtpu.compile import collectives as _coll
 from torchtpu.ops._scalar import Scalar, register_pytree
@@ -883,7 +884,10 @@ class GraphExecutable:
             t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
             t1 = time.perf_counter()
         pc_hits = M.persistent_cache["hits"]
-        compiled = lowered.compile()
+        # an executable stored in the graph cache is compiled here, not loaded from JAX's
+        # cache (which XLA:CPU could not serialize again)
+        with persistent_cache.bypassed() if store is not None else contextlib.nullcontext():
+            compiled = lowered.compile()
         if spmd is not None:
             compiled = spmd.runner(compiled)
         t2 = time.perf_counter()

@@ -17,10 +17,11 @@ are stored too, with the output plan of their trace, keyed by the graph (code, n
 geometry, constants), the input layout and a hash of all torchtpu sources, JAX's and
 PyTorch's versions, 64-bit mode, ``XLA_FLAGS`` and the device: the second process loads
 them (``jax.experimental.serialize_executable``) instead of tracing the graph through the
-lowering table and lowering it to StableHLO.  Not stored: executables that JAX itself
-loaded from its persistent cache (XLA:CPU cannot serialize those again: the copy misses
-its functions), and executables with host callbacks or effects; those graphs are lowered
-again and their executables come from JAX's persistent cache.  Dynamo still traces the
+lowering table and lowering it to StableHLO.  Such executables are compiled with JAX's
+persistent cache bypassed (XLA:CPU cannot serialize an executable JAX loaded from it
+again: the copy misses its functions).  Not stored: executables with host callbacks or
+effects; those graphs are lowered again and their executables come from JAX's
+persistent cache.  Dynamo still traces the
 Python code in every process (its guards are built from that trace).
 
 Where: ``<persistent cache directory>/torchtpu-graphs/<version>/{aotautograd,executables}/``, where

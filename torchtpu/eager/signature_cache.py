@@ -8,6 +8,11 @@ its signature (plus :mod:`torchtpu._device.executable_store`'s source version an
 environment), so a later process loads it without tracing: a warm per-op executable costs
 about 5 ms instead of ~27 ms on the CPU platform.
 
+A signature missing here is compiled with JAX's persistent cache bypassed
+(``persistent_cache.bypassed``), since an executable JAX loaded from its cache cannot be
+serialized again on XLA:CPU: after a torchtpu source change the first process compiles
+each signature afresh and stores it.
+
 Both compile tiers (:mod:`torchtpu.eager.tiers`) are stored; the full tier replaces a
 quick one.  With the quick tier switched on, a stored quick executable is used and
 recompiled at the full tier on its second call as usual; with it off, only a full one is

@@ -35,11 +35,12 @@ quick-tier ones; ``tier_ups`` / ``tier_up_seconds`` the recompiles at the full t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
 from torchtpu import _metrics
-from torchtpu._device import runtime
+from torchtpu._device import persistent_cache, runtime
 
 M = _metrics.METRICS
 
@@ -49,6 +50,7 @@ _QUICK_OPTIONS = {
     "cpu": {"xla_cpu_use_fusion_emitters": False},
 }
 
+_NO_BYPASS = contextlib.nullcontext()
 _enabled = os.environ.get("TORCHTPU_COMPILE_TIERS", "0") not in ("0", "")
 _options = False  # not looked up yet
 
@@ -114,7 +116,9 @@ def first_call(jitted, args, on_tier_up, entry=None, check_info=None):
         M.compile_seconds += dt
         return outs, caller
     pc = M.persistent_cache["hits"]
-    compiled = jitted.lower(*args).compile(compiler_options=opts)
+    lowered = jitted.lower(*args)
+    with persistent_cache.bypassed() if entry is not None else _NO_BYPASS:
+        compiled = lowered.compile(compiler_options=opts)
     dt = time.perf_counter() - t0
     M.compiles += 1
     M.compile_seconds += dt
@@ -132,7 +136,9 @@ def _full_tier(jitted, args, entry, check_info):
     if entry is None:
         return jitted(*args), jitted
     pc = M.persistent_cache["hits"]
-    full = jitted.lower(*args).compile()
+    lowered = jitted.lower(*args)
+    with persistent_cache.bypassed():  # stored in ``entry``, not in JAX's cache
+        full = lowered.compile()
     outs = full(*args)
     entry.save("full", full, check_info, pc)
     return outs, full
