@@ -328,8 +328,13 @@ class GraphExecutable:
         table = ops.table()
         self.host = set()  # nodes computed on the host (CPU tensors)
         for n in self.nodes:
-            if n.op == "placeholder":
-                if _is_cpu(n.meta.get("val")):
+            if n.op in ("placeholder", "get_attr"):
+                # (a get_attr is a constant the graph holds: ``torch.tensor([...])`` built
+                # inside the compiled function is a CPU one, lifted by ``lift_fresh_copy``)
+                v = n.meta.get("val")
+                if v is None and n.op == "get_attr":
+                    v = operator.attrgetter(n.target)(gm)
+                if _is_cpu(v):
                     self.host.add(n)
             elif n.op == "call_function":
                 if n.target is operator.getitem:

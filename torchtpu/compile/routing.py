@@ -82,7 +82,15 @@ def _on_trace_rules(mod) -> None:
             mod.add(name)
 
 
-_HOOKS = {_REGISTRY: _on_registry, _TRACE_RULES: _on_trace_rules}
+def _on_fake_impls(mod) -> None:
+    """PyTorch's fake-kernel registry was imported: add torchtpu's fake kernels."""
+    from torchtpu.compile import fake_kernels
+
+    fake_kernels.install(mod)
+
+
+_HOOKS = {_REGISTRY: _on_registry, _TRACE_RULES: _on_trace_rules,
+          "torch._subclasses.fake_impls": _on_fake_impls}
 
 
 class _PostImportHook:

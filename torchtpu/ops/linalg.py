@@ -1,5 +1,5 @@
 """linalg lowerings: matrix products (mm, bmm, addmm, addmv, mv, dot, vdot, baddbmm,
-addbmm, addr).
+addbmm, addr, _grouped_mm).
 
 Precision: by default every product is computed with ``precision=jax.lax.Precision.HIGHEST``.
 On TPU (and on GPUs with TF32) XLA's default precision multiplies float32 operands in
@@ -102,6 +102,48 @@ def mm(a, b):
     """mm / bmm / mv / dot: one matrix product (float32 at the matmul precision setting)."""
     _product_checks(None, a, b)
     return matmul_(a, b, follow_setting=True)
+
+
+@lower(aten._grouped_mm.default, precision=True)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """``torch._grouped_mm`` (mixture-of-experts layers): products of groups that ``offs``
+    (int32[G], cumulative group ends) cuts out of one operand.  2D x 3D: the rows of
+    ``a`` in group g times ``b[g]`` -> (M, N); 3D x 2D: ``a[g]`` times the columns of
+    ``b`` in group g -> (M, N); 2D x 2D: the contraction split into groups -> (G, M, N);
+    3D x 3D: ``bmm``.  Rows/columns past ``offs[-1]`` are zeros (CPU's kernel leaves them
+    uninitialized).  Eager mode reaches CPU's composite of ``mm`` calls instead; this
+    lowering serves compiled graphs, where the op stays whole."""
+    if bias is not None:
+        raise NotImplementedError("torchtpu: _grouped_mm with a bias")
+    j = jnp()
+    dt = promote(a, b)
+    if a.ndim == 3 and b.ndim == 3:
+        return matmul_(a, b, dt, follow_setting=True)
+    # the grouped forms compute in opmath (XLA:CPU has no batched bf16 x bf16 -> f32 dot;
+    # a product of two bf16/f16 values is exact in float32, so the float32 accumulation
+    # rounded once is the same)
+    dt = opmath(dt)
+    a, b = cast(a, dt), cast(b, dt)
+    ends = offs.astype(j.int32)
+    groups = ends.shape[0]
+    if a.ndim == 2 and b.ndim == 2:  # the contraction (K) in groups
+        k = j.arange(a.shape[1])
+        starts = j.concatenate([j.zeros((1,), j.int32), ends[:-1]])
+        inside = (k[None, :] >= starts[:, None]) & (k[None, :] < ends[:, None])  # (G, K)
+        parts = j.where(inside[:, None, :], a[None], 0)  # (G, M, K)
+        return matmul_(parts, b, dt, follow_setting=True)
+    rows = a.ndim == 2  # 2D x 3D: rows of a in groups; 3D x 2D: columns of b in groups
+    n = a.shape[0] if rows else b.shape[1]
+    g = j.searchsorted(ends, j.arange(n, dtype=j.int32), side="right")  # group per row/col
+    prods = matmul_(a[None] if rows else a, b if rows else b[None], dt,
+                    follow_setting=True)  # (G, M, N)
+    gi = j.clip(g, 0, groups - 1)
+    if rows:
+        out = j.take_along_axis(prods, gi[None, :, None], axis=0)[0]
+        return j.where((g < groups)[:, None], out, j.zeros_like(out))
+    out = j.take_along_axis(prods, j.broadcast_to(gi[None, None, :], (1,) + prods.shape[1:]),
+                            axis=0)[0]
+    return j.where((g < groups)[None, :], out, j.zeros_like(out))
 
 
 @lower(aten.vdot.default)

@@ -1,0 +1,79 @@
+"""Compiled graphs found by the models sweep's ``compile`` mode: a CPU constant built inside
+a compiled training step, and ``torch._grouped_mm`` (transformers' mixture-of-experts path
+on tpu) compiled in float32 and bfloat16, forward and backward, against CPU eager."""
+
+import pytest
+import torch
+
+import torchtpu  # noqa: F401
+
+TPU = "tpu"
+
+
+def _leaves(*xs):
+    return [x.detach().to(TPU).requires_grad_() for x in xs]
+
+
+def test_cpu_constant_inside_a_compiled_training_step():
+    # torch.tensor([...]) inside the function is a graph constant on the CPU
+    # (lift_fresh_copy); it used to be refused as "moves a tpu value to the CPU"
+    def f(x):
+        c = torch.tensor([1.0, 2.0, 3.0])
+        return (x * c.to(x.device)).sum() + torch.tensor(2.5) * x.mean()
+
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    (xt,) = _leaves(x)
+    got = torch.compile(f, backend="tpu")(xt)
+    got.backward()
+    want = f(x)
+    want.backward()
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
+    with torch.no_grad():  # the inference graph too
+        torch.testing.assert_close(torch.compile(f, backend="tpu")(xt).cpu(), f(x))
+
+
+GROUPED = [  # (a shape, b shape, offs): the three grouped forms
+    ((8, 16), (2, 16, 8), [3, 6]),      # rows of a in groups (rows 6-7 in none)
+    ((8, 16), (3, 16, 8), [0, 5, 8]),   # an empty group
+    ((4, 32), (32, 8), [16, 32]),       # the contraction in groups
+    ((2, 4, 16), (16, 16), [8, 16]),    # columns of b in groups
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(GROUPED)))
+def test_grouped_mm_compiled_forward_and_backward_match_cpu(case, dtype):
+    sa, sb, o = GROUPED[case]
+    torch.manual_seed(case)
+    a = torch.randn(sa, dtype=dtype, requires_grad=True)
+    b = torch.randn(sb, dtype=dtype, requires_grad=True)
+    offs = torch.tensor(o, dtype=torch.int32)
+    rows = len(sa) == 2 and len(sb) == 3
+    n = o[-1] if rows else None  # CPU leaves rows past offs[-1] uninitialized
+
+    def f(a, b, offs):
+        r = torch._grouped_mm(a, b, offs=offs)
+        return r[:n] if rows else r
+
+    want = f(a, b, offs)
+    (want.float() ** 2).sum().backward()
+    at, bt = _leaves(a, b)
+    got = torch.compile(f, backend="tpu")(at, bt, offs.to(TPU))
+    (got.float() ** 2).sum().backward()
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.02)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, **tol)
+    torch.testing.assert_close(at.grad.cpu()[:n], a.grad[:n], **tol)
+    torch.testing.assert_close(bt.grad.cpu(), b.grad, **tol)
+
+
+def test_grouped_mm_fake_kernel_keeps_pytorchs_checks_for_other_devices():
+    # the relaxed fake kernel answers only for tpu inputs: CPU graphs keep PyTorch's own
+    # meta kernel (which refuses float32, as CPU's torch.compile does without torchtpu)
+    a, b = torch.randn(8, 16), torch.randn(2, 16, 8)
+    offs = torch.tensor([3, 8], dtype=torch.int32)
+    f = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, offs=o), backend="aot_eager")
+    with pytest.raises(Exception, match="BF16"):
+        f(a, b, offs)
