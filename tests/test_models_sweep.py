@@ -1,9 +1,11 @@
 """The Hugging Face architecture sweep's CI subset (``--subset ci``) against CPU.
 
 Runs ``python -m torchtpu.conformance models --subset ci`` once (a subprocess; each
-architecture in its own worker; every eager mode, the default for the subset) and checks
-that every architecture of the subset matches CPU in each mode: forward outputs
-(rtol=atol=1e-4) and, for causal LMs, 8 tokens of greedy generate.  The rest are unit tests
+architecture in its own worker; every eager mode and ``compile``) and checks that every
+architecture of the subset matches CPU in each mode: forward outputs (rtol=atol=1e-4),
+for causal LMs in the eager modes 8 tokens of greedy generate, and in ``compile`` mode a
+compiled training step (loss and every gradient, rtol=atol=1e-3) where the model takes
+``input_ids``.  The rest are unit tests
 of the sweep's judgement (seed-dependent outputs, the float64 arbiter, topk ties) and of
 its per-mode records.
 """
@@ -32,7 +34,8 @@ def ci_results(tmp_path_factory):
     env.pop("TORCHTPU_CPU_FALLBACK", None)  # everything must run on tpu
     proc = subprocess.run(
         [sys.executable, "-m", "torchtpu.conformance", "models", "--subset", "ci",
-         "--out", str(out), "--no-progress", "--timeout", "300"],
+         "--out", str(out), "--no-progress", "--timeout", "300",
+         "--mode", ",".join(models.MODES)],
         capture_output=True, text=True, timeout=2400, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "models.json") as f:
@@ -59,6 +62,10 @@ def test_architecture_matches_cpu(ci_results, name, mode):
     assert r["status"] == "pass", json.dumps(r, indent=1)[:3000]
     if "generate" in r:
         assert r["generate"]["status"] == "pass", r["generate"]
+    if mode == "compile":
+        assert r["graphs"]["compiled"] >= 1, r
+        if name != "ViTForImageClassification":  # (no input_ids: no training step)
+            assert r["train"]["status"] == "pass", r["train"]
 
 
 def test_ci_subset_is_enumerated():
@@ -169,12 +176,13 @@ def test_topk_mode_detects_ties_and_breaks_them_stably():
 
 
 def test_modes_option():
-    assert models.parse_modes(None, full_sweep=False) == list(models.MODES)
+    assert models.parse_modes(None, full_sweep=False) == list(models.EAGER_MODES)
     with pytest.raises(SystemExit):
         models.parse_modes(None, full_sweep=True)  # a full sweep names its modes
     assert models.parse_modes("strict", full_sweep=True) == ["strict"]
     assert models.parse_modes("defer_and_fuse,strict", full_sweep=True) == ["strict", "defer_and_fuse"]
-    assert models.parse_modes("all", full_sweep=True) == list(models.MODES)
+    assert models.parse_modes("all", full_sweep=True) == list(models.EAGER_MODES)
+    assert models.parse_modes("compile,strict", full_sweep=True) == ["strict", "compile"]
     with pytest.raises(SystemExit):
         models.parse_modes("fast", full_sweep=False)
 
@@ -184,13 +192,13 @@ def test_records_per_mode_resume_and_merge():
            "forward": {"max_abs_err": 1.0}}
     m = models.migrate(old)  # pre-mode record: a strict run
     assert m["modes"]["strict"]["status"] == "mismatch" and "forward" not in m
-    assert models.modes_to_run(m, models.MODES, rerun=False) == ["debug", "defer_and_fuse"]
+    assert models.modes_to_run(m, models.EAGER_MODES, rerun=False) == ["debug", "defer_and_fuse"]
     assert models.modes_to_run(m, ["strict"], rerun=True) == ["strict"]
-    assert models.modes_to_run({"status": "skipped-cpu"}, models.MODES, rerun=False) == []
+    assert models.modes_to_run({"status": "skipped-cpu"}, models.EAGER_MODES, rerun=False) == []
     new = {"name": "X", "model_types": [], "tasks": [], "status": "pass",
            "modes": {"debug": {"status": "pass"}, "defer_and_fuse": {"status": "error", "reason": "boom"}}}
     merged = models.merge_record(m, new)
-    assert list(merged["modes"]) == list(models.MODES)
+    assert list(merged["modes"]) == list(models.EAGER_MODES)
     assert merged["status"] == "mismatch" and merged["worst_mode"] == "strict"
     merged = models.merge_record(merged, {**new, "modes": {"strict": {"status": "pass"}}})
     assert merged["status"] == "error" and merged["worst_mode"] == "defer_and_fuse"
@@ -198,9 +206,9 @@ def test_records_per_mode_resume_and_merge():
     # a worker that died in its second mode: the first is kept, the second is the crash
     arch = {"name": "X", "model_types": [], "tasks": []}
     partial = {**arch, "status": "pass", "modes": {"strict": {"status": "pass"}}}
-    rec = models._incomplete(arch, partial, list(models.MODES), "crash", "worker died")
+    rec = models._incomplete(arch, partial, list(models.EAGER_MODES), "crash", "worker died")
     assert rec["modes"] == {"strict": {"status": "pass"}, "debug": {"status": "crash", "reason": "worker died"}}
-    assert models.modes_to_run(rec, models.MODES, rerun=False) == ["defer_and_fuse"]
+    assert models.modes_to_run(rec, models.EAGER_MODES, rerun=False) == ["defer_and_fuse"]
     md = models.summarize({"X": merged, "Y": rec}, 5)
     assert "**strict**: run in this mode: 2 of the 2 that ran on CPU; passed **2**" in md
     assert "**debug**: run in this mode: 2 of the 2 that ran on CPU; passed **1**" in md

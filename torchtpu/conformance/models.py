@@ -126,8 +126,11 @@ TASK_ORDER = (
 )
 _SKIP_MAPPINGS = {"CONFIG_MAPPING_NAMES"}
 
-# Eager modes the tpu side runs in (``torch.tpu.EagerMode`` values), in this order.
-MODES = ("strict", "debug", "defer_and_fuse")
+# Modes the tpu side runs in, in this order: the eager modes (``torch.tpu.EagerMode``
+# values; ``--mode all``) and ``compile`` (named explicitly): the model wrapped in
+# ``torch.compile(backend="tpu")``, graph breaks running in STRICT.
+EAGER_MODES = ("strict", "debug", "defer_and_fuse")
+MODES = EAGER_MODES + ("compile",)
 # pass-f64: tpu may be this many times CPU float32's own error (vs. float64) away from float64.
 F64_FACTOR = 2.0
 
@@ -1037,14 +1040,26 @@ def run_architecture(arch: dict, do_generate: Optional[bool] = None, do_train: b
     return res
 
 
-def _forward(pristine, inputs, probe, cache, stable: bool):
+def _compiled(model, mode: str):
+    """``model`` itself, or in ``compile`` mode the module wrapped by
+    ``torch.compile(backend="tpu")`` (Dynamo's state reset first: each stage compiles
+    afresh, as a new process would)."""
+    if mode != "compile":
+        return model
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(model, backend="tpu")
+
+
+def _forward(pristine, inputs, probe, cache, stable: bool, mode: str = "strict"):
     """tpu forward of a fresh copy of the model; ``(verdict, dmodel)``."""
     import torch
 
     dmodel = copy.deepcopy(pristine).to(DEVICE)
     dinputs = {k: _to(v, DEVICE) for k, v in inputs.items()}
     with torch.no_grad(), _ctx(stable):
-        dout = dmodel(**dinputs)
+        dout = _compiled(dmodel, mode)(**dinputs)
     v = judge(cache.forward(stable), dout, probe["random"], lambda: cache.ref64(stable),
               lambda: cache.noise(stable), **FWD_TOL)
     return v, dmodel
@@ -1058,11 +1073,19 @@ def _run_mode(mode: str, pristine, inputs, probe, cache, do_generate: bool, do_t
     t0 = time.time()
     out: dict = {}
     ties = probe["topk_ties"]
-    with torch.tpu.set_eager_mode(mode):
+    compiling = mode == "compile"
+    if compiling:
+        # compile mode checks the compiled forward and a compiled training step of every
+        # architecture that takes input_ids (not only the fixed sample); compiled decoding
+        # (transformers' static-cache path) has its own tests
+        do_generate = False
+        do_train = True
+        graphs0 = _compile_counts()
+    with torch.tpu.set_eager_mode("strict" if compiling else mode):
         try:
-            v, dmodel = _forward(pristine, inputs, probe, cache, stable=False)
+            v, dmodel = _forward(pristine, inputs, probe, cache, stable=False, mode=mode)
             if v["status"] == "mismatch" and ties:
-                v, dmodel = _forward(pristine, inputs, probe, cache, stable=True)
+                v, dmodel = _forward(pristine, inputs, probe, cache, stable=True, mode=mode)
                 out["topk"] = ["forward"]
         except Exception as e:  # noqa: BLE001
             out.update(_error(e, "forward"), seconds=round(time.time() - t0, 2))
@@ -1097,14 +1120,26 @@ def _run_mode(mode: str, pristine, inputs, probe, cache, do_generate: bool, do_t
                 out["generate"] = g
                 _merge(out, g, "generate")
         if do_train and out["status"] in PASSING and "input_ids" in inputs:
-            t = _check_train(cache, pristine, inputs, stable=False)
+            t = _check_train(cache, pristine, inputs, stable=False, mode=mode)
             if t.get("status") == "mismatch" and ties:
-                t = _check_train(cache, pristine, inputs, stable=True)
+                t = _check_train(cache, pristine, inputs, stable=True, mode=mode)
                 out.setdefault("topk", []).append("train")
             out["train"] = t
             _merge(out, t, "train")
+    if compiling:
+        out["graphs"] = {k: v - graphs0[k] for k, v in _compile_counts().items()}
     out["seconds"] = round(time.time() - t0, 2)
     return out
+
+
+def _compile_counts() -> dict:
+    """Compiled graphs and Dynamo graph breaks so far in this process."""
+    import torch._dynamo.utils
+
+    import torchtpu
+
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    return {"compiled": torchtpu.metrics()["compile"]["graphs_compiled"], "graph_breaks": breaks}
 
 
 def finalize(res: dict) -> None:
@@ -1162,7 +1197,7 @@ def _check_generate(cache, dmodel, inputs, stable: bool = False) -> dict:
     return {"status": "pass"}
 
 
-def _check_train(cache, pristine, inputs, stable: bool = False) -> dict:
+def _check_train(cache, pristine, inputs, stable: bool = False, mode: str = "strict") -> dict:
     import torch
 
     kw = {k: v for k, v in inputs.items() if k != "use_cache"}
@@ -1174,7 +1209,7 @@ def _check_train(cache, pristine, inputs, stable: bool = False) -> dict:
     try:
         dmodel = copy.deepcopy(pristine).to(DEVICE)
         with _ctx(stable):
-            dloss = dmodel(**{k: _to(v, DEVICE) for k, v in kw.items()}).loss
+            dloss = _compiled(dmodel, mode)(**{k: _to(v, DEVICE) for k, v in kw.items()}).loss
             dloss.backward()
     except Exception as e:  # noqa: BLE001
         return _error(e, "train")
@@ -1423,7 +1458,7 @@ def summarize(results: dict, n_enumerated: int) -> str:
     ran_cpu = [r for r in rs if r["status"] != "skipped-cpu"]
     lines = ["# Hugging Face architecture sweep (tpu vs. CPU)", ""]
     lines.append(f"Architectures enumerated: **{n_enumerated}**; recorded: **{len(rs)}**; "
-                 f"ran on CPU: **{len(ran_cpu)}**; eager modes: {', '.join(modes) or '-'}.")
+                 f"ran on CPU: **{len(ran_cpu)}**; modes: {', '.join(modes) or '-'}.")
     lines.append("")
     for m in modes:
         rec = [r for r in ran_cpu if m in r.get("modes", {})]
@@ -1434,6 +1469,15 @@ def summarize(results: dict, n_enumerated: int) -> str:
                      f"passed **{c.get('pass', 0)}** (**{100.0 * c.get('pass', 0) / max(1, len(rec)):.1f}%**); "
                      f"pass-f64 {c.get('pass-f64', 0)}, pass-shape-only {c.get('pass-shape-only', 0)}; "
                      f"all three **{ok}** (**{100.0 * ok / max(1, len(rec)):.1f}%**); {bad}.")
+    if "compile" in modes:
+        # issue-10 measure: of the architectures passing STRICT, how many pass compiled
+        both = [r for r in ran_cpu if "compile" in r.get("modes", {})
+                and r["modes"].get("strict", {}).get("status") in PASSING]
+        ok = sum(1 for r in both if r["modes"]["compile"]["status"] in PASSING)
+        lines.append(f"* **compile vs strict**: of the {len(both)} architectures that pass STRICT and "
+                     f"ran compiled, **{ok}** (**{100.0 * ok / max(1, len(both)):.1f}%**) pass compiled "
+                     f"(forward through `torch.compile(model, backend=\"tpu\")`, and the training "
+                     f"step for the fixed sample; graph breaks run in STRICT).")
     lines.append("")
     lines.append("Forward: every output tensor rtol=atol=1e-4 (**pass**); greedy generate (8 tokens) ids "
                  "equal for causal LMs; training step (loss and all grads, rtol=atol=1e-3) for the fixed "
@@ -1596,14 +1640,16 @@ def parse_modes(mode: Optional[str], full_sweep: bool) -> list[str]:
     if mode is None:
         if full_sweep:
             raise SystemExit("a full sweep (no --subset, --filter or --limit) needs an explicit --mode "
-                             "(strict, debug, defer_and_fuse, a comma list, or all): each mode takes hours")
+                             "(strict, debug, defer_and_fuse, compile, a comma list, or all): each "
+                             "mode takes hours")
         mode = "all"
     if mode == "all":
-        return list(MODES)
+        return list(EAGER_MODES)
     ms = [m.strip().lower() for m in mode.split(",") if m.strip()]
     bad = [m for m in ms if m not in MODES]
     if bad or not ms:
-        raise SystemExit(f"unknown mode(s) {bad or mode!r}: expected {', '.join(MODES)} or all")
+        raise SystemExit(f"unknown mode(s) {bad or mode!r}: expected {', '.join(MODES)} or all "
+                         f"(the eager modes)")
     return [m for m in MODES if m in ms]
 
 
@@ -1617,8 +1663,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="seconds per stage of an architecture (the CPU side; each mode)")
     ap.add_argument("--subset", default=None, help="'ci': a fixed list of small architectures")
     ap.add_argument("--mode", default=None,
-                    help="eager mode(s) on tpu: strict, debug, defer_and_fuse, a comma list, or all "
-                         "(default: all with --subset/--filter/--limit; a full sweep must name it)")
+                    help="mode(s) on tpu: strict, debug, defer_and_fuse, compile (torch.compile with "
+                         "backend='tpu'), a comma list, or all (the three eager modes; default with "
+                         "--subset/--filter/--limit; a full sweep must name its modes)")
     ap.add_argument("--rerun", action="store_true", help="rerun architectures already recorded (in these modes)")
     ap.add_argument("--out", default=OUT_DIR, help="output folder (models.json, models.md)")
     ap.add_argument("--no-progress", action="store_true", help="one line per architecture instead of a bar")
