@@ -77,3 +77,26 @@ def test_grouped_mm_fake_kernel_keeps_pytorchs_checks_for_other_devices():
     f = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, offs=o), backend="aot_eager")
     with pytest.raises(Exception, match="BF16"):
         f(a, b, offs)
+
+
+@pytest.mark.parametrize("case", range(len(GROUPED) + 1))
+def test_grouped_mm_eager_forward_and_backward_match_cpu(case, eager_mode):
+    # the lowering serves eager mode too (one executable instead of CPU's composite of
+    # per-group mm calls); PyTorch's meta kernel would refuse float32, so the lowering
+    # brings its own (ops.linalg.grouped_mm_meta)
+    sa, sb, o = GROUPED[case] if case < len(GROUPED) else ((2, 4, 16), (2, 16, 8), None)
+    torch.manual_seed(case)
+    a = torch.randn(sa, requires_grad=True)
+    b = torch.randn(sb, requires_grad=True)
+    offs = torch.tensor(o, dtype=torch.int32) if o is not None else None
+    n = o[-1] if (len(sa) == 2 and len(sb) == 3) else None
+    want = torch._grouped_mm(a, b, offs=offs)[:n]
+    (want ** 2).sum().backward()
+    at, bt = _leaves(a, b)
+    got = torch._grouped_mm(at, bt, offs=offs.to(TPU) if offs is not None else None)[:n]
+    (got ** 2).sum().backward()
+    torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(at.grad.cpu()[:n], a.grad[:n], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(bt.grad.cpu(), b.grad, atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError):  # as CPU (mixed dtypes)
+        torch._grouped_mm(at, bt.double(), offs=offs.to(TPU) if offs is not None else None)

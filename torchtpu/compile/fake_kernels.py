@@ -7,9 +7,9 @@ every dtype but bfloat16, while CPU's kernel and torchtpu's lowering compute flo
 float16 too.  transformers 5.x calls ``torch._grouped_mm`` for its mixture-of-experts
 layers whenever the weights are on a device named "tpu", also under ``torch.compile``, so
 compiling such a model in float32 failed in Dynamo ("Expected inputs of BF16 type").
-Here a fake kernel answers for ``tpu`` inputs of other dtypes: the output shape of
-PyTorch's own ``_create_grouped_mm_output_tensor`` in the inputs' dtype (or
-``out_dtype``).  Inputs on other devices, and bfloat16 ones, keep PyTorch's meta kernel.
+Here a fake kernel answers for ``tpu`` inputs of other dtypes, with the lowering's own
+meta function (the output of PyTorch's ``_create_grouped_mm_output_tensor`` in the
+inputs' dtype, or ``out_dtype``).  Inputs on other devices, and bfloat16 ones, keep PyTorch's meta kernel.
 
 Registered through ``torch._subclasses.fake_impls.register_op_impl`` (PyTorch's own
 registry of special fake kernels, private) when that module is imported
@@ -30,28 +30,17 @@ def _is_grouped_mm(func) -> bool:
 
 def _grouped_mm_fake(fake_mode, func, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Fake result of ``aten._grouped_mm`` on tpu for non-bfloat16 inputs (else
-    ``NotImplemented``: PyTorch's meta kernel).  Raises PyTorch's RuntimeError for inputs
-    of different dtypes or of the wrong rank."""
+    ``NotImplemented``: PyTorch's meta kernel): the lowering's own meta function
+    (``ops.linalg.grouped_mm_meta``, also used by the eager executor)."""
     if mat_a.device.type != "tpu" or (mat_a.dtype is torch.bfloat16
                                       and mat_b.dtype is torch.bfloat16):
         return NotImplemented
-    from torch._meta_registrations import _create_grouped_mm_output_tensor
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
-    torch._check(mat_a.dtype == mat_b.dtype and mat_a.dtype.is_floating_point,
-                 lambda: f"_grouped_mm: expected floating inputs of one dtype, got "
-                         f"mat_a.dtype={mat_a.dtype} and mat_b.dtype={mat_b.dtype}")
-    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
-                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} "
-                         f"and mat_b.dim()={mat_b.dim()}")
-    torch._check((mat_a.dim() == 3 and mat_b.dim() == 3) or offs is not None,
-                 lambda: "_grouped_mm: offs is required unless both operands are 3D")
-    torch._check(mat_a.size(-1) == mat_b.size(-2),
-                 lambda: f"contraction dimension of mat_a and mat_b must match, got "
-                         f"{mat_a.size(-1)} and {mat_b.size(-2)}")
+    from torchtpu.ops.linalg import grouped_mm_meta
+
     with in_kernel_invocation_manager(fake_mode):
-        out = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
-        meta = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+        meta = grouped_mm_meta(mat_a, mat_b, offs, bias, out_dtype)
     return FakeTensor(fake_mode, meta, mat_a.device)
 
 

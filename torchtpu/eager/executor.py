@@ -591,9 +591,13 @@ class LoweredPlan:
                    for v, k in zip(vals, self.sig.kinds)]
         meta_vals = [v if num else _meta_of(v) for v, num in zip(vals, numbers)]
         out = None
+        own_meta = self.lowering.meta if self.lowering is not None else None
         try:
             try:
-                out = call_op(self.sig, self.op, meta_vals)
+                if own_meta is not None:  # PyTorch's meta kernel refuses what CPU accepts
+                    out = own_meta(*meta_vals)
+                else:
+                    out = call_op(self.sig, self.op, meta_vals)
             except (TypeError, RuntimeError) as e:
                 # a few ops' bindings take no number for a Tensor (special polynomials'
                 # ``n``): a 0-d stand-in of the number's default dtype there

@@ -58,6 +58,10 @@ class Lowering:
             reads ``torch.get_float32_matmul_precision()`` through
             ``ops._util.matmul_precision``, and the setting is part of its executable's
             cache key (see ``docs/precision.md``).
+        meta: optional ``(*args) -> meta output(s)``, called with the normalized
+            arguments as meta tensors, for ops whose PyTorch meta kernel refuses calls
+            the op accepts on CPU (``_grouped_mm`` in float32): the eager executor uses
+            it instead of that kernel.
     """
 
     fn: Callable
@@ -67,18 +71,19 @@ class Lowering:
     prepare: Callable | None = None
     out_dtypes: Callable | None = None
     precision: bool = False
+    meta: Callable | None = None
 
 
 LOWERINGS: dict = {}
 
 
 def lower(*ops, random=False, dynamic_shape=False, static_scalars=False, prepare=None,
-          out_dtypes=None, precision=False):
+          out_dtypes=None, precision=False, meta=None):
     """Decorator registering ``fn`` as the lowering of each ATen overload in ``ops``."""
 
     def deco(fn):
         entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare, out_dtypes,
-                         precision)
+                         precision, meta)
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"torchtpu: two lowerings for {op}")

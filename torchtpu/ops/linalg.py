@@ -104,7 +104,32 @@ def mm(a, b):
     return matmul_(a, b, follow_setting=True)
 
 
-@lower(aten._grouped_mm.default, precision=True)
+def grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """Meta (or fake) output of ``aten._grouped_mm`` as CPU's kernel and this lowering
+    accept it: any floating dtype shared by both operands (PyTorch's meta kernel, written
+    after CUDA's, takes bfloat16 only; for bfloat16 it is used as is).  Raises PyTorch's
+    RuntimeError for mixed dtypes, wrong ranks, a missing ``offs`` or mismatched
+    contraction sizes."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor, meta_grouped_mm
+
+    if mat_a.dtype is torch.bfloat16 and mat_b.dtype is torch.bfloat16:
+        return meta_grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
+    torch._check(mat_a.dtype == mat_b.dtype and mat_a.dtype.is_floating_point,
+                 lambda: f"_grouped_mm: expected floating inputs of one dtype, got "
+                         f"mat_a.dtype={mat_a.dtype} and mat_b.dtype={mat_b.dtype}")
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} "
+                         f"and mat_b.dim()={mat_b.dim()}")
+    torch._check((mat_a.dim() == 3 and mat_b.dim() == 3) or offs is not None,
+                 lambda: "_grouped_mm: offs is required unless both operands are 3D")
+    torch._check(mat_a.size(-1) == mat_b.size(-2),
+                 lambda: f"contraction dimension of mat_a and mat_b must match, got "
+                         f"{mat_a.size(-1)} and {mat_b.size(-2)}")
+    out = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+
+
+@lower(aten._grouped_mm.default, precision=True, meta=grouped_mm_meta)
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     """``torch._grouped_mm`` (mixture-of-experts layers): products of groups that ``offs``
     (int32[G], cumulative group ends) cuts out of one operand.  2D x 3D: the rows of
