@@ -100,3 +100,21 @@ def test_grouped_mm_eager_forward_and_backward_match_cpu(case, eager_mode):
     torch.testing.assert_close(bt.grad.cpu(), b.grad, atol=1e-4, rtol=1e-4)
     with pytest.raises(RuntimeError):  # as CPU (mixed dtypes)
         torch._grouped_mm(at, bt.double(), offs=offs.to(TPU) if offs is not None else None)
+
+
+def test_in_place_update_of_a_strided_slice_inside_a_compiled_graph():
+    # Funnel's relative shift: a slice of a reshaped einsum, updated in place
+    # (functionalized to slice_scatter, whose result PyTorch lays out as a strided part of
+    # a larger storage); later views of it used to read past our dense copy
+    def shift(q, k, mask):
+        x = torch.einsum("bind,jnd->bnij", q, k)
+        b, h, seq, max_rel = x.shape
+        x = torch.reshape(x, [b, h, max_rel, seq])[:, :, 1:, :]
+        x = torch.reshape(x, [b, h, seq, max_rel - 1])[..., :seq]
+        x *= mask
+        return x.sum(-1) + x[:, :, 0]
+
+    torch.manual_seed(0)
+    q, k, mask = torch.randn(2, 8, 2, 4), torch.randn(16, 2, 4), torch.randn(8, 8)
+    got = torch.compile(shift, backend="tpu")(q.to(TPU), k.to(TPU), mask.to(TPU))
+    torch.testing.assert_close(got.cpu(), shift(q, k, mask))

@@ -76,6 +76,20 @@ def _is_cpu(val) -> bool:
 
 
 
+def _storage_elems(fake):
+    """Elements of ``fake``'s storage (in its dtype), or None where that is not a plain
+    int (symbolic sizes) or the view overlaps itself."""
+    try:
+        n = fake.untyped_storage().nbytes()
+    except Exception:  # noqa: BLE001 (fake tensors without a storage size)
+        return None
+    if not isinstance(n, int) or n % fake.dtype.itemsize:
+        return None
+    if any(s == 0 for s, d in zip(fake.stride(), fake.shape) if d > 1):
+        return None  # broadcast (overlapping) strides: keep the dense copy
+    return n // fake.dtype.itemsize
+
+
 def _spec(fake, sshape, sdtype):
     """View spec (as ``storage.view_spec``) of fake tensor ``fake`` on a storage array of
     shape ``sshape`` and torch dtype ``sdtype``."""
@@ -690,6 +704,15 @@ class GraphExecutable:
                 size, stride = tuple(fake.shape), tuple(fake.stride())
                 p = _st.dense_permutation(size, stride)
                 if p == "nondense":
+                    # a result PyTorch gives as a strided part of a larger storage (later
+                    # view nodes take their strides and offsets in that storage): the
+                    # values are written into a storage of that size
+                    elems = _storage_elems(fake)
+                    if elems is not None:
+                        spec = _spec(fake, (elems,), fake.dtype)
+                        storages.append(_st.write_view(jnp.zeros((elems,), r.dtype), spec, r))
+                        sdt.append(fake.dtype)
+                        return ("t", len(storages) - 1, spec)
                     p = None
                     fake = torch.empty_strided(size, _st.contiguous_strides(size),
                                                dtype=fake.dtype, device="meta")
