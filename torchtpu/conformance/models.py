@@ -1474,10 +1474,13 @@ def summarize(results: dict, n_enumerated: int) -> str:
         both = [r for r in ran_cpu if "compile" in r.get("modes", {})
                 and r["modes"].get("strict", {}).get("status") in PASSING]
         ok = sum(1 for r in both if r["modes"]["compile"]["status"] in PASSING)
+        trained = sum(1 for r in both
+                      if r["modes"]["compile"].get("train", {}).get("status") in PASSING)
         lines.append(f"* **compile vs strict**: of the {len(both)} architectures that pass STRICT and "
                      f"ran compiled, **{ok}** (**{100.0 * ok / max(1, len(both)):.1f}%**) pass compiled "
-                     f"(forward through `torch.compile(model, backend=\"tpu\")`, and the training "
-                     f"step for the fixed sample; graph breaks run in STRICT).")
+                     f"(forward through `torch.compile(model, backend=\"tpu\")`; a compiled training "
+                     f"step, loss and every gradient, wherever CPU's runs with `labels=input_ids`: "
+                     f"{trained} of them; graph breaks run in STRICT).")
     lines.append("")
     lines.append("Forward: every output tensor rtol=atol=1e-4 (**pass**); greedy generate (8 tokens) ids "
                  "equal for causal LMs; training step (loss and all grads, rtol=atol=1e-3) for the fixed "
