@@ -45,9 +45,73 @@ def decompositions() -> dict:
     table = ops.table()
     d = dict(core_aten_decompositions())
     d.update(decomp_overrides.decompositions())
+    d.update(_random_factories())
     return {op: fn for op, fn in d.items()
             if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
             and not _is_view_op(op)}
+
+
+def _random_factories() -> dict:
+    """Graph-only decompositions of the random factories (``randn``, ``rand``, ``randint``
+    and their ``_like`` forms), which AOTAutograd keeps whole (eager mode never receives
+    them: PyTorch builds them from ``empty`` and an in-place draw above the backend) into
+    the functional draws the lowering table has (``normal.float_float``, ``uniform``,
+    ``random.from``), drawn from the graph's tpu generator state like every random node."""
+    aten = torch.ops.aten
+
+    def _kw(dtype, layout, device, pin_memory, like=None):
+        if dtype is None:
+            dtype = like.dtype if like is not None else torch.get_default_dtype()
+        if device is None:
+            device = like.device if like is not None else None
+        return dict(dtype=dtype, layout=layout or torch.strided, device=device,
+                    pin_memory=bool(pin_memory))
+
+    def randn(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return aten.normal.float_float(0.0, 1.0, size,
+                                       **_kw(dtype, layout, device, pin_memory))
+
+    def rand(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        kw = _kw(dtype, layout, device, pin_memory)
+        return aten.uniform.default(aten.empty.memory_format(size, **kw), 0.0, 1.0)
+
+    def randint_low(low, high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        kw = _kw(dtype or torch.int64, layout, device, pin_memory)
+        return getattr(aten.random, "from")(aten.empty.memory_format(size, **kw), low, high)
+
+    def randint(high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return randint_low(0, high, size, dtype=dtype, layout=layout, device=device,
+                           pin_memory=pin_memory)
+
+    def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
+                   memory_format=None):
+        return aten.normal.float_float(0.0, 1.0, list(x.shape),
+                                       **_kw(dtype, layout, device, pin_memory, x))
+
+    def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
+                  memory_format=None):
+        kw = _kw(dtype, layout, device, pin_memory, x)
+        return aten.uniform.default(aten.empty.memory_format(list(x.shape), **kw), 0.0, 1.0)
+
+    def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None,
+                         pin_memory=None, memory_format=None):
+        kw = _kw(dtype, layout, device, pin_memory, x)
+        return getattr(aten.random, "from")(aten.empty.memory_format(list(x.shape), **kw),
+                                            low, high)
+
+    def randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None,
+                     memory_format=None):
+        return randint_like_low(x, 0, high, dtype=dtype, layout=layout, device=device,
+                                pin_memory=pin_memory)
+
+    out = {aten.randn.default: randn, aten.rand.default: rand,
+           aten.randint.default: randint, aten.randint.low: randint_low,
+           aten.randn_like.default: randn_like, aten.rand_like.default: rand_like,
+           aten.randint_like.default: randint_like}
+    low_like = getattr(aten.randint_like, "low_dtype", None)
+    if low_like is not None:
+        out[low_like] = randint_like_low
+    return out
 
 
 def _is_view_op(op) -> bool:

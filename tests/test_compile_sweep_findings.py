@@ -1,6 +1,8 @@
-"""Compiled graphs found by the models sweep's ``compile`` mode: a CPU constant built inside
-a compiled training step, and ``torch._grouped_mm`` (transformers' mixture-of-experts path
-on tpu) compiled in float32 and bfloat16, forward and backward, against CPU eager."""
+"""Compiled-graph cases the conformance sweeps' ``compile`` modes found failing, against CPU
+eager: a CPU constant built inside a compiled training step, ``torch._grouped_mm``
+(transformers' mixture-of-experts path on tpu) in float32 and bfloat16, forward and
+backward (eager too), an in-place update of a strided slice, and the random factories
+(``randn``, ``rand``, ``randint`` and their ``_like`` forms) inside a graph."""
 
 import pytest
 import torch
@@ -118,3 +120,28 @@ def test_in_place_update_of_a_strided_slice_inside_a_compiled_graph():
     q, k, mask = torch.randn(2, 8, 2, 4), torch.randn(16, 2, 4), torch.randn(8, 8)
     got = torch.compile(shift, backend="tpu")(q.to(TPU), k.to(TPU), mask.to(TPU))
     torch.testing.assert_close(got.cpu(), shift(q, k, mask))
+
+
+def test_random_factories_inside_a_compiled_graph():
+    def f(x):
+        d = x.device
+        return (torch.randn(3, 4, device=d), torch.rand(5, device=d),
+                torch.randint(3, 9, (6,), device=d), torch.randint(4, (2, 2), device=d),
+                torch.randn_like(x), torch.rand_like(x), torch.randint_like(x, 7),
+                torch.randint_like(x, 2, 5), torch.rand(2, dtype=torch.float64, device=d))
+
+    cf = torch.compile(f, backend="tpu", fullgraph=True)
+    x = torch.zeros(2, 3, device=TPU)
+    torch.manual_seed(0)
+    a = [t.cpu() for t in cf(x)]
+    torch.manual_seed(0)
+    b = [t.cpu() for t in cf(x)]
+    c = [t.cpu() for t in cf(x)]
+    ref = f(torch.zeros(2, 3))
+    lo_hi = [None, (0, 1), (3, 8), (0, 3), None, (0, 1), (0, 6), (2, 4), (0, 1)]
+    for k, (u, v, w, r) in enumerate(zip(a, b, c, ref)):
+        assert u.shape == r.shape and u.dtype == r.dtype, k
+        assert torch.equal(u, v), k  # torch.manual_seed reproduces the draw
+        assert not torch.equal(u, w), k  # and the next call draws anew
+        if lo_hi[k] is not None:
+            assert lo_hi[k][0] <= u.min().item() and u.max().item() <= lo_hi[k][1], k
