@@ -145,3 +145,29 @@ def test_random_factories_inside_a_compiled_graph():
         assert not torch.equal(u, w), k  # and the next call draws anew
         if lo_hi[k] is not None:
             assert lo_hi[k][0] <= u.min().item() and u.max().item() <= lo_hi[k][1], k
+
+
+def test_conj_and_neg_views_inside_and_out_of_a_compiled_graph():
+    # lazily conjugated / negated views in graphs (fft.hfft/ihfft, x.conj() returned as an
+    # output, a write through a conj view) used to raise NotImplementedError
+    def f(x, y):
+        c = x.conj()  # an output that stays a conj view (same storage as x)
+        h = torch.fft.ihfft(y.real)
+        z = torch.fft.hfft(x)
+        return c, h, z, (c * 2).sum(), torch._neg_view(y)[1:]
+
+    def g(x):
+        x.conj()[1:3].mul_(2)  # a write through a conj view of an input
+        return x
+
+    torch.manual_seed(0)
+    x = torch.randn(6, dtype=torch.complex64)
+    y = torch.randn(6, dtype=torch.complex64)
+    got = torch.compile(f, backend="tpu")(x.to(TPU), y.to(TPU))
+    want = f(x, y)
+    for gt, w in zip(got, want):
+        assert gt.is_conj() == w.is_conj() and gt.is_neg() == w.is_neg()
+        torch.testing.assert_close(gt.cpu(), w, atol=1e-5, rtol=1e-5)
+    xt = x.to(TPU)
+    torch.testing.assert_close(torch.compile(g, backend="tpu")(xt).cpu(), g(x.clone()))
+    torch.testing.assert_close(xt.cpu(), g(x.clone()))

@@ -56,7 +56,7 @@ def _random_factories() -> dict:
     and their ``_like`` forms), which AOTAutograd keeps whole (eager mode never receives
     them: PyTorch builds them from ``empty`` and an in-place draw above the backend) into
     the functional draws the lowering table has (``normal.float_float``, ``uniform``,
-    ``random.from``), drawn from the graph's tpu generator state like every random node."""
+    ``random.to``), drawn from the graph's tpu generator state like every random node."""
     aten = torch.ops.aten
 
     def _kw(dtype, layout, device, pin_memory, like=None):
@@ -75,9 +75,14 @@ def _random_factories() -> dict:
         kw = _kw(dtype, layout, device, pin_memory)
         return aten.uniform.default(aten.empty.memory_format(size, **kw), 0.0, 1.0)
 
+    def _between(empty, low, high):
+        # (random.to, not random.from: FX's generated code cannot name an overload "from")
+        r = aten.random.to(empty, high - low)
+        return r if low == 0 else aten.add.Tensor(r, low)
+
     def randint_low(low, high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
         kw = _kw(dtype or torch.int64, layout, device, pin_memory)
-        return getattr(aten.random, "from")(aten.empty.memory_format(size, **kw), low, high)
+        return _between(aten.empty.memory_format(size, **kw), low, high)
 
     def randint(high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
         return randint_low(0, high, size, dtype=dtype, layout=layout, device=device,
@@ -96,8 +101,7 @@ def _random_factories() -> dict:
     def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None,
                          pin_memory=None, memory_format=None):
         kw = _kw(dtype, layout, device, pin_memory, x)
-        return getattr(aten.random, "from")(aten.empty.memory_format(list(x.shape), **kw),
-                                            low, high)
+        return _between(aten.empty.memory_format(list(x.shape), **kw), low, high)
 
     def randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None,
                      memory_format=None):

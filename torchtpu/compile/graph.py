@@ -94,9 +94,12 @@ def _spec(fake, sshape, sdtype):
     """View spec (as ``storage.view_spec``) of fake tensor ``fake`` on a storage array of
     shape ``sshape`` and torch dtype ``sdtype``."""
     size = tuple(fake.shape)
-    if fake.is_neg() or fake.is_conj():
-        raise NotImplementedError(
-            "torchtpu.compile: a lazily conjugated/negated view inside a compiled graph")
+    conj, neg = fake.dtype.is_complex and fake.is_conj(), fake.is_neg()
+    if conj or neg:
+        # a lazily conjugated / negated view (``x.conj()``, ``torch._neg_view``): its
+        # values are conj(storage) / -storage, applied on read and inverted on write
+        return (size, fake.dtype, tuple(fake.stride()), int(fake.storage_offset()),
+                tuple(sshape), sdtype, conj, neg)
     if (size == tuple(sshape) and fake.dtype is sdtype and fake.storage_offset() == 0
             and fake.is_contiguous()):
         return (size, fake.dtype)
@@ -948,6 +951,7 @@ class GraphExecutable:
         # (2, host output position), (3, new array position, storage shape, storage
         # dtype, size, stride, offset, dtype), (4, input slot, size, stride, offset, dtype)
         plan = []
+        bits = []  # (output position, conj, neg) of outputs that are conj/neg views
         for o in self.output.args[0]:
             if not isinstance(o, torch.fx.Node):
                 plan.append((0, o))
@@ -965,6 +969,8 @@ class GraphExecutable:
             if isinstance(v, list):
                 raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
             _, j, spec = v
+            if len(spec) > 6:
+                bits.append((len(plan), spec[6], spec[7]))
             geo = (tuple(fake.shape), tuple(fake.stride()), int(fake.storage_offset()),
                    fake.dtype)
             if j in slot_pos:
@@ -999,6 +1005,13 @@ class GraphExecutable:
                     res.append(args[p[1]])
                 else:
                     res.append(houts[p[1]])
+            for pos, conj, neg in bits:  # the view's lazy bits, on the same storage
+                t = res[pos]
+                if conj:
+                    t = t.conj()
+                if neg:
+                    t = torch._neg_view(t)
+                res[pos] = t
             return res
 
         check_info = result["checks"]

@@ -763,6 +763,7 @@ _UI = [  # same dtype in, same dtype out
     (aten.isfinite.default, lambda x: jnp().isfinite(x)),
     (aten.signbit.default, lambda x: jnp().signbit(x)),
     (aten.conj_physical.default, lambda x: jnp().conj(x)),
+    (aten._conj_physical.default, lambda x: jnp().conj(x)),
     (aten.positive.default, lambda x: x),
 ]
 # PyTorch builds these without output casting: out= must have the input's dtype
