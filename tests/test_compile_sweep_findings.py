@@ -171,3 +171,33 @@ def test_conj_and_neg_views_inside_and_out_of_a_compiled_graph():
     xt = x.to(TPU)
     torch.testing.assert_close(torch.compile(g, backend="tpu")(xt).cpu(), g(x.clone()))
     torch.testing.assert_close(xt.cpu(), g(x.clone()))
+
+
+def test_eval_batch_norm_statistics_have_cpus_shapes_when_compiled():
+    # native_batch_norm(training=False) returns empty saved statistics on CPU; PyTorch's
+    # meta kernel says (C,).  A compiled inference graph returns CPU's empty ones; with
+    # gradients (a training graph) the eval-mode backward still matches CPU.
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 4, 5), torch.randn(4), torch.randn(4)
+    rm, rv = torch.randn(4), torch.rand(4) + 0.5
+
+    def f(x, w, b, rm, rv):
+        return torch.native_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)
+
+    got = torch.compile(f, backend="tpu")(*[t.to(TPU) for t in (x, w, b, rm, rv)])
+    want = f(x, w, b, rm, rv)
+    for gt, wt in zip(got, want):
+        assert gt.shape == wt.shape and gt.dtype == wt.dtype
+    torch.testing.assert_close(got[0].cpu(), want[0])
+
+    bn = torch.nn.BatchNorm1d(4).eval()
+    bn.running_mean.copy_(rm)
+    bn.running_var.copy_(rv)
+    bt = torch.nn.BatchNorm1d(4).eval().to(TPU)
+    bt.load_state_dict(bn.state_dict())
+    xc = x.clone().requires_grad_()
+    (xt,) = _leaves(x)
+    (bn(xc) ** 2).sum().backward()
+    (torch.compile(bt, backend="tpu")(xt) ** 2).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    torch.testing.assert_close(bt.weight.grad.cpu(), bn.weight.grad)

@@ -90,6 +90,24 @@ def _storage_elems(fake):
     return n // fake.dtype.itemsize
 
 
+def _eval_bn_stat(node, graph_name: str):
+    """For an inference graph's output that is the saved mean or invstd of an eval-mode
+    batch norm (``_native_batch_norm_legit_no_training``, what PyTorch makes of
+    ``native_batch_norm(training=False)``): the empty tensor CPU's kernel returns there
+    (PyTorch's meta kernel says (C,), the running statistics, which is what a backward
+    graph reads, so training graphs keep them).  None for any other output."""
+    if not graph_name.startswith("inference") or node.target is not operator.getitem:
+        return None
+    src, k = node.args[0], node.args[1]
+    if getattr(src, "target", None) is not aten._native_batch_norm_legit_no_training.default \
+            or k not in (1, 2):
+        return None
+    fake = node.meta.get("val")
+    if not isinstance(fake, torch.Tensor):
+        return None
+    return torch.empty((0,), dtype=fake.dtype, device=fake.device)
+
+
 def _spec(fake, sshape, sdtype):
     """View spec (as ``storage.view_spec``) of fake tensor ``fake`` on a storage array of
     shape ``sshape`` and torch dtype ``sdtype``."""
@@ -958,6 +976,10 @@ class GraphExecutable:
                 continue
             if o in host_pos:
                 plan.append((2, host_pos[o]))
+                continue
+            empty = _eval_bn_stat(o, self.name)
+            if empty is not None:
+                plan.append((0, empty))
                 continue
             if o in host or o.op in ("placeholder", "get_attr"):
                 # an input returned as is (a forward's saved inputs): the input tensor
