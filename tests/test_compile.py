@@ -77,7 +77,10 @@ def test_mlp_training_step_matches_cpu_and_does_not_recompile():
     assert after["executables"] == first["executables"]
     assert after["recompiles"] == 0
     assert after["cache_hits"] > first["cache_hits"]
-    assert after["xla_seconds"] > 0 and after["lowering_seconds"] > 0
+    # (a process that finds the graph cache filled loads the executables: no lowering or
+    # XLA time, every executable counted as loaded)
+    assert (after["xla_seconds"] > 0 and after["lowering_seconds"] > 0) or \
+        after["executable_cache_hits"] == after["executables"] > 0
     assert after["tracing_seconds"] > 0
 
 

@@ -201,3 +201,51 @@ def test_eval_batch_norm_statistics_have_cpus_shapes_when_compiled():
     (torch.compile(bt, backend="tpu")(xt) ** 2).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), xc.grad)
     torch.testing.assert_close(bt.weight.grad.cpu(), bn.weight.grad)
+
+
+def test_backward_of_an_in_place_update_through_a_view_of_a_view():
+    # (found by a fresh-clone break attempt) the backward graph copies into a slice at
+    # storage offset 8: PyTorch keeps the slice's offset in the copy's layout, and our
+    # dense copy of 16 elements was read at offset 8
+    def f(x):
+        y = x * 1
+        y.view(3, 8)[1:].mul_(2)
+        return y.view(4, 6).t()
+
+    torch.manual_seed(0)
+    x = torch.randn(24, requires_grad=True)
+    (xt,) = _leaves(x)
+    g = torch.arange(24.0).view(6, 4)
+    want = f(x)
+    want.backward(g)
+    got = torch.compile(f, backend="tpu")(xt)
+    got.backward(g.to(TPU))
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+GROUPED_BAD = {  # (a, b, offs, out_dtype): CPU's kernel refuses each
+    "out_dtype": ((16, 8), (2, 8, 8), [8, 16], torch.bfloat16),
+    "int64 offs": ((16, 8), (2, 8, 8), [8, 16], None),
+    "3D x 3D with offs": ((2, 8, 8), (2, 8, 8), [4, 8], None),
+    "2D x 3D without offs": ((16, 8), (2, 8, 8), None, None),
+    "stride not a multiple of 16 bytes": ((16, 6), (2, 6, 6), [8, 16], None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GROUPED_BAD))
+def test_grouped_mm_refuses_what_cpu_refuses_with_cpus_message(case):
+    sa, sb, o, od = GROUPED_BAD[case]
+    a, b = torch.randn(sa), torch.randn(sb)
+    dt = torch.int64 if case == "int64 offs" else torch.int32
+    offs = torch.tensor(o, dtype=dt) if o is not None else None
+    with pytest.raises(RuntimeError) as cpu:
+        torch._grouped_mm(a, b, offs, out_dtype=od)
+    with pytest.raises(RuntimeError) as tpu:
+        torch._grouped_mm(a.to(TPU), b.to(TPU), offs.to(TPU) if offs is not None else None,
+                          out_dtype=od)
+    assert str(tpu.value) == str(cpu.value)
+    with pytest.raises(Exception, match=str(cpu.value)[:20]):  # (wrapped by Dynamo)
+        torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o, out_dtype=od),
+                      backend="tpu")(a.to(TPU), b.to(TPU),
+                                     offs.to(TPU) if offs is not None else None)

@@ -724,19 +724,21 @@ class GraphExecutable:
             def new_storage(r, fake):
                 size, stride = tuple(fake.shape), tuple(fake.stride())
                 p = _st.dense_permutation(size, stride)
-                if p == "nondense":
-                    # a result PyTorch gives as a strided part of a larger storage (later
-                    # view nodes take their strides and offsets in that storage): the
-                    # values are written into a storage of that size
+                if p == "nondense" or fake.storage_offset() != 0:
+                    # a result PyTorch gives as a strided part of a larger storage, or at
+                    # an offset in one (``copy`` into a slice keeps the slice's layout;
+                    # later view nodes take their strides and offsets in that storage):
+                    # the values are written into a storage of that size
                     elems = _storage_elems(fake)
                     if elems is not None:
                         spec = _spec(fake, (elems,), fake.dtype)
                         storages.append(_st.write_view(jnp.zeros((elems,), r.dtype), spec, r))
                         sdt.append(fake.dtype)
                         return ("t", len(storages) - 1, spec)
-                    p = None
-                    fake = torch.empty_strided(size, _st.contiguous_strides(size),
-                                               dtype=fake.dtype, device="meta")
+                    if p == "nondense":
+                        p = None
+                        fake = torch.empty_strided(size, _st.contiguous_strides(size),
+                                                   dtype=fake.dtype, device="meta")
                 if p is not None:
                     r = jnp.transpose(r, p)
                 storages.append(r)

@@ -212,7 +212,7 @@ def _graph_from_data(data, fake_mode):
 
 
 def _describe(v):
-    """A node's fake value as plain data: tensors as their geometry, lists / tuples of
+    """A node's fake value as plain data: tensors as their geometry and storage size, lists / tuples of
     them, numbers as themselves.  Raises ``BypassAOTAutogradCache`` for anything else
     (a symbolic size...): the graph is then not stored."""
     if isinstance(v, torch.Tensor):
@@ -220,7 +220,11 @@ def _describe(v):
         if not all(isinstance(d, int) for d in geo[0] + geo[1] + (geo[2],)) or \
                 v.is_neg() or v.is_conj() or v.layout is not torch.strided:
             raise _bypass(f"a graph value {v.layout} of sizes {v.shape}")
-        return ("t",) + geo + (v.dtype, str(v.device), bool(v.requires_grad))
+        try:  # the storage's size: results that PyTorch lays out inside a larger storage
+            nbytes = int(v.untyped_storage().nbytes())  # (graph.new_storage reads it)
+        except Exception:  # noqa: BLE001
+            raise _bypass(f"a graph value of sizes {v.shape} without a storage size")
+        return ("t",) + geo + (v.dtype, str(v.device), bool(v.requires_grad), nbytes)
     if isinstance(v, (list, tuple)):
         return ("l" if isinstance(v, list) else "u", [_describe(x) for x in v])
     if v is None or type(v) in (bool, int, float, complex):
@@ -242,10 +246,9 @@ def _build(d, fake_mode):
     if k == "t":
         from torch._subclasses.fake_tensor import FakeTensor
 
-        _, shape, stride, offset, dtype, device, rg = d
-        elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        if offset:
-            elem = elem.as_strided(shape, stride, offset)
+        _, shape, stride, offset, dtype, device, rg, nbytes = d
+        elem = torch.empty((nbytes // dtype.itemsize,), dtype=dtype, device="meta")
+        elem = elem.as_strided(shape, stride, offset)
         t = FakeTensor(fake_mode, elem, torch.device(device))
         if rg:
             t.requires_grad_(True)

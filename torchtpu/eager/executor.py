@@ -612,6 +612,8 @@ class LoweredPlan:
         except NotImplementedError:
             return None
         except Exception as meta_err:
+            if own_meta is not None:  # the lowering's own checks give CPU's errors
+                raise
             if self.op.namespace != "aten":
                 # an op with no CPU kernel to ask (a torchtpu.jax_op: its fake kernel is
                 # jax.eval_shape, whose error names the real problem)

@@ -104,14 +104,41 @@ def mm(a, b):
     return matmul_(a, b, follow_setting=True)
 
 
+def _grouped_mm_cpu_checks(mat_a, mat_b, offs, out_dtype):
+    """The argument checks of CPU's ``_grouped_mm`` kernel, with its messages (RuntimeError):
+    the output dtype, where ``offs`` is required and its dtype, and the operands' strides
+    (row- or column-major, the leading stride a multiple of 16 bytes)."""
+    torch._check(out_dtype is None or out_dtype == mat_a.dtype,
+                 lambda: "Grouped gemm output dtype must match `mat_a` dtype")
+    torch._check((offs is None) == (mat_a.dim() == 3 and mat_b.dim() == 3),
+                 lambda: "Have to provide offsets if there is a 2d matrix, or no offset if "
+                         "both matrices are 3d")
+    torch._check(offs is None or offs.dtype == torch.int32,
+                 lambda: "Offsets have to be int32")
+    for mat in (mat_a, mat_b):
+        if mat.dim() < 2:
+            continue
+        st, sh = mat.stride(), mat.shape
+        align = max(1, 16 // mat.element_size())
+        if st[-1] == 1 and st[-2] >= max(1, sh[-1]):
+            lead = st[-2]
+        elif st[-2] == 1 and st[-1] >= max(1, sh[-2]):
+            lead = st[-1]
+        else:
+            torch._check(False, lambda: f"Invalid strides/sizes, got {list(st)} for strides "
+                                        f"and {list(sh)} for sizes")
+        torch._check(lead % align == 0, lambda: "strides should be multiple of 16 bytes")
+
+
 def grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """Meta (or fake) output of ``aten._grouped_mm`` as CPU's kernel and this lowering
     accept it: any floating dtype shared by both operands (PyTorch's meta kernel, written
-    after CUDA's, takes bfloat16 only; for bfloat16 it is used as is).  Raises PyTorch's
-    RuntimeError for mixed dtypes, wrong ranks, a missing ``offs`` or mismatched
-    contraction sizes."""
+    after CUDA's, takes bfloat16 only; for bfloat16 it is used as is), after CPU's own
+    argument checks (``_grouped_mm_cpu_checks``).  Raises RuntimeError for mixed dtypes,
+    wrong ranks, a missing or extra ``offs`` or mismatched contraction sizes."""
     from torch._meta_registrations import _create_grouped_mm_output_tensor, meta_grouped_mm
 
+    _grouped_mm_cpu_checks(mat_a, mat_b, offs, out_dtype)
     if mat_a.dtype is torch.bfloat16 and mat_b.dtype is torch.bfloat16:
         return meta_grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
     torch._check(mat_a.dtype == mat_b.dtype and mat_a.dtype.is_floating_point,
