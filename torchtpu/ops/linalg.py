@@ -147,8 +147,6 @@ def grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
                  lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} "
                          f"and mat_b.dim()={mat_b.dim()}")
-    torch._check((mat_a.dim() == 3 and mat_b.dim() == 3) or offs is not None,
-                 lambda: "_grouped_mm: offs is required unless both operands are 3D")
     torch._check(mat_a.size(-1) == mat_b.size(-2),
                  lambda: f"contraction dimension of mat_a and mat_b must match, got "
                          f"{mat_a.size(-1)} and {mat_b.size(-2)}")
