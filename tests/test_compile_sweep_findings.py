@@ -249,3 +249,51 @@ def test_grouped_mm_refuses_what_cpu_refuses_with_cpus_message(case):
         torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o, out_dtype=od),
                       backend="tpu")(a.to(TPU), b.to(TPU),
                                      offs.to(TPU) if offs is not None else None)
+
+
+LINALG_CHECKED = {  # PyTorch wraps their info check in an effect token (with_effects)
+    "inv": torch.linalg.inv,
+    "cholesky": torch.linalg.cholesky,
+    "solve": lambda a: torch.linalg.solve(a, a[..., :1]),
+    "lu_factor": torch.linalg.lu_factor,
+    "tensorinv": lambda a: torch.linalg.tensorinv(a.reshape(3, 1, 3), ind=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINALG_CHECKED))
+def test_linalg_info_checks_inside_a_compiled_graph_raise_cpus_error(name):
+    fn = LINALG_CHECKED[name]
+    f = torch.compile(fn, backend="tpu", fullgraph=True)
+    torch.manual_seed(0)
+    x = torch.randn(3, 3, dtype=torch.float64)
+    x = x @ x.T + torch.eye(3, dtype=torch.float64)  # well conditioned, positive definite
+    torch.testing.assert_close(f(x.to(TPU)), fn(x), check_device=False)
+    torch.testing.assert_close(f(x.to(TPU).expand(2, 3, 3)) if name != "tensorinv" else
+                               f(x.to(TPU)), fn(x.expand(2, 3, 3)) if name != "tensorinv"
+                               else fn(x), check_device=False)
+    bad = x.clone()
+    bad[1] = 0  # singular, not positive definite
+    with pytest.raises(Exception) as cpu:
+        fn(bad)
+    with pytest.raises(type(cpu.value)) as tpu:
+        f(bad.to(TPU))
+    assert str(tpu.value) == str(cpu.value)
+
+
+def test_linalg_info_check_in_a_compiled_training_step():
+    def fn(a):
+        return (torch.linalg.inv(a) * 2).sum()
+
+    f = torch.compile(fn, backend="tpu", fullgraph=True)
+    torch.manual_seed(1)
+    x = torch.randn(4, 4)
+    x = x @ x.T + torch.eye(4)
+    (xt,) = _leaves(x)
+    xc = x.clone().requires_grad_()
+    f(xt).backward()
+    fn(xc).backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    bad = x.clone()
+    bad[:, 2] = 0
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        f(bad.to(TPU).requires_grad_())

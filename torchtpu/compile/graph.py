@@ -167,6 +167,49 @@ _SYM_OPS = {aten.sym_size.int: lambda v, d: v.shape[d],
             aten.sym_storage_offset.default: lambda v: v.storage_offset()}
 
 
+# side-effect ops PyTorch threads an effect token through (``with_effects``) that a graph
+# may hold: run on the host after the executable, on the values it returns for them
+_EFFECT_OPS = {aten._linalg_check_errors.default}
+
+
+def _with_effects():
+    return getattr(torch.ops.higher_order, "with_effects", None)
+
+
+def strip_effects(gm) -> list:
+    """Rewrite ``gm`` in place without its ``with_effects`` nodes of :data:`_EFFECT_OPS`
+    (PyTorch's effect token around ``_linalg_check_errors(info, api_name, is_matrix=)``,
+    which ``linalg.inv``, ``cholesky``, ``solve``... call): the token each returns becomes
+    the token it was given (a graph input passed through), and the check becomes a host
+    step after the executable.  Returns ``[(value node, op, other args, kwargs)]`` in
+    graph order: the executable returns each value node's array, and the call runs
+    ``op`` on its CPU copy, raising the error PyTorch's CPU kernel raises (a host sync per
+    call, as eager reads ``info``).  The graph is marked (``_torchtpu_effects``) so the
+    graph cache does not store it without them."""
+    we = _with_effects()
+    effects = []
+    if we is None:
+        return effects
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not we or len(n.args) < 3 \
+                or n.args[1] not in _EFFECT_OPS:
+            continue
+        token, op, value, *rest = n.args
+        effects.append((value, op, tuple(rest), dict(n.kwargs)))
+        for u in list(n.users):
+            if u.target is operator.getitem and u.args[1] == 0:
+                u.replace_all_uses_with(token)
+                gm.graph.erase_node(u)
+        if n.users:
+            raise NotImplementedError(
+                f"torchtpu.compile: graph node {n.name} uses the result of {op}")
+        gm.graph.erase_node(n)
+    if effects:
+        gm._torchtpu_effects = True
+        gm.recompile()
+    return effects
+
+
 def _is_sym_fn(t) -> bool:
     """Size arithmetic on SymInts in a dynamic-shape graph (``operator.mul``,
     ``torch.sym_max``...): evaluated on the concrete sizes of the call."""
@@ -349,6 +392,8 @@ class GraphExecutable:
     _boxed_call = True
 
     def __init__(self, gm, name: str, dump_prefix: str | None = None):
+        # effect-token checks (linalg's ``info``) become host steps after the executable
+        self.effects = strip_effects(gm)
         check_graph(gm)
         self.gm = gm
         self.name = name
@@ -547,7 +592,20 @@ class GraphExecutable:
             executor.report_device_checks(outs[-1], check_info, f"compiled graph {self.name}")
         for j, arr in zip(written, outs[n_new:]):
             sdatas[j].arr = arr
+        if self.effects:
+            k = n_new + len(written)
+            self._run_effects(outs[k:k + len(self.effects)])
         return assemble(outs, storages, args, houts, index)
+
+    def _run_effects(self, values) -> None:
+        """The graph's effect-token checks (:func:`strip_effects`), in graph order, on
+        the CPU copies of the values the executable returned for them: PyTorch's CPU
+        kernel raises its own error (``torch.linalg.LinAlgError`` naming the API and the
+        failing matrix, as CPU and eager tpu do).  A host sync (``host_syncs``
+        cause ``"effect_check"``)."""
+        M.sync("effect_check")
+        for (_, op, rest, kwargs), v in zip(self.effects, values):
+            op(torch.from_numpy(np.array(v)), *rest, **kwargs)
 
     def _prepare(self, key, args, arrays, host_vals, keys, sdatas, index):
         """First call with layout ``key``: ``(written input slots, executable tuple)``,
@@ -571,7 +629,7 @@ class GraphExecutable:
             M.compile["cache_hits"] += 1
         compiled, n_new, written, check_info, assemble, split = ex
         if not n_new and not written and not check_info and split is None \
-                and self.group is None:
+                and self.group is None and not self.effects:
             ex = (None,) + ex[1:]
         return written_slots, ex
 
@@ -684,7 +742,7 @@ class GraphExecutable:
             meta = _concrete_metas(self.gm, self.placeholders, self._args)
         else:
             meta = {n: n.meta.get("val") for n in self.nodes}
-            if self.dump_prefix is None and self.group is None:
+            if self.dump_prefix is None and self.group is None and not self.effects:
                 # the on-disk executable cache (torchtpu.compile.graph_cache): a second
                 # process loads the executable and skips the JAX trace and lowering
                 from torchtpu.compile import graph_cache
@@ -891,7 +949,11 @@ class GraphExecutable:
             result["sdt"] = sdt
             result["shapes"] = [tuple(storages[j].shape) for j in out_slots]
             flags = (jnp.stack([jnp.any(b) for b, _, _ in checks]),) if checks else ()
-            return tuple(storages[j] for j in out_slots) + tuple(storages[j] for j in wr) + flags
+            # the values of the effect-token checks (strip_effects), read on the host after
+            eff = tuple(read(env[v]) if isinstance(v, torch.fx.Node) else jnp.asarray(v)
+                        for v, _, _, _ in self.effects)
+            return tuple(storages[j] for j in out_slots) + tuple(storages[j] for j in wr) \
+                + eff + flags
 
         from jax.sharding import SingleDeviceSharding
 

@@ -142,6 +142,9 @@ def _graph_to_data(gm) -> dict:
     args and kwargs with node references as ``(_NODE, position)``, fake value geometry,
     :func:`_describe`) and its constant tensors (tpu constants as CPU copies plus their
     device).  Raises ``BypassAOTAutogradCache`` for what it cannot describe."""
+    if getattr(gm, "_torchtpu_effects", False):
+        # its effect-token checks were taken out of the graph (graph.strip_effects)
+        raise _bypass("a graph with effect-token checks (linalg info)")
     pos = {}
     nodes = []
 
