@@ -297,3 +297,40 @@ def test_linalg_info_check_in_a_compiled_training_step():
     bad[:, 2] = 0
     with pytest.raises(torch.linalg.LinAlgError, match="singular"):
         f(bad.to(TPU).requires_grad_())
+
+
+COMPOSITES = {  # ops eager reaches through PyTorch's C++ composites; graph decompositions
+    "pinv": (lambda a, b: torch.linalg.pinv(a), [(2, 3, 5), (1,)]),
+    "pinv_atol_rtol": (lambda a, b: torch.linalg.pinv(a, atol=0.3, rtol=0.1), [(4, 3), (1,)]),
+    "pinv_atol_tensor": (lambda a, b: torch.linalg.pinv(a, atol=b.detach().abs()), [(3, 3), ()]),
+    "pinv_hermitian": (lambda a, b: torch.linalg.pinv(a @ a.mT, hermitian=True),
+                       [(2, 4, 4), (1,)]),
+    "pinverse_rcond": (lambda a, b: torch.pinverse(a, rcond=0.2), [(5, 3), (1,)]),
+    "pinv_empty": (lambda a, b: torch.linalg.pinv(a), [(0, 3), (1,)]),
+    "cholesky_solve": (lambda a, b: torch.cholesky_solve(
+        b, torch.linalg.cholesky(a @ a.mT + torch.eye(3, device=a.device))),
+        [(3, 3), (2, 3, 2)]),
+    "cholesky_solve_upper": (lambda a, b: torch.cholesky_solve(
+        b, torch.linalg.cholesky(a @ a.mT + torch.eye(3, device=a.device), upper=True),
+        upper=True), [(2, 3, 3), (3, 1)]),
+    "bilinear": (lambda a, b: torch.nn.functional.bilinear(a, b, torch.ones(2, 3, 4, dtype=a.dtype,
+                                                                            device=a.device)),
+                 [(5, 3), (5, 4)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+def test_cpp_composite_ops_compile_and_match_cpu_with_gradients(name):
+    fn, shapes = COMPOSITES[name]
+    torch.manual_seed(3)
+    a, b = (torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes)
+    at, bt = _leaves(a, b)
+    f = torch.compile(fn, backend="tpu", fullgraph=True)
+    got, want = f(at, bt), fn(a, b)
+    torch.testing.assert_close(got.cpu(), want)
+    if want.numel():
+        got.sum().backward()
+        want.sum().backward()
+        for t, c in ((at, a), (bt, b)):
+            if c.grad is not None:
+                torch.testing.assert_close(t.grad.cpu(), c.grad)

@@ -40,12 +40,14 @@ def decompositions() -> dict:
     from torch._decomp import core_aten_decompositions
 
     from torchtpu import ops
+    from torchtpu.compile import composites
     from torchtpu.ops import decomp_overrides
 
     table = ops.table()
     d = dict(core_aten_decompositions())
     d.update(decomp_overrides.decompositions())
     d.update(_random_factories())
+    d.update(composites.decompositions())
     return {op: fn for op, fn in d.items()
             if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
             and not _is_view_op(op)}
