@@ -231,30 +231,35 @@ def _inner_errors(err):
     return chain
 
 
-@pytest.mark.parametrize("case", ["nonzero", "repeat_interleave", "narrow"])
-def test_data_dependent_shape_in_a_graph_raises_naming_it(case):
+@pytest.mark.parametrize("case", ["nonzero", "repeat_interleave"])
+def test_data_dependent_shape_in_a_graph_runs_staged_and_matches_cpu(case):
     # CPU (backend="aot_eager") compiles these; one XLA executable has static shapes, so
-    # on tpu each must raise NotImplementedError naming the op or the data dependence
-    # (they raised on an unrelated _assert_scalar node, a TypeError from a traced
-    # array's __array__, and a GuardOnDataDependentSymNode in slice's decomposition)
-    x = torch.randn(5, 5, 5)
+    # the tpu backend cuts the graph at them: they run eagerly between compiled stretches
+    # (torchtpu.compile.staged).  They once raised on an unrelated _assert_scalar node and
+    # a TypeError from a traced array's __array__
     fns = {
-        "nonzero": (lambda t: torch.nonzero(t), (torch.tensor(1.5),), "aten.nonzero"),
-        "repeat_interleave": (lambda r: torch.repeat_interleave(r, output_size=6),
-                              (torch.tensor([1, 2, 0, 3]),), "aten.repeat_interleave.Tensor"),
-        "narrow": (lambda t, s: torch.narrow(t, 1, s, 2), (x, torch.tensor(2)),
-                   "depends on tensor values"),
+        "nonzero": (lambda t: torch.nonzero(t) + 1, (torch.tensor(1.5),)),
+        "repeat_interleave": (lambda r: torch.repeat_interleave(r, output_size=6) * 2,
+                              (torch.tensor([1, 2, 0, 3]),)),
     }
-    fn, args, needle = fns[case]
-    # narrow's start stays a CPU tensor (as in PyTorch's OpInfo sample on a device)
-    dev = [a.to("tpu") if a.dim() or case != "narrow" else a for a in args]
-    with pytest.raises(Exception) as ei:
-        torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)(*dev)
-    chain = _inner_errors(ei.value)
-    assert any(isinstance(e, NotImplementedError) and str(e).startswith("torchtpu:")
-               and needle in str(e) for e in chain), chain
-    torch._dynamo.reset()
-    torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)(*args)  # CPU: fine
+    fn, args = fns[case]
+    before = torchtpu.metrics()["compile"]["staged_graphs"]
+    got = torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)(
+        *[a.to("tpu") for a in args])
+    torch.testing.assert_close(got.cpu(), fn(*args))
+    assert torchtpu.metrics()["compile"]["staged_graphs"] == before + 1
+
+
+def test_narrow_with_a_tensor_start_runs_staged_and_matches_cpu():
+    # narrow with a tensor start: its value (item()) is read on the host, then the slice
+    # runs compiled for that concrete start (torchtpu.compile.staged); it once raised
+    x = torch.randn(5, 5, 5)
+    fn = lambda t, s: torch.narrow(t, 1, s, 2)  # noqa: E731
+    f = torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)
+    for start in (2, 0, 3, 2):
+        # the start stays a CPU tensor (as in PyTorch's OpInfo sample on a device)
+        torch.testing.assert_close(f(x.to("tpu"), torch.tensor(start)).cpu(),
+                                   fn(x, torch.tensor(start)))
 
 
 def _tiny_llama_pair(train=False):

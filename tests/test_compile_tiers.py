@@ -17,11 +17,16 @@ needs_quick_tier = pytest.mark.skipif(
 def quick_tier_on():
     """The quick tier is opt-in (TORCHTPU_COMPILE_TIERS=1); these tests switch it on, and
     shape buckets off (they count one compile per shape; tests/test_shape_buckets.py
-    covers buckets)."""
+    covers buckets), and the on-disk signature cache off: a signature stored by an
+    earlier run of the same sources would load instead of compiling."""
+    from torchtpu.eager import signature_cache
+
     before = tiers.enabled()
     tiers.set_enabled(True)
     buckets.set_policy(enabled=False)
+    signature_cache.set_enabled(False)
     yield
+    signature_cache.set_enabled(signature_cache._enabled_at_start)
     tiers.set_enabled(before)
     buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
 

@@ -63,7 +63,11 @@ class Metrics:
             several process groups in one graph, uneven ``all_to_all_single`` -- and so
             run op by op in eager), ``launch_free_calls`` (of ``graph_calls``, calls of a
             graph with nothing to compute -- every output an input or a view of one, as
-            the ``out.detach()`` graph after a graph break --: no executable launched).
+            the ``out.detach()`` graph after a graph break --: no executable launched),
+            ``staged_graphs`` (graphs with data-dependent nodes -- ``item()``,
+            ``nonzero``... captured by Dynamo -- cut into compiled stretches between eager
+            sync nodes, ``torchtpu.compile.staged``) and ``eager_stages`` (sync stages
+            run: each a host sync).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -118,6 +122,8 @@ class Metrics:
             "donated_buffers": 0, "donation_copies": 0, "graph_cache_hits": 0,
             "executable_cache_hits": 0, "collectives": 0, "eager_collective_graphs": 0,
             "launch_free_calls": 0,
+            "staged_graphs": 0,
+            "eager_stages": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,

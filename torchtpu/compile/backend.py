@@ -136,7 +136,7 @@ def _is_view_op(op) -> bool:
 
 def _compiler(kind, dump_prefix=None, cacheable=False):
     def compile_graph(gm, example_inputs):
-        from torchtpu.compile.graph import GraphExecutable
+        from torchtpu.compile import staged
 
         M.compile["graphs_compiled"] += 1
         prefix = None
@@ -156,7 +156,7 @@ def _compiler(kind, dump_prefix=None, cacheable=False):
             # backward compile, not when the forward is compiled
             ex = deferred_executable(gm, f"{kind}{next(_ids)}", kind == "backward")
             return TpuOutputCode(ex, kind)
-        ex = GraphExecutable(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
+        ex = staged.build(gm, f"{kind}{next(_ids)}", dump_prefix=prefix)
 
         def run(args):
             return ex(args)

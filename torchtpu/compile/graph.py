@@ -210,6 +210,20 @@ def strip_effects(gm) -> list:
     return effects
 
 
+def _scalar_asserts() -> set:
+    out = set()
+    for name in ("_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size"):
+        pkt = getattr(aten, name, None)
+        if pkt is not None:
+            out.add(pkt.default)
+    return out
+
+
+# PyTorch's runtime asserts on SymInts (ranges of unbacked sizes read from tensor values,
+# torchtpu.compile.staged): checked on the concrete values when the graph is traced
+SCALAR_ASSERTS = _scalar_asserts()
+
+
 def _is_sym_fn(t) -> bool:
     """Size arithmetic on SymInts in a dynamic-shape graph (``operator.mul``,
     ``torch.sym_max``...): evaluated on the concrete sizes of the call."""
@@ -274,12 +288,14 @@ def _geometry_differs(placeholders, args) -> bool:
     return False
 
 
-def check_graph(gm) -> None:
+def check_graph(gm, staged: bool = False) -> None:
     """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
     (nor a view / uninitialized-memory / host meaning), or whose lowering needs concrete
     values because its output shape depends on them (``dynamic_shape``: ``nonzero``,
     ``masked_select``, ``repeat_interleave(Tensor)``...), or whose result's size or offset
-    is an unbacked SymInt (read from a tensor's values), before anything is compiled."""
+    is an unbacked SymInt (read from a tensor's values), before anything is compiled.
+    ``staged``: ``gm`` is a stretch of a graph cut at its sync nodes
+    (:mod:`torchtpu.compile.staged`), whose unbacked sizes arrive as concrete inputs."""
     table = ops.table()
     for n in gm.graph.nodes:
         if n.op != "call_function":
@@ -297,7 +313,7 @@ def check_graph(gm) -> None:
         fe = foreach_element_op(t) if t not in table else None
         if fe is not None and fe in table:
             continue
-        if t in _SYM_OPS or t in _coll.LOWERED or t is _coll.WAIT:
+        if t in _SYM_OPS or t in _coll.LOWERED or t is _coll.WAIT or t in SCALAR_ASSERTS:
             continue
         if t in table and table[t].dynamic_shape:
             raise NotImplementedError(
@@ -305,7 +321,7 @@ def check_graph(gm) -> None:
                 f"run inside a torch.compile graph on the tpu device (node {n.name}): one XLA "
                 f"executable has static shapes.  Call it outside the compiled function (or "
                 f"after torch._dynamo.graph_break()), where eager runs it")
-        if _unbacked(val):
+        if _unbacked(val) and not staged:
             raise NotImplementedError(
                 f"torchtpu: the ATen op '{t}' in a torch.compile graph on the tpu device "
                 f"(node {n.name}) has a size or offset that depends on tensor values "
@@ -391,10 +407,10 @@ class GraphExecutable:
 
     _boxed_call = True
 
-    def __init__(self, gm, name: str, dump_prefix: str | None = None):
+    def __init__(self, gm, name: str, dump_prefix: str | None = None, staged: bool = False):
         # effect-token checks (linalg's ``info``) become host steps after the executable
         self.effects = strip_effects(gm)
-        check_graph(gm)
+        check_graph(gm, staged)
         self.gm = gm
         self.name = name
         # TORCHTPU_DUMP_DIR: "<dir>/graph_NNN.<kind>"; each executable's StableHLO goes to
@@ -842,6 +858,12 @@ class GraphExecutable:
                 if t in _SYM_OPS:
                     env[n] = _SYM_OPS[t](meta[n.args[0]], *a[1:])
                     continue
+                if t in SCALAR_ASSERTS:
+                    # a range assert on concrete sizes (constant for this executable)
+                    if t is aten._assert_scalar.default and not a[0]:
+                        raise RuntimeError(a[1] if len(a) > 1 else kw.get("assert_msg"))
+                    env[n] = None
+                    continue
                 val = meta[n]
                 if t is _coll.WAIT:  # XLA orders the collective before its readers
                     env[n] = a[0]
@@ -1052,6 +1074,10 @@ class GraphExecutable:
                 continue
             v = out_env[o.name]
             fake = meta[o]
+            if v is None or isinstance(v, (bool, int, float)):
+                # a size (SymInt arithmetic on this executable's concrete sizes)
+                plan.append((0, v))
+                continue
             if isinstance(v, list):
                 raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
             _, j, spec = v

@@ -124,12 +124,12 @@ class _Unlowerable:
 def deferred_executable(gm, name: str, defer_errors: bool):
     """``GraphExecutable(gm, name)``; with ``defer_errors`` an op it cannot lower raises
     when the executable is called instead of now."""
-    from torchtpu.compile.graph import GraphExecutable
+    from torchtpu.compile.staged import build
 
     if not defer_errors:
-        return GraphExecutable(gm, name)
+        return build(gm, name)
     try:
-        return GraphExecutable(gm, name)
+        return build(gm, name)
     except NotImplementedError as e:
         return _Unlowerable(gm, e)
 

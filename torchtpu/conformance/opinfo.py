@@ -766,7 +766,12 @@ def compiled_call(op, sample):
     if seeded is not None:
         g["wrapper_set_seed"] = _unseeded
     try:
-        return compiled(sample.input, tuple(sample.args), dict(sample.kwargs))
+        # data-dependent ops (nonzero, item(), boolean masks...) stay in the graph, as
+        # Dynamo captures them for any backend with these settings; the tpu backend cuts
+        # the graph at them (torchtpu.compile.staged)
+        with torch._dynamo.config.patch(capture_scalar_outputs=True,
+                                        capture_dynamic_output_shape_ops=True):
+            return compiled(sample.input, tuple(sample.args), dict(sample.kwargs))
     finally:
         if seeded is not None:
             g["wrapper_set_seed"] = seeded

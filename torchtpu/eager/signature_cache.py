@@ -41,6 +41,7 @@ M = _metrics.METRICS
 
 _enabled = os.environ.get("TORCHTPU_SIGNATURE_CACHE", "1").strip().lower() not in (
     "0", "off", "false", "no")
+_enabled_at_start = _enabled
 _dir = False  # not looked up yet
 
 

@@ -1,0 +1,153 @@
+"""ATen graphs with data-dependent nodes: XLA executables between eager sync points.
+
+With ``torch._dynamo.config.capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops``
+Dynamo keeps ``x.item()``, ``nonzero``, ``masked_select``, ``unique``, boolean-mask indexing
+and ``repeat_interleave(tensor)`` inside the graph: their results have *unbacked* sizes or
+values (``u0``), known only once the op has run.  One XLA executable has static shapes, so
+such a graph is cut at those nodes (:class:`StagedGraph`):
+
+* a **sync node** -- a node that binds unbacked symbols (``meta["unbacked_bindings"]``) or
+  whose lowering needs concrete values (``Lowering.dynamic_shape``) -- runs in eager
+  mode, op by op, in whatever eager mode is set: a host sync, as in eager;
+* each stretch of nodes between sync nodes is a
+  :class:`~torchtpu.compile.graph.GraphExecutable`; the unbacked sizes and values it reads
+  arrive as concrete inputs, so it is compiled once per distinct concrete value
+  (the same as ``dynamic=True`` graphs: one executable per concrete shape), and reused;
+* scalar bookkeeping (SymInt arithmetic, ``sym_size``, PyTorch's runtime range asserts
+  ``_assert_scalar`` / ``sym_constrain_range*``) joins whichever stretch it falls in; the
+  asserts are checked on the concrete values.
+
+Graphs without sync nodes are not cut (:func:`build`).  The cut graph is never stored in
+the graph cache (its values have symbolic sizes).  ``metrics()["compile"]``:
+``staged_graphs`` (graphs cut), ``eager_stages`` (sync stages run).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from torchtpu import _metrics, ops
+from torchtpu.compile.graph import (_SYM_OPS, SCALAR_ASSERTS, GraphExecutable, _is_sym_fn,
+                                    _unbacked)
+
+M = _metrics.METRICS
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default  # Tensor.item()
+
+
+def is_sync_node(n, table=None) -> bool:
+    """Whether graph node ``n`` must run in eager mode: it binds unbacked symbols (its
+    output's size or value is read from tensor values) or its lowering needs concrete
+    values (``dynamic_shape``: ``nonzero``, ``bincount``, ``histogram``...)."""
+    if n.op != "call_function":
+        return False
+    t = n.target
+    if n.meta.get("unbacked_bindings") or t is _LOCAL_SCALAR:
+        return True
+    if isinstance(t, torch._ops.OpOverload):
+        table = ops.table() if table is None else table
+        low = table.get(t)
+        if low is not None and low.dynamic_shape:
+            v = n.meta.get("val")
+            # (a CPU node runs on the host inside the executable's host part anyway)
+            return not (isinstance(v, torch.Tensor) and v.device.type == "cpu")
+    return False
+
+
+def _flexible(n) -> bool:
+    """Scalar bookkeeping that may run in either kind of stage."""
+    t = n.target
+    return t in SCALAR_ASSERTS or t in _SYM_OPS or (
+        not isinstance(t, torch._ops.OpOverload) and t is not operator.getitem and _is_sym_fn(t))
+
+
+def needs_staging(gm) -> bool:
+    table = ops.table()
+    return any(is_sync_node(n, table) for n in gm.graph.nodes)
+
+
+def build(gm, name: str, dump_prefix: str | None = None):
+    """The executable for AOTAutograd graph ``gm``: a :class:`StagedGraph` when it holds
+    sync nodes, else one :class:`~torchtpu.compile.graph.GraphExecutable`."""
+    if needs_staging(gm):
+        return StagedGraph(gm, name, dump_prefix)
+    # no sync node, but sizes read from tensor values arrive as inputs (a backward graph
+    # of a forward that had sync nodes): compiled per concrete value, like a stretch
+    unbacked = any(_unbacked(n.meta.get("val")) for n in gm.graph.nodes)
+    return GraphExecutable(gm, name, dump_prefix=dump_prefix, staged=unbacked)
+
+
+class _Stage(torch.nn.Module):
+    """A compiled stretch of the cut graph, called by the top-level graph like the
+    submodule it replaces (positional inputs; one value, or a tuple)."""
+
+    def __init__(self, ex, single: bool):
+        super().__init__()
+        self.ex = ex
+        self.single = single
+
+    def forward(self, *args):
+        out = self.ex(list(args))
+        return out[0] if self.single else tuple(out)
+
+
+class StagedGraph:
+    """AOTAutograd graph ``gm`` cut at its sync nodes (see the module docstring), called
+    with AOTAutograd's boxed convention: ``__call__(args)`` with ``args`` the graph's
+    inputs (a list), returns the list of outputs.  Raises ``NotImplementedError`` at
+    construction for an op with no lowering in a compiled stretch, as
+    :class:`~torchtpu.compile.graph.GraphExecutable` does."""
+
+    _boxed_call = True
+
+    def __init__(self, gm, name: str, dump_prefix: str | None = None):
+        from torch.fx.passes.split_module import split_module
+
+        self.gm = gm
+        self.name = name
+        table = ops.table()
+        part, kinds = {}, []
+        srcs_eager = set()
+        for n in gm.graph.nodes:
+            if n.op in ("placeholder", "output", "get_attr"):
+                continue
+            if is_sync_node(n, table) or (n.target is operator.getitem
+                                          and n.args[0] in srcs_eager):
+                kind = "eager"
+                srcs_eager.add(n)
+            elif _flexible(n) and kinds:
+                part[n] = len(kinds) - 1
+                continue
+            else:
+                kind = "compiled"
+            if not kinds or kinds[-1] != kind:
+                kinds.append(kind)
+            part[n] = len(kinds) - 1
+        split = split_module(gm, None, lambda n: part[n], keep_original_order=True)
+        self.stages = {"eager": 0, "compiled": 0}
+        for p, kind in enumerate(kinds):
+            attr = f"submod_{p}"
+            sub = getattr(split, attr, None)
+            if sub is None:
+                continue
+            self.stages[kind] += 1
+            if kind == "eager":
+                continue
+            out = next(n for n in sub.graph.nodes if n.op == "output")
+            single = not isinstance(out.args[0], (tuple, list))
+            if single:
+                out.args = ((out.args[0],),)
+                sub.recompile()
+            prefix = f"{dump_prefix}.stage{p}" if dump_prefix is not None else None
+            ex = GraphExecutable(sub, f"{name}.stage{p}", dump_prefix=prefix, staged=True)
+            setattr(split, attr, _Stage(ex, single))
+        self.split = split
+        M.compile["staged_graphs"] += 1
+
+    def __call__(self, args):
+        if len(args) == 1 and isinstance(args[0], list):
+            args = args[0]
+        M.compile["eager_stages"] += self.stages["eager"]
+        out = self.split(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
