@@ -334,3 +334,83 @@ def test_cpp_composite_ops_compile_and_match_cpu_with_gradients(name):
         for t, c in ((at, a), (bt, b)):
             if c.grad is not None:
                 torch.testing.assert_close(t.grad.cpu(), c.grad)
+
+
+@pytest.mark.parametrize("case", ["geqrf", "histogram", "histogram_range"])
+def test_ops_without_meta_kernels_compile_and_match_cpu(case):
+    # no meta kernel: PyTorch's fake tensor ran the real kernel on zeros of the tpu device
+    # and failed; tpu fakes come from the CPU kernel (compile/fake_kernels.py)
+    fns = {"geqrf": lambda a: torch.geqrf(a),
+           "histogram": lambda a: torch.histogram(a, 4),
+           "histogram_range": lambda a: torch.histogram(a.flatten(), 3, range=(-1.0, 1.0))}
+    fn = fns[case]
+    torch.manual_seed(2)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU))
+    want = fn(x)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a.cpu(), b)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_as_strided_scatter_inside_a_compiled_graph(case):
+    # eager's decomposition writes with copy_ into a view, which functional graphs refuse
+    shp, size, stride, off, view = [((5, 3), (2, 2), (1, 2), 1, False),
+                                    ((5, 3), (2, 2), (1, 2), 1, True),
+                                    ((4, 4), (3,), (5,), 0, True),
+                                    ((4, 4), (3,), (5,), None, False)][case]
+    torch.manual_seed(case)
+    x, s = torch.randn(shp), torch.randn(size)
+
+    def fn(a, src):
+        a = a.t() if view else a
+        return torch.as_strided_scatter(a, src, size, stride, off) * 2
+
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU), s.to(TPU))
+    want = fn(x, s)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.cpu(), want)
+
+
+_lib = torch.library.Library("torchtpu_test", "FRAGMENT")
+
+
+@torch.library.custom_op("torchtpu_test::scaled_cumsum", mutates_args=())
+def scaled_cumsum(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.cumsum(x, 0) * scale
+
+
+@scaled_cumsum.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+def test_custom_op_inside_a_compiled_graph_runs_its_own_implementation():
+    # a torch.library op without a lowering runs eagerly between compiled stretches
+    # (torchtpu.compile.staged), as Inductor calls it as a fallback kernel
+    def fn(x):
+        return scaled_cumsum(x.sin(), 0.5).exp() + 1
+
+    x = torch.randn(7)
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU))
+    torch.testing.assert_close(got.cpu(), fn(x))
+
+
+def test_eval_native_batch_norm_legit_compiled_matches_cpu():
+    # functionalized to _native_batch_norm_legit_functional(training=False), which the
+    # lowering refused; CPU returns empty saved statistics and leaves the running ones
+    def fn(x, w, b, rm, rv):
+        return torch.ops.aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5)
+
+    torch.manual_seed(4)
+    args = [torch.randn(2, 3, 4), torch.randn(3), torch.randn(3), torch.randn(3),
+            torch.rand(3) + 0.5]
+    targs = [a.to(TPU) for a in args]
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(*targs)
+    want = fn(*args)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.cpu(), b)
+    torch.testing.assert_close(targs[3].cpu(), args[3])
+    torch.testing.assert_close(targs[4].cpu(), args[4])

@@ -47,7 +47,7 @@ def decompositions() -> dict:
     d = dict(core_aten_decompositions())
     d.update(decomp_overrides.decompositions())
     d.update(_random_factories())
-    d.update(composites.decompositions())
+    d.update(composites.decompositions())  # (replaces eager's mutating as_strided_scatter)
     return {op: fn for op, fn in d.items()
             if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
             and not _is_view_op(op)}

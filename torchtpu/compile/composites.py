@@ -19,6 +19,9 @@ AOTAutograd applies.
 - ``_trilinear`` (``torch.nn.functional.bilinear``): two products summed over the
   contracted dimensions, as PyTorch's kernel pairs them (the first two operands over the
   dimensions the third lacks, then with the third).
+
+Also here: the graph form of an eager decomposition that mutates (``as_strided_scatter``),
+which AOTAutograd's functional graphs cannot hold.
 """
 
 from __future__ import annotations
@@ -117,8 +120,45 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return out.to(i1.dtype)
 
 
+def _extent(size, stride, offset):
+    """Elements of storage a geometry reaches: ``offset + sum((size - 1) * stride) + 1``
+    (0 for an empty one)."""
+    if any(d == 0 for d in size):
+        return 0
+    return offset + sum((d - 1) * st for d, st in zip(size, stride)) + 1
+
+
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    """``aten.as_strided_scatter`` in a graph: eager's decomposition
+    (``ops.decomp_overrides.as_strided_scatter``) writes ``src`` with ``copy_`` into a view
+    of a clone, which AOTAutograd's functional graphs refuse; here the write is a
+    functional ``index_put`` at the storage positions the geometry addresses.  Same
+    result: ``self``'s storage copied, ``src`` at ``as_strided(size, stride,
+    storage_offset)`` of it, returned with ``self``'s sizes, strides and offset."""
+    size, stride = list(size), list(stride)
+    if list(src.shape) != size:
+        raise RuntimeError(
+            f"expected src to have a size equal to the slice of self. src size = "
+            f"{list(src.shape)}, slice size = {size}")
+    if torch._debug_has_internal_overlap(self) == 1:
+        base = self.clone()  # as PyTorch does for a self that overlaps itself
+        shape, strides, offset = base.shape, base.stride(), 0
+    else:
+        base = self
+        shape, strides, offset = self.shape, self.stride(), self.storage_offset()
+    start = 0 if storage_offset is None else storage_offset
+    # the storage elements either geometry reaches (PyTorch's meta kernel has checked that
+    # the target lies within self's storage); elements past them cannot reach the result
+    n = max(_extent(shape, strides, offset), _extent(size, stride, start))
+    flat = base.as_strided((n,), (1,), 0)
+    pos = torch.arange(n, device=self.device).as_strided(size, stride, start)
+    flat = flat.index_put((pos.reshape(-1),), src.to(self.dtype).reshape(-1))
+    return flat.as_strided(shape, strides, offset)
+
+
 def decompositions() -> dict:
     """``{OpOverload: function}`` of this module's decompositions."""
     return {aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
             aten.cholesky_solve.default: cholesky_solve,
-            aten._trilinear.default: trilinear}
+            aten._trilinear.default: trilinear,
+            aten.as_strided_scatter.default: as_strided_scatter}

@@ -11,6 +11,12 @@ Here a fake kernel answers for ``tpu`` inputs of other dtypes, with the lowering
 meta function (the output of PyTorch's ``_create_grouped_mm_output_tensor`` in the
 inputs' dtype, or ``out_dtype``).  Inputs on other devices, and bfloat16 ones, keep PyTorch's meta kernel.
 
+A few ops have no meta kernel at all (``geqrf``, ``histogram``, ``histogramdd``'s pieces):
+for them PyTorch's fake tensor runs the real kernel on zeros of the fake device ("unsafe
+fallback"), which cannot work for ``tpu`` fakes (no tpu storage behind them).  For tpu
+inputs their fake results come from the CPU kernel run on zeros of the same shapes
+(:func:`_cpu_shaped_fake`): their output shapes do not depend on the input values.
+
 Registered through ``torch._subclasses.fake_impls.register_op_impl`` (PyTorch's own
 registry of special fake kernels, private) when that module is imported
 (:mod:`torchtpu.compile.routing`'s import hook); where it is missing, nothing changes.
@@ -44,6 +50,59 @@ def _grouped_mm_fake(fake_mode, func, mat_a, mat_b, offs=None, bias=None, out_dt
     return FakeTensor(fake_mode, meta, mat_a.device)
 
 
+def _cpu_shaped_ops() -> set:
+    names = [("geqrf", "default"), ("histogram", "bin_ct"), ("histogram", "bins_tensor"),
+             ("_histogramdd_bin_edges", "default"), ("_histogramdd_from_bin_cts", "default"),
+             ("_histogramdd_from_bin_tensors", "default")]
+    out = set()
+    for name, ov in names:
+        pkt = getattr(aten, name, None)
+        if pkt is not None and hasattr(pkt, ov):
+            out.add(getattr(pkt, ov))
+    return out
+
+
+_CPU_SHAPED = _cpu_shaped_ops()
+
+
+def _is_cpu_shaped(func) -> bool:
+    return func in _CPU_SHAPED
+
+
+def _cpu_shaped_fake(fake_mode, func, *args, **kwargs):
+    """Fake result of an op without a meta kernel (:data:`_CPU_SHAPED`) on tpu inputs:
+    PyTorch's CPU kernel run on zeros of the inputs' shapes and dtypes gives each
+    output's shape, strides and dtype; the fakes are on the inputs' tpu device.  Inputs
+    on other devices: ``NotImplemented`` (PyTorch's own fallback)."""
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    flat, _ = tree_flatten((args, kwargs))
+    devs = {a.device for a in flat if isinstance(a, torch.Tensor)}
+    tpu = [d for d in devs if d.type == "tpu"]
+    if not tpu:
+        return NotImplemented
+
+    def to_cpu(a):
+        if isinstance(a, torch.Tensor):
+            return torch.zeros(tuple(a.shape), dtype=a.dtype)
+        return a
+
+    with _disable_current_modes():
+        out = func(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
+
+    def to_fake(r):
+        if not isinstance(r, torch.Tensor):
+            return r
+        with in_kernel_invocation_manager(fake_mode):
+            meta = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype,
+                                       device="meta")
+        return FakeTensor(fake_mode, meta, tpu[0])
+
+    return tree_map(to_fake, out)
+
+
 def install(fake_impls) -> None:
     """Register the kernels above in PyTorch's fake-kernel registry ``fake_impls``
     (idempotent)."""
@@ -52,3 +111,4 @@ def install(fake_impls) -> None:
         return
     _installed = True
     fake_impls.register_op_impl(_is_grouped_mm)(_grouped_mm_fake)
+    fake_impls.register_op_impl(_is_cpu_shaped)(_cpu_shaped_fake)

@@ -99,7 +99,10 @@ def _eval_bn_stat(node, graph_name: str):
     if not graph_name.startswith("inference") or node.target is not operator.getitem:
         return None
     src, k = node.args[0], node.args[1]
-    if getattr(src, "target", None) is not aten._native_batch_norm_legit_no_training.default \
+    t = getattr(src, "target", None)
+    eval_fn = t is aten._native_batch_norm_legit_functional.default and len(src.args) > 5 \
+        and src.args[5] is False  # a functionalized _native_batch_norm_legit(training=False)
+    if (t is not aten._native_batch_norm_legit_no_training.default and not eval_fn) \
             or k not in (1, 2):
         return None
     fake = node.meta.get("val")

@@ -13,6 +13,9 @@ such a graph is cut at those nodes (:class:`StagedGraph`):
   :class:`~torchtpu.compile.graph.GraphExecutable`; the unbacked sizes and values it reads
   arrive as concrete inputs, so it is compiled once per distinct concrete value
   (the same as ``dynamic=True`` graphs: one executable per concrete shape), and reused;
+* a **custom op** (``torch.library``, a namespace other than ``aten``/``prims``) without a
+  lowering runs in eager mode the same way, through its own implementation for the
+  device (as Inductor calls such an op as a fallback kernel);
 * scalar bookkeeping (SymInt arithmetic, ``sym_size``, PyTorch's runtime range asserts
   ``_assert_scalar`` / ``sym_constrain_range*``) joins whichever stretch it falls in; the
   asserts are checked on the concrete values.
@@ -48,6 +51,10 @@ def is_sync_node(n, table=None) -> bool:
     if isinstance(t, torch._ops.OpOverload):
         table = ops.table() if table is None else table
         low = table.get(t)
+        if low is None and t.namespace not in ("aten", "prims"):
+            # a custom op (torch.library) without a lowering: opaque Python code, run
+            # eagerly through its own implementation for the device
+            return True
         if low is not None and low.dynamic_shape:
             v = n.meta.get("val")
             # (a CPU node runs on the host inside the executable's host part anyway)

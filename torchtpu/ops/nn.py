@@ -769,9 +769,12 @@ def _bn_eval(x, weight, bias, rm, rv, eps):
        out_dtypes=_norm_stats_dtypes(0, 1, 2, 3, 4))
 def native_batch_norm_legit_functional(x, weight, bias, rm, rv, training, momentum, eps):
     if not training:
-        raise NotImplementedError(
-            "torchtpu: _native_batch_norm_legit_functional with training=False (use "
-            "_native_batch_norm_legit_no_training)")
+        # (a functionalized ``_native_batch_norm_legit(training=False)``): the eval
+        # normalization, the running statistics unchanged; the saved statistics follow
+        # the meta kernel's (C,), as ``_native_batch_norm_legit_no_training`` does
+        out = _bn_eval(x, weight, bias, rm, rv, eps)
+        ct = _ct(x)
+        return out, cast(rm, ct), lax().rsqrt(cast(rv, ct) + eps), rm, rv
     out, mean, var, invstd = _bn_train(x, weight, bias, eps)
     n = x.size // x.shape[1]
     ct = opmath(tdtype(rm))
