@@ -414,3 +414,23 @@ def test_eval_native_batch_norm_legit_compiled_matches_cpu():
         torch.testing.assert_close(a.cpu(), b)
     torch.testing.assert_close(targs[3].cpu(), args[3])
     torch.testing.assert_close(targs[4].cpu(), args[4])
+
+
+def test_masked_scatter_backward_in_a_compiled_graph_matches_cpu():
+    # PyTorch's masked_scatter_backward reads a count from the mask's values; the graph
+    # decomposition places the selected gradients with a running count instead
+    def fn(x, src, mask):
+        return (torch.masked_scatter(x, mask, src) * torch.arange(12.0).reshape(3, 4)
+                .to(x.device)).sum()
+
+    torch.manual_seed(6)
+    x, src = torch.randn(3, 4, requires_grad=True), torch.randn(5, 3, requires_grad=True)
+    mask = torch.tensor([True, False, True, True])  # broadcast over the rows: 9 selected
+    xt, st = _leaves(x, src)
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(xt, st, mask.to(TPU))
+    want = fn(x, src, mask)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
+    torch.testing.assert_close(st.grad.cpu(), src.grad)

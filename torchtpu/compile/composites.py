@@ -16,6 +16,8 @@ AOTAutograd applies.
   as PyTorch builds them).
 - ``cholesky_solve``: the batch dimensions of both operands broadcast, then
   ``_cholesky_solve_helper`` (which the lowering table has).
+- ``masked_scatter_backward``: a running count places the selected gradient elements
+  (static shapes, where PyTorch's kernel reads a count from the values).
 - ``_trilinear`` (``torch.nn.functional.bilinear``): two products summed over the
   contracted dimensions, as PyTorch's kernel pairs them (the first two operands over the
   dimensions the third lacks, then with the third).
@@ -156,9 +158,29 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     return flat.as_strided(shape, strides, offset)
 
 
+def masked_scatter_backward(grad, mask, sizes):
+    """``aten.masked_scatter_backward``: the gradient of ``masked_scatter``'s ``source``
+    (shape ``sizes``): ``grad``'s elements where ``mask`` (broadcast with it) is set, in
+    order, then zeros.  PyTorch's kernel is ``masked_select`` (a size read from the
+    values) plus padding; here each selected element's position is a running count and
+    one ``index_put`` writes them (the unselected ones into a spare slot past the end),
+    so the graph keeps static shapes."""
+    numel = 1
+    for d in sizes:
+        numel = numel * d
+    g, m = torch.broadcast_tensors(grad, mask)
+    g, m = g.reshape(-1), m.reshape(-1)
+    pos = torch.cumsum(m.to(torch.int64), 0) - 1
+    pos = torch.where(m, pos, torch.full_like(pos, numel))
+    out = torch.zeros(numel + 1, dtype=grad.dtype, device=grad.device)
+    out = out.index_put((pos,), g)
+    return out[:numel].view(sizes)
+
+
 def decompositions() -> dict:
     """``{OpOverload: function}`` of this module's decompositions."""
     return {aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
             aten.cholesky_solve.default: cholesky_solve,
             aten._trilinear.default: trilinear,
-            aten.as_strided_scatter.default: as_strided_scatter}
+            aten.as_strided_scatter.default: as_strided_scatter,
+            aten.masked_scatter_backward.default: masked_scatter_backward}
