@@ -434,3 +434,27 @@ def test_masked_scatter_backward_in_a_compiled_graph_matches_cpu():
     torch.testing.assert_close(got.cpu(), want)
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
     torch.testing.assert_close(st.grad.cpu(), src.grad)
+
+
+def test_assert_async_in_eager_and_in_a_compiled_graph():
+    # transformers models call torch._assert_async in their forward; it had no lowering
+    x = torch.tensor([1.0])
+    for bad in (torch.tensor([0.0]), torch.tensor([1, 2]), torch.tensor([])):
+        with pytest.raises(RuntimeError) as cpu:
+            torch._assert_async(bad)
+        with pytest.raises(RuntimeError) as tpu:
+            torch._assert_async(bad.to(TPU))
+        assert str(tpu.value) == str(cpu.value)
+    torch._assert_async(x.to(TPU) > 0, "fine")  # passes, as on CPU
+    with pytest.raises(RuntimeError, match="^eager says no$"):
+        torch._assert_async(x.to(TPU) > 2, "eager says no")
+
+    def f(t, v):
+        torch._assert_async((t > v).all(), "graph says no")
+        return t * 2
+
+    g = torch.compile(f, backend="tpu", fullgraph=True)
+    torch.testing.assert_close(g(x.to(TPU), 0.5).cpu(), f(x, 0.5))
+    # a device-side check in a graph: raised at the next sync point, naming the graph
+    with pytest.raises(RuntimeError, match="graph says no"):
+        g(x.to(TPU), 2.0).cpu()

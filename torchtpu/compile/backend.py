@@ -48,9 +48,11 @@ def decompositions() -> dict:
     d.update(decomp_overrides.decompositions())
     d.update(_random_factories())
     d.update(composites.decompositions())  # (replaces eager's mutating as_strided_scatter)
+    from torchtpu.compile.graph import ASSERT_ASYNC
+
     return {op: fn for op, fn in d.items()
             if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
-            and not _is_view_op(op)}
+            and not _is_view_op(op) and op not in ASSERT_ASYNC}
 
 
 def _random_factories() -> dict:

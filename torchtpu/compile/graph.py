@@ -227,6 +227,11 @@ def _scalar_asserts() -> set:
 SCALAR_ASSERTS = _scalar_asserts()
 
 
+# torch._assert_async(t[, msg]) in a graph: a device-side check (raised at the next sync
+# point, as CUDA's device asserts), not eager's host read
+ASSERT_ASYNC = {aten._assert_async.default, aten._assert_async.msg}
+
+
 def _is_sym_fn(t) -> bool:
     """Size arithmetic on SymInts in a dynamic-shape graph (``operator.mul``,
     ``torch.sym_max``...): evaluated on the concrete sizes of the call."""
@@ -316,7 +321,8 @@ def check_graph(gm, staged: bool = False) -> None:
         fe = foreach_element_op(t) if t not in table else None
         if fe is not None and fe in table:
             continue
-        if t in _SYM_OPS or t in _coll.LOWERED or t is _coll.WAIT or t in SCALAR_ASSERTS:
+        if t in _SYM_OPS or t in _coll.LOWERED or t is _coll.WAIT or t in SCALAR_ASSERTS \
+                or t in ASSERT_ASYNC:
             continue
         if t in table and table[t].dynamic_shape:
             raise NotImplementedError(
@@ -860,6 +866,18 @@ class GraphExecutable:
                     continue
                 if t in _SYM_OPS:
                     env[n] = _SYM_OPS[t](meta[n.args[0]], *a[1:])
+                    continue
+                if t in ASSERT_ASYNC:
+                    fake = meta[n.args[0]]
+                    if fake.numel() != 1:
+                        raise RuntimeError(
+                            "Boolean value of Tensor with " + (
+                                "no values" if fake.numel() == 0 else "more than one value")
+                            + " is ambiguous")
+                    msg = a[1] if len(a) > 1 else kw.get(
+                        "assert_msg", "Expected Tensor with single nonzero value, but got zero")
+                    checks.append((read(a[0]).reshape(()) == 0, RuntimeError, msg))
+                    env[n] = None
                     continue
                 if t in SCALAR_ASSERTS:
                     # a range assert on concrete sizes (constant for this executable)

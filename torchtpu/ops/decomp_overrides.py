@@ -58,6 +58,30 @@ def equal(a, b):
     return bool(torch.eq(a, b).all().item())
 
 
+def _assert_nonzero(t, message: str) -> None:
+    n = t.numel()
+    if n != 1:
+        raise RuntimeError("Boolean value of Tensor with "
+                           f"{'no values' if n == 0 else 'more than one value'} is ambiguous")
+    if not bool(t.reshape(()).item()):
+        raise RuntimeError(message)
+
+
+@decomp(aten._assert_async.default)
+def _assert_async(self):
+    """``torch._assert_async(t)``: raise PyTorch's error unless the one-element ``t`` is
+    nonzero.  In eager mode it is checked at once (a sync point, as on CPU; CUDA checks
+    it on the device).  Compiled graphs keep it whole and check it on the device
+    (``compile.graph``): it raises at the next sync point."""
+    _assert_nonzero(self, "Expected Tensor with single nonzero value, but got zero")
+
+
+@decomp(aten._assert_async.msg)
+def _assert_async_msg(self, assert_msg):
+    """``torch._assert_async(t, msg)``: as :func:`_assert_async`, raising ``msg``."""
+    _assert_nonzero(self, assert_msg)
+
+
 # ------------------------------------------------------------ fused RNN cells
 # nn.LSTM / nn.GRU on a non-CPU device call the fused cell kernels (CUDA has them; PyTorch
 # has no decomposition).  Written with ordinary ops, which are lowered; the workspace
