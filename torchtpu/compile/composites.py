@@ -137,11 +137,10 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     functional ``index_put`` at the storage positions the geometry addresses.  Same
     result: ``self``'s storage copied, ``src`` at ``as_strided(size, stride,
     storage_offset)`` of it, returned with ``self``'s sizes, strides and offset."""
+    from torchtpu.ops.decomp_overrides import check_scatter_src
+
     size, stride = list(size), list(stride)
-    if list(src.shape) != size:
-        raise RuntimeError(
-            f"expected src to have a size equal to the slice of self. src size = "
-            f"{list(src.shape)}, slice size = {size}")
+    check_scatter_src(src, size)
     if torch._debug_has_internal_overlap(self) == 1:
         base = self.clone()  # as PyTorch does for a self that overlaps itself
         shape, strides, offset = base.shape, base.stride(), 0

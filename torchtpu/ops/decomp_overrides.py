@@ -379,6 +379,15 @@ _DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "AutogradPrivateUse1")
 # ------------------------------------------------------------ as_strided_scatter
 
 
+def check_scatter_src(src, size) -> None:
+    """``as_strided_scatter``'s check that ``src`` has the target geometry's sizes (CPU's
+    message); also used by its graph form (``compile.composites``)."""
+    if list(src.shape) != list(size):
+        raise RuntimeError(
+            f"expected src to have a size equal to the slice of self. src size = "
+            f"{list(src.shape)}, slice size = {list(size)}")
+
+
 @decomp(aten.as_strided_scatter.default)
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
     """PyTorch's definition, storage-exact: a copy of ``self``'s whole storage viewed with
@@ -388,10 +397,7 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     ``self`` sees the write only where its view covers it.  A ``self`` with internal
     overlap is cloned plainly (as PyTorch does)."""
     size, stride = list(size), list(stride)
-    if list(src.shape) != size:
-        raise RuntimeError(
-            f"expected src to have a size equal to the slice of self. src size = "
-            f"{list(src.shape)}, slice size = {size}")
+    check_scatter_src(src, size)
     if torch._debug_has_internal_overlap(self) == 1:
         out = self.clone()
     else:
