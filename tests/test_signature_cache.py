@@ -129,3 +129,50 @@ def test_out_into_an_uninitialized_and_an_initialized_tensor(eager_mode):
         for g in got:
             assert torch.equal(g, x * 2.5)
     assert torchtpu.metrics()["signature_cache"]["structure_mismatches"] == 0
+
+
+LINALG_PROGRAM = r"""
+import json, torch, torchtpu
+a = torch.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+t = a.to("tpu")
+res = {"inv": torch.linalg.inv(t).cpu().tolist(),
+       "solve": torch.linalg.solve(t, t[:, :1]).cpu().tolist(),
+       "chol": torch.linalg.cholesky(t).cpu().tolist(),
+       "det": torch.linalg.det(t).item()}
+try:
+    torch.linalg.inv(torch.zeros(2, 2, device="tpu"))
+    res["err"] = None
+except Exception as e:
+    res["err"] = str(e)
+res["sig"] = torchtpu.metrics()["signature_cache"]["hits"]
+print(json.dumps(res))
+"""
+
+
+def test_linear_algebra_loaded_from_the_cache_in_a_fresh_process(tmp_path):
+    # executables with LAPACK custom calls, loaded without being lowered: JAX fills in its
+    # LAPACK function pointers only when it lowers such an op, so the second process
+    # died of a segmentation fault in linalg.inv before executable_store linked them
+    import torch
+
+    env = {k: v for k, v in os.environ.items() if k != "TORCHTPU_SIGNATURE_CACHE"}
+    env["TORCHTPU_CACHE_DIR"] = str(tmp_path / "c")
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", LINALG_PROGRAM], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[1]["sig"] > 0  # the second process loaded executables from the cache
+    a = torch.tensor([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]])
+    with_cpu = {"inv": torch.linalg.inv(a), "solve": torch.linalg.solve(a, a[:, :1]),
+                "chol": torch.linalg.cholesky(a)}
+    try:
+        torch.linalg.inv(torch.zeros(2, 2))
+    except Exception as e:
+        cpu_err = str(e)
+    for r in runs:
+        for k, v in with_cpu.items():
+            torch.testing.assert_close(torch.tensor(r[k]), v)
+        assert abs(r["det"] - torch.linalg.det(a).item()) < 1e-4
+        assert r["err"] == cpu_err

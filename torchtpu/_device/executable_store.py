@@ -120,6 +120,24 @@ def save(path: str, compiled, extra) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def _link_custom_call_libraries() -> None:
+    """Make the native libraries behind JAX's CPU custom calls ready before an
+    executable is loaded without being lowered in this process.  JAX fills in its LAPACK
+    function pointers (``getrf``, ``trsm``, ``potrf``...) only when it *lowers* a linear
+    algebra op (``jaxlib.lapack.prepare_lapack_call``); an executable loaded from disk in
+    a process that never lowered one called a null pointer: a segmentation fault in
+    ``linalg.inv``, ``solve``, ``cholesky``... of a warm process (JAX's own persistent
+    cache is safe: it lowers before it looks up).  Cheap, once per process; any failure
+    leaves things as they were."""
+    try:
+        from jax._src.lax import linalg as _linalg
+
+        _linalg.initialize_lapack()
+    except Exception:  # noqa: BLE001 (another JAX: nothing to prepare)
+        pass
+
+
 def load(path: str, index: int):
     """``(compiled, extra)`` stored at ``path`` for ``tpu:index``, or None (missing,
     unreadable, or built for another JAX / device); never raises."""
@@ -127,6 +145,8 @@ def load(path: str, index: int):
         with open(path, "rb") as f:
             rec = pickle.load(f)
         from jax.experimental import serialize_executable as se
+
+        _link_custom_call_libraries()
 
         from torchtpu._device import runtime
 
