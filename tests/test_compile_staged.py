@@ -101,3 +101,31 @@ def test_range_assert_of_an_unbacked_size_raises():
     with pytest.raises(RuntimeError, match="u0 <= 3"):
         torch.compile(torch.masked_select, backend="tpu", fullgraph=True)(x.to(TPU),
                                                                          m.to(TPU))
+
+
+def test_float_item_in_later_arithmetic():
+    # PyTorch turns a float item() used in arithmetic back into a tensor with
+    # prims.convert_element_type, which had no lowering
+    def fn(x):
+        return x * x.max().item() + x.sum().item()
+
+    x = torch.tensor([1.0, 2.0, -0.5])
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU))
+    torch.testing.assert_close(got.cpu(), fn(x))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bincount_of_an_empty_input_with_weights_is_int64_as_on_cpu(compiled):
+    def fn(x, w):
+        return torch.bincount(x, w, minlength=3)
+
+    f = torch.compile(fn, backend="tpu", fullgraph=True) if compiled else fn
+    for wdt in (torch.float32, torch.float64):
+        x, w = torch.tensor([], dtype=torch.long), torch.tensor([], dtype=wdt)
+        got, want = f(x.to(TPU), w.to(TPU)), fn(x, w)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)
+        x, w = torch.tensor([0, 2, 2]), torch.tensor([0.5, 1.0, 2.0], dtype=wdt)
+        got, want = f(x.to(TPU), w.to(TPU)), fn(x, w)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want)

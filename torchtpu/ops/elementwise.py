@@ -908,6 +908,14 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
     return cast(x, dtype or tdtype(x))
 
 
+@lower(torch.ops.prims.convert_element_type.default)
+def convert_element_type(x, dtype):
+    """``prims.convert_element_type``: ``x`` cast to ``dtype``.  Only graphs hold it
+    (PyTorch's pass that turns a float ``item()`` used in arithmetic back into a tensor
+    emits it); eager receives ``_to_copy``."""
+    return cast(x, dtype)
+
+
 @lower(aten.clone.default)
 def clone(x, memory_format=None):
     return x

@@ -1125,7 +1125,8 @@ def repeat_interleave_tensor(repeats, output_size=None):
 def bincount(x, weights=None, minlength=0):
     """``torch.bincount``: the output length is ``max(x) + 1`` (data-dependent: runs on
     concrete values).  int64 counts, or the weights' float dtype (float32 stays float32,
-    other weights give float64, as on CPU)."""
+    other weights give float64, as on CPU; an empty input gives int64 zeros, weights or
+    not, as on CPU)."""
     # CPU's checks, in its order: integral dtype, minlength, 1-d and >= 0, weights
     if not np.issubdtype(x.dtype, np.integer):
         raise NotImplementedError(
@@ -1137,7 +1138,8 @@ def bincount(x, weights=None, minlength=0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if weights is not None and (weights.ndim != 1 or weights.shape[0] != x.shape[0]):
         raise RuntimeError("weights should be 1-d and have the same length as input")
-    if weights is None:
+    if weights is None or v.size == 0:
+        # (an empty input gives int64 zeros even with weights: CPU's kernel does so)
         return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
     w = np.asarray(weights).reshape(-1)
     out = np.bincount(v, weights=w.astype(np.float64), minlength=minlength)
