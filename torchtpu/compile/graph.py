@@ -191,10 +191,14 @@ def strip_effects(gm) -> list:
     graph cache does not store it without them."""
     we = _with_effects()
     effects = []
-    if we is None:
-        return effects
     for n in list(gm.graph.nodes):
-        if n.op != "call_function" or n.target is not we or len(n.args) < 3 \
+        if n.op == "call_function" and n.target in _EFFECT_OPS and not n.users:
+            # the same check without a token (a decomposition's, e.g. torch.cholesky's)
+            value, *rest = n.args
+            effects.append((value, n.target, tuple(rest), dict(n.kwargs)))
+            gm.graph.erase_node(n)
+            continue
+        if we is None or n.op != "call_function" or n.target is not we or len(n.args) < 3 \
                 or n.args[1] not in _EFFECT_OPS:
             continue
         token, op, value, *rest = n.args
@@ -211,6 +215,31 @@ def strip_effects(gm) -> list:
         gm._torchtpu_effects = True
         gm.recompile()
     return effects
+
+
+def check_errors_effects(gm) -> list:
+    """The host checks of ``gm``'s nodes that ask for them with ``check_errors=True``
+    (``ops.linalg.CHECK_ERRORS``: ``linalg_inv_ex``, ``linalg_cholesky_ex``,
+    ``linalg_lu_factor_ex``), as :func:`strip_effects` returns them: each node's
+    ``info`` output is returned by the executable and PyTorch's
+    ``_linalg_check_errors(info, api, is_matrix=)`` runs on its CPU copy after the call,
+    raising CPU's error as eager does.  The graph is left as it is."""
+    from torchtpu.ops import linalg as _linalg
+
+    out = []
+    for n in gm.graph.nodes:
+        spec = _linalg.CHECK_ERRORS.get(n.target) if n.op == "call_function" else None
+        if spec is None:
+            continue
+        sig = _sig(n.target)
+        vals = sig.normalize(n.args, n.kwargs)
+        if not vals[sig.names.index("check_errors")]:
+            continue
+        api, k = spec
+        a = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
+        out.append(((n, k), aten._linalg_check_errors.default, (api,),
+                    {"is_matrix": a is not None and a.dim() == 2}))
+    return out
 
 
 def _scalar_asserts() -> set:
@@ -418,7 +447,7 @@ class GraphExecutable:
 
     def __init__(self, gm, name: str, dump_prefix: str | None = None, staged: bool = False):
         # effect-token checks (linalg's ``info``) become host steps after the executable
-        self.effects = strip_effects(gm)
+        self.effects = strip_effects(gm) + check_errors_effects(gm)
         check_graph(gm, staged)
         self.gm = gm
         self.name = name
@@ -993,8 +1022,9 @@ class GraphExecutable:
             result["shapes"] = [tuple(storages[j].shape) for j in out_slots]
             flags = (jnp.stack([jnp.any(b) for b, _, _ in checks]),) if checks else ()
             # the values of the effect-token checks (strip_effects), read on the host after
-            eff = tuple(read(env[v]) if isinstance(v, torch.fx.Node) else jnp.asarray(v)
-                        for v, _, _, _ in self.effects)
+            eff = tuple(read(env[v]) if isinstance(v, torch.fx.Node)
+                        else read(env[v[0]][v[1]]) if isinstance(v, tuple)
+                        else jnp.asarray(v) for v, _, _, _ in self.effects)
             return tuple(storages[j] for j in out_slots) + tuple(storages[j] for j in wr) \
                 + eff + flags
 

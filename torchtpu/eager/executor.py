@@ -1212,6 +1212,7 @@ def plan_for(op):
 def _make_plan(op):
     from torchtpu import ops as _ops
     from torchtpu._tensor import handlers
+    from torchtpu.ops import linalg as _linalg
 
     table = _ops.table()
     h = handlers.HANDLERS.get(op)
@@ -1221,6 +1222,9 @@ def _make_plan(op):
     if op in table:
         if op._schema.name.endswith("_like") and "device" in sig.names:
             return _LikeOtherDevice(op, sig, LoweredPlan(op, sig, table[op]))
+        if op in _linalg.CHECK_ERRORS:
+            return _CheckErrors(LoweredPlan(op, sig, table[op]), sig,
+                                *_linalg.CHECK_ERRORS[op])
         return LoweredPlan(op, sig, table[op])
     if sig.is_view and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"):
         return ViewPlan(op)
@@ -1228,6 +1232,9 @@ def _make_plan(op):
     if sig.mutated and not any(i in sig.mutated_lists for i in sig.out_args):
         f = functional_variant(op)
         if f is not None and f in table:
+            if f in _linalg.CHECK_ERRORS:  # the out= form: the same check
+                return _CheckErrors(LoweredPlan(op, sig, table[f], Signature(f)), sig,
+                                    *_linalg.CHECK_ERRORS[f])
             return LoweredPlan(op, sig, table[f], Signature(f))
     d = _decomposition(op)
     if d is not None:
@@ -1237,6 +1244,37 @@ def _make_plan(op):
         if f is not None and (f in table or _decomposition(f) is not None):
             return _MutableViaFunctional(op, sig, f)
     return UnsupportedPlan(op)
+
+
+class _CheckErrors:
+    """A linear-algebra op whose ``check_errors=True`` makes PyTorch raise from its
+    ``info`` output (``ops.linalg.CHECK_ERRORS``: ``linalg_inv_ex``, ``linalg_cholesky_ex``,
+    ``linalg_lu_factor_ex``, and their ``out=`` forms).  The lowering computes ``info``;
+    with ``check_errors=True`` the op runs with it off, then PyTorch's
+    ``_linalg_check_errors(info, api, is_matrix=A.dim() == 2)`` reads ``info`` (a sync
+    point, as eager ``linalg.inv`` reads it) and raises CPU's exact error, naming the
+    batch element.  With ``check_errors=False`` it is the plain plan."""
+
+    def __init__(self, plan, sig, api: str, info_pos: int):
+        self.plan, self.api, self.info_pos = plan, api, info_pos
+        self.pos = sig.names.index("check_errors")
+
+    def __call__(self, args, kwargs):
+        pos = self.pos
+        if "check_errors" in kwargs:
+            check = kwargs["check_errors"]
+            if check:
+                kwargs = dict(kwargs, check_errors=False)
+        else:
+            check = len(args) > pos and args[pos]
+            if check:
+                args = args[:pos] + (False,) + args[pos + 1:]
+        out = self.plan(args, kwargs)
+        if check:
+            M.sync("linalg_check_errors")
+            torch.ops.aten._linalg_check_errors(out[self.info_pos], self.api,
+                                                is_matrix=args[0].dim() == 2)
+        return out
 
 
 class _LikeOtherDevice:

@@ -361,9 +361,8 @@ def _linalg_solve_ex(A, B, left=True, check_errors=False):
     x = torch.linalg.lu_solve(lu, pivots, bm, left=left, adjoint=use_a_t)
     if vector:
         x = x.squeeze(-1)
-    if check_errors and bool((info != 0).any()):
-        raise torch.linalg.LinAlgError("linalg.solve: The solver failed because the input "
-                                       "matrix is singular.")
+    if check_errors:  # CPU's kernel checks under this API name (batch element and all)
+        aten._linalg_check_errors(info, "torch.linalg.solve_ex", is_matrix=A.dim() == 2)
     return x, lu, pivots, info
 
 
@@ -374,6 +373,16 @@ _DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "PrivateUse1")
 # Autograd through the pieces (lu_factor_ex and lu_solve have exact backward formulas):
 # PyTorch's own solve backward, fed our LU/pivots, gave wrong gradients (cause not found).
 _DIRECT.impl("_linalg_solve_ex", _linalg_solve_ex, "AutogradPrivateUse1")
+
+
+if hasattr(aten, "cholesky"):  # torch.cholesky (deprecated) is gone from torch 2.14's ATen
+    @decomp(aten.cholesky.default)
+    def cholesky(self, upper=False):
+        """``torch.cholesky`` (deprecated): ``linalg_cholesky_ex`` then PyTorch's own check
+        of its ``info`` under the name "cholesky" (a sync point), as CPU raises it."""
+        L, info = aten.linalg_cholesky_ex(self, upper=upper)
+        aten._linalg_check_errors(info, "cholesky", is_matrix=self.dim() == 2)
+        return L
 
 
 # ------------------------------------------------------------ as_strided_scatter

@@ -562,12 +562,15 @@ def linalg_qr(A, mode="reduced"):
     return Q, R
 
 
-def cholesky(A, upper=False):
-    return linalg_cholesky_ex(A, upper)[0]
-
-
-if hasattr(aten, "cholesky"):  # torch.cholesky (deprecated) is gone from torch 2.14's ATen
-    lower(aten.cholesky.default)(cholesky)
+# Ops whose ``check_errors=True`` makes PyTorch raise from their ``info`` output, as
+# ``_linalg_check_errors(info, api, is_matrix=A.dim() == 2)`` would: op -> (the API named
+# in the error, the position of ``info`` among the outputs).  The lowerings compute
+# ``info``; the eager executor (``executor._CheckErrors``) and compiled graphs
+# (``compile.graph``) check it on the host.  (``torch.cholesky``, which always checks, is
+# a decomposition: ``ops.decomp_overrides.cholesky``.)
+CHECK_ERRORS = {aten.linalg_inv_ex.default: ("linalg.inv_ex", 1),
+                aten.linalg_cholesky_ex.default: ("linalg.cholesky_ex", 1),
+                aten.linalg_lu_factor_ex.default: ("torch.linalg.lu_factor_ex", 2)}
 
 
 @lower(aten.cholesky_inverse.default)
