@@ -160,11 +160,13 @@ _INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}torchtpu{os.sep}", f"{os.sep}ja
 
 
 def _user_line() -> str:
-    """"file:line" of the innermost frame outside torch, torchtpu, jax and numpy."""
+    """"file:line" of the innermost frame outside torch, torchtpu, jax and numpy, and not
+    generated code (a ``"<string>"`` file: a dataclass method, an ``exec``-made wrapper
+    some library installed), which no user can open."""
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
-        if not any(p in fn for p in _INTERNAL):
+        if not fn.startswith("<") and not any(p in fn for p in _INTERNAL):
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return "?"

@@ -32,10 +32,14 @@ import operator
 import torch
 
 from torchtpu import _metrics, ops
+from torchtpu.compile import collectives as _coll
 from torchtpu.compile.graph import (_SYM_OPS, SCALAR_ASSERTS, GraphExecutable, _is_sym_fn,
                                     _unbacked)
 
 M = _metrics.METRICS
+# namespaces whose ops the graph compiler handles itself (functional collectives are
+# lowered into the executable, torchtpu.compile.collectives)
+_KNOWN_NAMESPACES = ("aten", "prims", "_c10d_functional", "c10d_functional")
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default  # Tensor.item()
 
 
@@ -51,7 +55,8 @@ def is_sync_node(n, table=None) -> bool:
     if isinstance(t, torch._ops.OpOverload):
         table = ops.table() if table is None else table
         low = table.get(t)
-        if low is None and t.namespace not in ("aten", "prims"):
+        if low is None and t.namespace not in _KNOWN_NAMESPACES and t not in _coll.LOWERED \
+                and t is not _coll.WAIT:
             # a custom op (torch.library) without a lowering: opaque Python code, run
             # eagerly through its own implementation for the device
             return True
