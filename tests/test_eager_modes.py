@@ -189,3 +189,15 @@ def test_debug_log_ops(capfd):
             CONFIG.log_ops = False
     err = capfd.readouterr().err
     assert "aten.exp" in err and "[3]" in err
+
+
+def test_sync_site_skips_generated_code_frames():
+    # a sync reached through exec-made code (a dataclass method, a wrapper a library
+    # installed) is reported at the user's line that called it, not "<string>:N"
+    ns = {}
+    exec("def read(t):\n    return t.item()\n", ns)
+    t = torch.ones(1, device=TPU)
+    torchtpu.reset_metrics()
+    ns["read"](t)  # the generated frame's caller
+    rows = torchtpu.explain_syncs()
+    assert rows[0]["line"].endswith(f"{__file__}:{_line_of('the generated frame')}"), rows
