@@ -897,14 +897,13 @@ class GraphExecutable:
                     env[n] = _SYM_OPS[t](meta[n.args[0]], *a[1:])
                     continue
                 if t in ASSERT_ASYNC:
+                    from torchtpu.ops import decomp_overrides as _dec
+
                     fake = meta[n.args[0]]
                     if fake.numel() != 1:
-                        raise RuntimeError(
-                            "Boolean value of Tensor with " + (
-                                "no values" if fake.numel() == 0 else "more than one value")
-                            + " is ambiguous")
-                    msg = a[1] if len(a) > 1 else kw.get(
-                        "assert_msg", "Expected Tensor with single nonzero value, but got zero")
+                        raise RuntimeError(_dec.ambiguous_bool(fake.numel()))
+                    msg = a[1] if len(a) > 1 else kw.get("assert_msg",
+                                                         _dec.ASSERT_ASYNC_MESSAGE)
                     checks.append((read(a[0]).reshape(()) == 0, RuntimeError, msg))
                     env[n] = None
                     continue

@@ -58,11 +58,18 @@ def equal(a, b):
     return bool(torch.eq(a, b).all().item())
 
 
+ASSERT_ASYNC_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
+
+
+def ambiguous_bool(numel: int) -> str:
+    """PyTorch's error for the truth value of a tensor of ``numel != 1`` elements."""
+    return ("Boolean value of Tensor with "
+            f"{'no values' if numel == 0 else 'more than one value'} is ambiguous")
+
+
 def _assert_nonzero(t, message: str) -> None:
-    n = t.numel()
-    if n != 1:
-        raise RuntimeError("Boolean value of Tensor with "
-                           f"{'no values' if n == 0 else 'more than one value'} is ambiguous")
+    if t.numel() != 1:
+        raise RuntimeError(ambiguous_bool(t.numel()))
     if not bool(t.reshape(()).item()):
         raise RuntimeError(message)
 
@@ -73,7 +80,7 @@ def _assert_async(self):
     nonzero.  In eager mode it is checked at once (a sync point, as on CPU; CUDA checks
     it on the device).  Compiled graphs keep it whole and check it on the device
     (``compile.graph``): it raises at the next sync point."""
-    _assert_nonzero(self, "Expected Tensor with single nonzero value, but got zero")
+    _assert_nonzero(self, ASSERT_ASYNC_MESSAGE)
 
 
 @decomp(aten._assert_async.msg)
