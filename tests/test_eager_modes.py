@@ -201,3 +201,20 @@ def test_sync_site_skips_generated_code_frames():
     ns["read"](t)  # the generated frame's caller
     rows = torchtpu.explain_syncs()
     assert rows[0]["line"].endswith(f"{__file__}:{_line_of('the generated frame')}"), rows
+
+
+def test_sync_site_of_a_user_script_in_a_folder_named_torchtpu(tmp_path):
+    # a checkout named "torchtpu" holds the user's own code: its lines are user lines
+    import subprocess
+    import sys
+
+    d = tmp_path / "torchtpu"
+    d.mkdir()
+    script = d / "user.py"
+    script.write_text("import torch, torchtpu\nt = torch.ones(1, device='tpu')\n"
+                      "torchtpu.reset_metrics()\nt.item()\n"
+                      "print(torchtpu.explain_syncs()[0]['line'])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"{script}:4"

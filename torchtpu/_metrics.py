@@ -154,19 +154,23 @@ class Metrics:
         return d
 
 
-_INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}torchtpu{os.sep}", f"{os.sep}jax{os.sep}",
+_INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}jax{os.sep}",
              f"{os.sep}jaxlib{os.sep}", "<frozen ", f"{os.sep}numpy{os.sep}",
              f"{os.sep}contextlib.py", f"{os.sep}threading.py")
+# this package's own directory (not any path with a "torchtpu" folder in it: a user's
+# checkout named torchtpu holds the user's own code, tests and examples)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _user_line() -> str:
-    """"file:line" of the innermost frame outside torch, torchtpu, jax and numpy, and not
+    """"file:line" of the innermost frame outside torch, this package, jax and numpy, and not
     generated code (a ``"<string>"`` file: a dataclass method, an ``exec``-made wrapper
     some library installed), which no user can open."""
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith("<") and not any(p in fn for p in _INTERNAL):
+        if not fn.startswith("<") and not fn.startswith(_PACKAGE_DIR) \
+                and not any(p in fn for p in _INTERNAL):
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return "?"
