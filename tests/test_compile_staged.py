@@ -129,3 +129,31 @@ def test_bincount_of_an_empty_input_with_weights_is_int64_as_on_cpu(compiled):
         got, want = f(x.to(TPU), w.to(TPU)), fn(x, w)
         assert got.dtype == want.dtype
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_masked_assignment_checks_the_count_as_cpu():
+    # x[mask] = values with the wrong number of values: CPU raises "shape mismatch";
+    # the compiled graph wrote the first values silently
+    def put(x, v):
+        x[x > 0] = v
+        return x * 1
+
+    f = torch.compile(put, backend="tpu", fullgraph=True)
+    x, bad, good = torch.tensor([1.0, -1.0, 2.0]), torch.tensor([10.0, 20.0, 30.0]), \
+        torch.tensor([10.0, 20.0])
+    with pytest.raises(RuntimeError) as cpu:
+        put(x.clone(), bad)
+    with pytest.raises(RuntimeError) as tpu:
+        f(x.clone().to(TPU), bad.to(TPU))
+    assert str(tpu.value) == str(cpu.value)
+    torch.testing.assert_close(f(x.clone().to(TPU), good.to(TPU)).cpu(), put(x.clone(), good))
+    # a value that fits any count needs no count: the graph is not cut
+    before = torchtpu.metrics()["compile"]["staged_graphs"]
+
+    def zero(x):
+        x[x > 0] = 0.0
+        return x * 1
+
+    torch.testing.assert_close(torch.compile(zero, backend="tpu", fullgraph=True)(
+        x.clone().to(TPU)).cpu(), zero(x.clone()))
+    assert torchtpu.metrics()["compile"]["staged_graphs"] == before

@@ -13,6 +13,9 @@ such a graph is cut at those nodes (:class:`StagedGraph`):
   :class:`~torchtpu.compile.graph.GraphExecutable`; the unbacked sizes and values it reads
   arrive as concrete inputs, so it is compiled once per distinct concrete value
   (the same as ``dynamic=True`` graphs: one executable per concrete shape), and reused;
+* ``index_put`` with a boolean mask whose value's size must equal the mask's count of
+  True elements (``x[m] = y[m]``) is a sync node too: CPU's "shape mismatch" check needs
+  that count, which eager reads as well (``x[m] = 0`` stays compiled);
 * a **custom op** (``torch.library``, a namespace other than ``aten``/``prims``) without a
   lowering runs in eager mode the same way, through its own implementation for the
   device (as Inductor calls such an op as a fallback kernel);
@@ -60,11 +63,34 @@ def is_sync_node(n, table=None) -> bool:
             # a custom op (torch.library) without a lowering: opaque Python code, run
             # eagerly through its own implementation for the device
             return True
+        if t in _MASKED_PUTS and _mask_count_decides(n):
+            # x[mask] = values: CPU's shape check needs the mask's count (eager reads it)
+            return True
         if low is not None and low.dynamic_shape:
             v = n.meta.get("val")
             # (a CPU node runs on the host inside the executable's host part anyway)
             return not (isinstance(v, torch.Tensor) and v.device.type == "cpu")
     return False
+
+
+_MASKED_PUTS = {torch.ops.aten.index_put.default, torch.ops.aten._index_put_impl.default}
+
+
+def _mask_count_decides(n) -> bool:
+    """``index_put`` node ``n`` with a boolean mask whose value is right or wrong depending
+    on the mask's count (``ops.indexing.mask_count_decides``, on its fake tensors)."""
+    from torchtpu.ops.indexing import mask_count_decides
+
+    def fake(a):
+        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+    x, indices, values = (list(n.args) + [None] * 3)[:3]
+    if not isinstance(indices, (list, tuple)):
+        return False
+    try:
+        return mask_count_decides(fake(x), [fake(i) for i in indices], fake(values))
+    except Exception:  # noqa: BLE001 (symbolic sizes: leave the node compiled)
+        return False
 
 
 def _flexible(n) -> bool:

@@ -250,22 +250,36 @@ def _prepare_index_put(vals):
     return vals
 
 
-def _check_mask_value(x, indices, values) -> None:
-    """For one mask index: ``values`` must broadcast to the indexing result (see
-    :func:`_prepare_index_put`)."""
+def mask_count_decides(x, indices, values) -> bool:
+    """Whether ``index_put(x, indices, values)`` with one boolean mask among ``indices``
+    is right or wrong depending on the mask's count of True elements: the value's
+    dimension facing the count is not 1, or the value cannot be expanded whatever the
+    count.  Reads only shapes (fake tensors do).  Compiled graphs run such a node in
+    eager mode (``compile.staged``), as eager reads the count."""
     used = [i for i, t in enumerate(indices) if t is not None]
     if len(used) != 1 or not isinstance(values, torch.Tensor):
-        return
+        return False
     p = used[0]
     m = indices[p]
-    if m.dim() == 0:
-        return
+    if not _is_mask(m) or m.dim() == 0:
+        return False
     pre, trail = tuple(x.shape[:p]), tuple(x.shape[p + m.dim():])
     vshape = tuple(values.shape)
     cd = len(vshape) - len(trail) - 1  # the value's dimension facing the count
     k = vshape[cd] if cd >= 0 else 1
-    if k == 1 and _expandable(vshape, pre + (1,) + trail):
+    return not (k == 1 and _expandable(vshape, pre + (1,) + trail))
+
+
+def _check_mask_value(x, indices, values) -> None:
+    """For one mask index: ``values`` must broadcast to the indexing result (see
+    :func:`_prepare_index_put`)."""
+    if not mask_count_decides(x, indices, values):
         return  # right for any count: no sync
+    used = [i for i, t in enumerate(indices) if t is not None]
+    p = used[0]
+    m = indices[p]
+    pre, trail = tuple(x.shape[:p]), tuple(x.shape[p + m.dim():])
+    vshape = tuple(values.shape)
     count = int(m.count_nonzero().item())  # sync: the answer depends on the mask's values
     result = pre + (count,) + trail
     if not _expandable(vshape, result):
