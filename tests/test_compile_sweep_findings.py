@@ -458,3 +458,29 @@ def test_assert_async_in_eager_and_in_a_compiled_graph():
     # a device-side check in a graph: raised at the next sync point, naming the graph
     with pytest.raises(RuntimeError, match="graph says no"):
         g(x.to(TPU), 2.0).cpu()
+
+
+@torch.library.custom_op("torchtpu_test::add_into", mutates_args=("x",))
+def add_into(x: torch.Tensor, y: torch.Tensor) -> None:
+    x.add_(y)
+
+
+@add_into.register_fake
+def _(x, y):
+    return None
+
+
+def test_mutating_custom_op_inside_a_compiled_graph():
+    # PyTorch wraps it in auto_functionalized_v2, which had no lowering
+    def fn(x, y):
+        z = x.clone()
+        add_into(z, y)
+        add_into(x, z)  # a graph input mutated too
+        return z * 2
+
+    x, y = torch.ones(3), torch.arange(3.0)
+    xt = x.to(TPU)
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(xt, y.to(TPU))
+    want = fn(x, y)
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(xt.cpu(), x)

@@ -164,6 +164,9 @@ def _graph_to_data(gm) -> dict:
             t = n.target
             if isinstance(t, torch._ops.OpOverload):
                 t = ("op", t._schema.name, t._overloadname)
+            elif isinstance(t, torch._ops.HigherOrderOperator):
+                # (auto_functionalized around a mutating custom op...): not plain data
+                raise _bypass(f"a graph with the higher-order op {t.name()}")
             elif n.op == "call_function":
                 t = ("fn", t)
             nodes.append((n.op, n.name, t, ref(n.args), ref(n.kwargs),

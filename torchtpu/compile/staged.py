@@ -18,7 +18,8 @@ such a graph is cut at those nodes (:class:`StagedGraph`):
   that count, which eager reads as well (``x[m] = 0`` stays compiled);
 * a **custom op** (``torch.library``, a namespace other than ``aten``/``prims``) without a
   lowering runs in eager mode the same way, through its own implementation for the
-  device (as Inductor calls such an op as a fallback kernel);
+  device (as Inductor calls such an op as a fallback kernel), including one that mutates
+  its arguments (PyTorch's ``auto_functionalized`` wrapper around it);
 * scalar bookkeeping (SymInt arithmetic, ``sym_size``, PyTorch's runtime range asserts
   ``_assert_scalar`` / ``sym_constrain_range*``) joins whichever stretch it falls in; the
   asserts are checked on the concrete values.
@@ -53,7 +54,7 @@ def is_sync_node(n, table=None) -> bool:
     if n.op != "call_function":
         return False
     t = n.target
-    if n.meta.get("unbacked_bindings") or t is _LOCAL_SCALAR:
+    if n.meta.get("unbacked_bindings") or t is _LOCAL_SCALAR or t in _AUTO_FUNCTIONALIZED:
         return True
     if isinstance(t, torch._ops.OpOverload):
         table = ops.table() if table is None else table
@@ -73,6 +74,11 @@ def is_sync_node(n, table=None) -> bool:
     return False
 
 
+# a custom op that mutates its arguments, functionalized by PyTorch (the op on clones of
+# the mutated bases, which it returns): run eagerly like any custom op without a lowering
+_AUTO_FUNCTIONALIZED = {getattr(torch.ops.higher_order, n) for n in
+                        ("auto_functionalized", "auto_functionalized_v2")
+                        if hasattr(torch.ops.higher_order, n)}
 _MASKED_PUTS = {torch.ops.aten.index_put.default, torch.ops.aten._index_put_impl.default}
 
 
