@@ -157,3 +157,29 @@ def test_masked_assignment_checks_the_count_as_cpu():
     torch.testing.assert_close(torch.compile(zero, backend="tpu", fullgraph=True)(
         x.clone().to(TPU)).cpu(), zero(x.clone()))
     assert torchtpu.metrics()["compile"]["staged_graphs"] == before
+
+
+LAYOUT_CASES = {  # CPU lays these results out column-major (values as before)
+    "nonzero": lambda t: torch.nonzero(t),
+    "argwhere": lambda t: torch.argwhere(t),
+    "unique_dim1": lambda t: torch.unique(t, dim=1),
+    "unique_consecutive_dim2": lambda t: torch.unique_consecutive(t, dim=2),
+    "geqrf": lambda t: torch.geqrf(t.double())[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_CASES))
+def test_results_have_cpus_strides(name, eager_mode):
+    fn = LAYOUT_CASES[name]
+    for x in (torch.tensor([[[1, 0, 1], [3, 4, 3]], [[1, 0, 1], [3, 4, 3]]]),
+              torch.zeros(2, 3, 1, dtype=torch.long)):
+        if name == "geqrf":  # a (2, 3) and a batched (2, 3, 1) matrix
+            x = x[0] + torch.eye(2, 3, dtype=torch.long) if x.shape[-1] == 3 else x + 1
+        want = fn(x)
+        got = fn(x.to(TPU))
+        assert got.stride() == want.stride() and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want)
+        compiled = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU))
+        assert compiled.stride() == want.stride()
+        torch.testing.assert_close(compiled.cpu(), want)
+        torch._dynamo.reset()

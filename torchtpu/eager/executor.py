@@ -798,6 +798,23 @@ class LoweredPlan:
         ex.jitted = jitted
         return ex
 
+    def _laid_out(self, vals, i, r, index):
+        """Result ``i`` (array ``r``) as a tensor whose dimensions lie in memory in the
+        order ``Lowering.layout`` gives (CPU's), the values unchanged: a storage holding
+        ``r`` permuted to that order, viewed back with the matching strides."""
+        jax = runtime.jax()
+        order = self.lowering.layout(vals, i, tuple(r.shape))
+        if order is None or list(order) == list(range(r.ndim)):
+            return _st.wrap(jax.device_put(r, runtime.jax_device(index)), index)
+        base = _st.wrap(jax.device_put(jax.numpy.transpose(r, order),
+                                       runtime.jax_device(index)), index)
+        strides = [0] * r.ndim
+        step = 1
+        for d in reversed(order):
+            strides[d] = step
+            step *= r.shape[d]
+        return base.as_strided(tuple(r.shape), tuple(strides), 0)
+
     def _run_dynamic(self, vals):
         """Data-dependent output shapes: run on concrete arrays (a sync point)."""
         M.sync("data_dependent_shape:" + self.op._schema.name.split("::")[-1])
@@ -826,7 +843,11 @@ class LoweredPlan:
             res = self.lowering.fn(*largs[: len(self.fsig.args)])
         if not isinstance(res, (tuple, list)):
             res = (res,)
-        outs = [_st.wrap(runtime.jax().device_put(r, runtime.jax_device(index)), index) for r in res]
+        if self.lowering.layout is not None:  # CPU's memory order (nonzero: column-major)
+            outs = [self._laid_out(vals, i, r, index) for i, r in enumerate(res)]
+        else:
+            outs = [_st.wrap(runtime.jax().device_put(r, runtime.jax_device(index)), index)
+                    for r in res]
         if self.sig.out_args:
             targets = [vals[i] for i in self.sig.out_args]
             for o in targets:  # as CUDA: out= on another device is an error, not a copy

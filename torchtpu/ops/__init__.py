@@ -62,6 +62,10 @@ class Lowering:
             arguments as meta tensors, for ops whose PyTorch meta kernel refuses calls
             the op accepts on CPU (``_grouped_mm`` in float32): the eager executor uses
             it instead of that kernel.
+        layout: for ``dynamic_shape`` ops whose CPU results are not row-major
+            (``nonzero``'s are column-major): ``(vals, i, shape) -> order``, the order
+            in which result ``i``'s dimensions lie in memory, outermost first (a
+            permutation of its dimensions), or None for row-major.
     """
 
     fn: Callable
@@ -72,18 +76,19 @@ class Lowering:
     out_dtypes: Callable | None = None
     precision: bool = False
     meta: Callable | None = None
+    layout: Callable | None = None
 
 
 LOWERINGS: dict = {}
 
 
 def lower(*ops, random=False, dynamic_shape=False, static_scalars=False, prepare=None,
-          out_dtypes=None, precision=False, meta=None):
+          out_dtypes=None, precision=False, meta=None, layout=None):
     """Decorator registering ``fn`` as the lowering of each ATen overload in ``ops``."""
 
     def deco(fn):
         entry = Lowering(fn, random, dynamic_shape, static_scalars, prepare, out_dtypes,
-                         precision, meta)
+                         precision, meta, layout)
         for op in ops:
             if op in LOWERINGS:
                 raise RuntimeError(f"torchtpu: two lowerings for {op}")

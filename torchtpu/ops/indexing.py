@@ -935,7 +935,23 @@ def _prepare_masked_select(vals):
     return vals
 
 
-@lower(aten.nonzero.default, dynamic_shape=True, prepare=_prepare_nonzero)
+def _column_major(vals, i, shape):
+    """``Lowering.layout`` of ``nonzero`` / ``argwhere``: CPU's (n, d) result is
+    column-major (strides (1, n))."""
+    return (1, 0)
+
+
+def _unique_dim_layout(vals, i, shape):
+    """``Lowering.layout`` of ``unique(dim=)``: CPU computes the unique slices with ``dim``
+    first and moves it back, so ``dim`` is outermost in memory (the values only)."""
+    if i != 0 or len(shape) < 2:
+        return None
+    d = vals[1] % len(shape)
+    return (d,) + tuple(k for k in range(len(shape)) if k != d)
+
+
+@lower(aten.nonzero.default, dynamic_shape=True, prepare=_prepare_nonzero,
+       layout=_column_major)
 def nonzero(x):
     a = np.asarray(x)
     if a.ndim == 0:
@@ -943,7 +959,7 @@ def nonzero(x):
     return _i64(np.stack(np.nonzero(a), axis=1) if a.size else np.zeros((0, a.ndim)))
 
 
-@lower(aten.argwhere.default, dynamic_shape=True)
+@lower(aten.argwhere.default, dynamic_shape=True, layout=_column_major)
 def argwhere(x):
     return nonzero(x)
 
@@ -983,7 +999,15 @@ def _unique(x, sorted=True, return_inverse=False):
     return jnp().asarray(u), jnp().asarray(inv)
 
 
-@lower(aten.unique_consecutive.default, dynamic_shape=True)
+def _unique_consecutive_layout(vals, i, shape):
+    """``Lowering.layout`` of ``unique_consecutive``: with a ``dim``, as ``unique(dim=)``."""
+    if vals[3] is None:
+        return None
+    return _unique_dim_layout([vals[0], vals[3]], i, shape)
+
+
+@lower(aten.unique_consecutive.default, dynamic_shape=True,
+       layout=_unique_consecutive_layout)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     a = np.asarray(x)
     if dim is not None:
@@ -1084,7 +1108,7 @@ def _unique_dim_np(a, dim, consecutive):
     return u, inv.astype(np.int64), cnt.astype(np.int64)
 
 
-@lower(aten.unique_dim.default, dynamic_shape=True)
+@lower(aten.unique_dim.default, dynamic_shape=True, layout=_unique_dim_layout)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
     u, inv, cnt = _unique_dim_np(np.asarray(x), dim, False)
     j = jnp()
@@ -1092,7 +1116,7 @@ def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
             j.asarray(cnt if return_counts else np.zeros((0,), np.int64)))
 
 
-@lower(aten.unique_dim_consecutive.default, dynamic_shape=True)
+@lower(aten.unique_dim_consecutive.default, dynamic_shape=True, layout=_unique_dim_layout)
 def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
     u, inv, cnt = _unique_dim_np(np.asarray(x), dim, True)
     j = jnp()

@@ -607,7 +607,16 @@ def linalg_cross(a, b, dim=-1):
     return j.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=d)
 
 
-@lower(aten.geqrf.default, dynamic_shape=True)
+def _geqrf_layout(vals, i, shape):
+    """``Lowering.layout`` of ``geqrf``: CPU's factor is column-major per matrix (LAPACK),
+    its ``tau`` row-major."""
+    if i != 0:
+        return None
+    n = len(shape)
+    return tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+@lower(aten.geqrf.default, dynamic_shape=True, layout=_geqrf_layout)
 def geqrf(A):
     j = jnp()
     m, n = A.shape[-2:]
