@@ -296,18 +296,6 @@ def _concrete_metas(gm, placeholders, args) -> dict:
             n.meta["val"] = v
 
 
-def _unbacked(val) -> str:
-    """The unbacked SymInts (sizes read from tensor values: ``u0``...) of a node's fake
-    value, as text; empty when it has none."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-        syms = free_unbacked_symbols(val)
-    except Exception:
-        return ""
-    return ", ".join(sorted(map(str, syms)))
-
-
 def _geometry_differs(placeholders, args) -> bool:
     """A tpu input whose strides or storage offset differ from its placeholder's fake
     tensor (AOTAutograd restrides a backward's tangents at run time to the forward
@@ -325,14 +313,13 @@ def _geometry_differs(placeholders, args) -> bool:
     return False
 
 
-def check_graph(gm, staged: bool = False) -> None:
+def check_graph(gm) -> None:
     """Raise ``NotImplementedError`` naming the first op of ``gm`` that has no lowering
     (nor a view / uninitialized-memory / host meaning), or whose lowering needs concrete
-    values because its output shape depends on them (``dynamic_shape``: ``nonzero``,
-    ``masked_select``, ``repeat_interleave(Tensor)``...), or whose result's size or offset
-    is an unbacked SymInt (read from a tensor's values), before anything is compiled.
-    ``staged``: ``gm`` is a stretch of a graph cut at its sync nodes
-    (:mod:`torchtpu.compile.staged`), whose unbacked sizes arrive as concrete inputs."""
+    values (``dynamic_shape``: ``nonzero``, ``masked_select``...; ``compile.staged`` runs
+    those eagerly, so none should reach here), before anything is compiled.  Sizes read
+    from tensor values (unbacked SymInts) are fine: they arrive as concrete inputs (one
+    executable per concrete value)."""
     table = ops.table()
     for n in gm.graph.nodes:
         if n.op != "call_function":
@@ -359,12 +346,6 @@ def check_graph(gm, staged: bool = False) -> None:
                 f"run inside a torch.compile graph on the tpu device (node {n.name}): one XLA "
                 f"executable has static shapes.  Call it outside the compiled function (or "
                 f"after torch._dynamo.graph_break()), where eager runs it")
-        if _unbacked(val) and not staged:
-            raise NotImplementedError(
-                f"torchtpu: the ATen op '{t}' in a torch.compile graph on the tpu device "
-                f"(node {n.name}) has a size or offset that depends on tensor values "
-                f"({_unbacked(val)}): one XLA executable has static shapes.  Compute it "
-                f"outside the compiled function")
         if t in table or t in _EMPTY or t is aten.copy_.default or t is aten._unsafe_view.default \
                 or t is aten.lift_fresh_copy.default or _sig(t).is_view:
             continue
@@ -445,10 +426,10 @@ class GraphExecutable:
 
     _boxed_call = True
 
-    def __init__(self, gm, name: str, dump_prefix: str | None = None, staged: bool = False):
+    def __init__(self, gm, name: str, dump_prefix: str | None = None):
         # effect-token checks (linalg's ``info``) become host steps after the executable
         self.effects = strip_effects(gm) + check_errors_effects(gm)
-        check_graph(gm, staged)
+        check_graph(gm)
         self.gm = gm
         self.name = name
         # TORCHTPU_DUMP_DIR: "<dir>/graph_NNN.<kind>"; each executable's StableHLO goes to

@@ -37,8 +37,7 @@ import torch
 
 from torchtpu import _metrics, ops
 from torchtpu.compile import collectives as _coll
-from torchtpu.compile.graph import (_SYM_OPS, SCALAR_ASSERTS, GraphExecutable, _is_sym_fn,
-                                    _unbacked)
+from torchtpu.compile.graph import _SYM_OPS, SCALAR_ASSERTS, GraphExecutable, _is_sym_fn
 
 M = _metrics.METRICS
 # namespaces whose ops the graph compiler handles itself (functional collectives are
@@ -116,10 +115,9 @@ def build(gm, name: str, dump_prefix: str | None = None):
     sync nodes, else one :class:`~torchtpu.compile.graph.GraphExecutable`."""
     if needs_staging(gm):
         return StagedGraph(gm, name, dump_prefix)
-    # no sync node, but sizes read from tensor values arrive as inputs (a backward graph
-    # of a forward that had sync nodes): compiled per concrete value, like a stretch
-    unbacked = any(_unbacked(n.meta.get("val")) for n in gm.graph.nodes)
-    return GraphExecutable(gm, name, dump_prefix=dump_prefix, staged=unbacked)
+    # (sizes read from tensor values may still arrive as inputs -- a backward graph of a
+    # forward that had sync nodes --: compiled per concrete value, like a stretch)
+    return GraphExecutable(gm, name, dump_prefix=dump_prefix)
 
 
 class _Stage(torch.nn.Module):
@@ -184,7 +182,7 @@ class StagedGraph:
                 out.args = ((out.args[0],),)
                 sub.recompile()
             prefix = f"{dump_prefix}.stage{p}" if dump_prefix is not None else None
-            ex = GraphExecutable(sub, f"{name}.stage{p}", dump_prefix=prefix, staged=True)
+            ex = GraphExecutable(sub, f"{name}.stage{p}", dump_prefix=prefix)
             setattr(split, attr, _Stage(ex, single))
         self.split = split
         M.compile["staged_graphs"] += 1
