@@ -373,6 +373,17 @@ def test_as_strided_scatter_inside_a_compiled_graph(case):
     torch.testing.assert_close(got.cpu(), want)
 
 
+def test_as_strided_scatter_onto_a_self_overlapping_target_raises_as_cpu():
+    # a stride-0 dim of size > 1 in the target: CPU's copy_ refuses to write it
+    fn = lambda b, s: torch.as_strided_scatter(b, s, (2, 3), (0, 1))  # noqa: E731
+    b, s = torch.arange(12.0), torch.arange(6.0).reshape(2, 3) + 100
+    with pytest.raises(RuntimeError) as cpu_err:
+        fn(b, s)
+    with pytest.raises(RuntimeError) as tpu_err:
+        torch.compile(fn, backend="tpu", fullgraph=True)(b.to(TPU), s.to(TPU))
+    assert str(cpu_err.value) in str(tpu_err.value)
+
+
 _lib = torch.library.Library("torchtpu_test", "FRAGMENT")
 
 

@@ -179,3 +179,82 @@ def test_host_reads_of_views_of_small_storages_match_cpu(dtype, eager_mode):
     t[2].fill_(1)
     base[2].fill_(1)
     assert torch.equal(t[:, 1].cpu(), base[:, 1])
+
+
+def _random_view(rng, x):
+    """A view of ``x`` made of the slicing a user writes: select, narrow with a step,
+    transpose, unsqueeze."""
+    v = x
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.choice(["select", "slice", "transpose", "unsqueeze"])
+        if kind == "select" and v.dim() > 0 and v.shape[0] > 0:
+            d = rng.randrange(v.dim())
+            v = v.select(d, rng.randrange(v.shape[d])) if v.shape[d] else v
+        elif kind == "slice" and v.dim() > 0:
+            d = rng.randrange(v.dim())
+            n = v.shape[d]
+            start = rng.randrange(n) if n else 0
+            stop = rng.randint(start, n)
+            idx = [slice(None)] * v.dim()
+            idx[d] = slice(start, stop, rng.choice([1, 1, 2, 3]))
+            v = v[tuple(idx)]
+        elif kind == "transpose" and v.dim() > 1:
+            a, b = rng.sample(range(v.dim()), 2)
+            v = v.transpose(a, b)
+        elif kind == "unsqueeze":
+            v = v.unsqueeze(rng.randrange(v.dim() + 1))
+    return v
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_box_views_read_and_write_as_cpu(seed, eager_mode):
+    """Random views of 1-3-D storages (including dims of size 1), read and written with
+    an in-place op, equal CPU: boxes of the storage array read by ``dynamic_slice`` and
+    written by ``dynamic_update_slice`` (``storage._WINDOWS``), the rest through the flat
+    storage.  Also ``as_strided`` boxes that wrap past a row's end (not boxes)."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(25):
+        shape = tuple(rng.choice([1, 2, 3, 5, 8]) for _ in range(rng.randint(1, 3)))
+        base = torch.randn(shape)
+        xc, xt = base.clone(), base.to("tpu")
+        for _ in range(4):
+            state = rng.getstate()
+            vc = _random_view(rng, xc)
+            rng.setstate(state)
+            vt = _random_view(rng, xt)
+            assert vt.shape == vc.shape and vt.stride() == vc.stride()
+            torch.testing.assert_close((vt * 2 + 1).cpu(), vc * 2 + 1)
+            k = rng.random()
+            vc.add_(k)
+            vt.add_(k)
+            torch.testing.assert_close(xt.cpu(), xc)
+    # (2, 3) boxes at every offset of a (4, 7) storage: from offset 5 on a row they wrap
+    xc = torch.arange(28.0).reshape(4, 7)
+    xt = xc.to("tpu")
+    for off in range(0, 28 - 10):
+        vc = torch.as_strided(xc, (2, 3), (7, 1), off)
+        vt = torch.as_strided(xt, (2, 3), (7, 1), off)
+        torch.testing.assert_close(vt.cpu(), vc)
+        torch.testing.assert_close((vt + 0).cpu(), vc + 0)
+        vc.mul_(1.5)
+        vt.mul_(1.5)
+        torch.testing.assert_close(xt.cpu(), xc)
+
+
+def test_box_writes_compile_once_per_geometry(eager_mode):
+    """``x0[:, j, :] = src[:, i, :]`` (PyTorch's index_copy test) over every ``j``: one
+    executable, CPU's values."""
+    src = torch.randn(5, 60, 3)
+    ref = torch.zeros(5, 20 + len(str(eager_mode)), 3)
+    x, s = ref.to("tpu"), src.to("tpu")
+    x[:, 0, :] = s[:, 0, :]
+    ref[:, 0, :] = src[:, 0, :]
+    before = _misses()
+    for i in range(1, 60):
+        j = (7 * i) % ref.shape[1]
+        x[:, j, :] = s[:, i, :]
+        ref[:, j, :] = src[:, i, :]
+    assert _misses() - before == 0, "a new executable per box position"
+    torch.testing.assert_close(x.cpu(), ref)

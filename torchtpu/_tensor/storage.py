@@ -379,8 +379,97 @@ def dynamic_view_spec(t: torch.Tensor, sd: StorageData, offs: list):
     if off > limit:
         _check_bounds(size, stride, off, dtype, math.prod(sd.shape) * sd.dtype.itemsize)
     k = len(offs)
+    if dtype is sd.dtype:
+        win = _WINDOWS.get(base, -1)
+        if win == -1:
+            win = _window_plan(size, stride, sd.shape)
+            if len(_WINDOWS) > 100_000:
+                _WINDOWS.clear()
+            _WINDOWS[base] = win
+        if win is not None:
+            starts = _window_starts(off, sd.shape, win)
+            if starts is not None:
+                offs.extend(starts)
+                return (size, dtype, stride, ("w", k)) + tail
     offs.append(off)
     return (size, dtype, stride, _MARKS[k] if k < 64 else ("o", k)) + tail
+
+
+# A view that is a box of its storage array's own (row-major) index space, such as
+# ``x[:, j]`` or ``x[i, 1:3]`` of a storage of ``x``'s shape, is read with a
+# ``dynamic_slice`` and written with a ``dynamic_update_slice`` on the storage array
+# itself, at start indices passed at run time: XLA then updates a donated storage in
+# place and moves only the box's elements.  The flat form (a gather/scatter over the
+# flattened storage) made XLA:CPU copy the storage and split 15-element gathers over
+# threads: ~45 us per ``x0[:, j, :] = src[:, i, :]`` against ~30 us now.  The spec then
+# holds ``("w", k)`` where the offset would be, and ``offs[k: k + storage ndim]`` hold
+# the box's start indices.
+_WINDOWS: dict = {}  # offset-free spec -> window plan or None
+
+
+def _window_plan(size, stride, sshape):
+    """``(box, dims)`` when every non-unit dim ``i`` of a view of ``size``/``stride`` steps
+    along its own dim ``dims[i]`` of a row-major storage array of shape ``sshape``
+    (``box``: the box's extent per storage dim), else None.  Unit view dims map to no
+    storage dim (``dims[i]`` is None)."""
+    if not sshape:
+        return None
+    nat = contiguous_strides(sshape)
+    box = [1] * len(sshape)
+    dims = []
+    for n, s in zip(size, stride):
+        if n == 1:
+            dims.append(None)
+            continue
+        d = next((d for d in range(len(sshape)) if nat[d] == s and sshape[d] > 1), None)
+        if d is None or box[d] != 1 or n > sshape[d]:
+            return None
+        box[d] = n
+        dims.append(d)
+    return tuple(box), tuple(dims), nat
+
+
+def _window_starts(off, sshape, win):
+    """The box's start index per storage dim for storage offset ``off``, or None when
+    the box would wrap past the end of a storage dim (then it is no box)."""
+    box, _, nat = win
+    starts = []
+    for n, b, st in zip(sshape, box, nat):
+        q, off = divmod(off, st)
+        if q + b > n:
+            return None
+        starts.append(q)
+    return starts
+
+
+def _read_window(arr, size, stride, offs, k):
+    """Traced: the elements of a window view (see ``_WINDOWS``) of storage array ``arr``."""
+    lax = runtime.jax().lax
+    jnp = runtime.jax().numpy
+    box, dims, _ = _window_plan(size, stride, arr.shape)
+    starts = [offs[k + d] for d in range(arr.ndim)]
+    x = lax.dynamic_slice(arr, starts, box)
+    mapped = [d for d in dims if d is not None]
+    order = sorted(mapped)
+    x = x.reshape([box[d] for d in order])
+    if mapped != order:
+        x = jnp.transpose(x, [order.index(d) for d in mapped])
+    return x.reshape(size)
+
+
+def _write_window(arr, size, stride, offs, k, value):
+    """Traced: storage array ``arr`` after writing ``value`` (of ``size``) through a
+    window view (see ``_WINDOWS``)."""
+    lax = runtime.jax().lax
+    jnp = runtime.jax().numpy
+    box, dims, _ = _window_plan(size, stride, arr.shape)
+    starts = [offs[k + d] for d in range(arr.ndim)]
+    mapped = [d for d in dims if d is not None]
+    order = sorted(mapped)
+    v = value.reshape([box[d] for d in mapped])
+    if mapped != order:
+        v = jnp.transpose(v, [mapped.index(d) for d in order])
+    return lax.dynamic_update_slice(arr, v.reshape(box).astype(arr.dtype), starts)
 
 
 def _offset_limit(size, dtype, stride, sshape, sdtype):
@@ -513,6 +602,8 @@ def read_view(arr, spec, offs=None):
     if math.prod(size) == 0:
         return jnp.zeros(size, flat.dtype)
     dynamic = offset.__class__ is not int
+    if dynamic and offset[0] == "w" and dtype is sdtype:
+        return _read_window(arr, size, stride, offs, offset[1])
     if dynamic:  # checked on the host by dynamic_view_spec
         offset = offs[offset[1]]
     else:
@@ -604,6 +695,8 @@ def write_view(arr, spec, value, offs=None):
         new = write_view(flat, (size, dtype, stride, offset, flat.shape, dtype), value, offs)
         back = _bitcast(new, sdtype)
         return back.reshape(arr.shape)
+    if dynamic and offset[0] == "w":
+        return _write_window(arr, size, stride, offs, offset[1], value)
     if dynamic:
         offset = offs[offset[1]]
     flat = arr.reshape(-1)

@@ -136,11 +136,18 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     of a clone, which AOTAutograd's functional graphs refuse; here the write is a
     functional ``index_put`` at the storage positions the geometry addresses.  Same
     result: ``self``'s storage copied, ``src`` at ``as_strided(size, stride,
-    storage_offset)`` of it, returned with ``self``'s sizes, strides and offset."""
+    storage_offset)`` of it, returned with ``self``'s sizes, strides and offset.  A target
+    geometry with a stride-0 dimension of size > 1 raises CPU's RuntimeError ("more than
+    one element of the written-to tensor refers to a single memory location")."""
     from torchtpu.ops.decomp_overrides import check_scatter_src
+
+    from torchtpu._tensor.overlap import INTERNAL_MSG
 
     size, stride = list(size), list(stride)
     check_scatter_src(src, size)
+    if any(st == 0 and n > 1 for n, st in zip(size, stride)):
+        # eager's copy_ into the target view refuses it (at::assert_no_internal_overlap)
+        raise RuntimeError(INTERNAL_MSG)
     if torch._debug_has_internal_overlap(self) == 1:
         base = self.clone()  # as PyTorch does for a self that overlaps itself
         shape, strides, offset = base.shape, base.stride(), 0
