@@ -6,7 +6,7 @@ included, and call ops our lowering table has.  AOTAutograd's trace keeps them w
 (they have their own autograd formulas), and PyTorch ships no Python decomposition for
 them, so a graph holding one would name an op without a lowering.  Each function below
 computes what the C++ kernel computes, from the same sub-ops, in the same order where the
-order decides rounding; ``torchtpu.compile.backend.decompositions`` adds them to the set
+order decides rounding; ``torchtpu.compile.decompositions.decompositions`` adds them to the set
 AOTAutograd applies.
 
 - ``linalg_pinv.atol_rtol_tensor`` (``torch.linalg.pinv``, ``torch.pinverse``): the

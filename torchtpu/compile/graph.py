@@ -25,6 +25,7 @@ as an input, so masks change between calls and ``torch.manual_seed`` replays the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import operator
 import sys
@@ -37,6 +38,8 @@ from torchtpu import _metrics, ops
 from torchtpu._device import persistent_cache, runtime, state
 from torchtpu._tensor import storage as _st
 from torchtpu.compile import collectives as _coll
+from torchtpu.compile import executable_cache
+from torchtpu.compile.decompositions import ASSERT_ASYNC
 from torchtpu.ops._scalar import Scalar, register_pytree
 from torchtpu.ops._schema import (
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, T, T_LIST, Signature, call_lowering, flatten,
@@ -48,6 +51,8 @@ _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.comp
 # uninitialized memory: any value is right; zeros
 _EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
           aten.new_empty.default, aten.new_empty_strided.default, aten.empty_permuted.default}
+# numbers compiled graphs' names (forward0, backward1, ...)
+graph_ids = itertools.count()
 _SIGS: dict = {}
 
 
@@ -256,9 +261,6 @@ def _scalar_asserts() -> set:
 SCALAR_ASSERTS = _scalar_asserts()
 
 
-# torch._assert_async(t[, msg]) in a graph: a device-side check (raised at the next sync
-# point, as CUDA's device asserts), not eager's host read
-ASSERT_ASYNC = {aten._assert_async.default, aten._assert_async.msg}
 
 
 def _is_sym_fn(t) -> bool:
@@ -778,12 +780,10 @@ class GraphExecutable:
         else:
             meta = {n: n.meta.get("val") for n in self.nodes}
             if self.dump_prefix is None and self.group is None and not self.effects:
-                # the on-disk executable cache (torchtpu.compile.graph_cache): a second
+                # the on-disk executable cache (torchtpu.compile.executable_cache): a second
                 # process loads the executable and skips the JAX trace and lowering
-                from torchtpu.compile import graph_cache
-
-                store = graph_cache.executable_path(self, key, donate)
-                rec = graph_cache.load_executable(store, index) if store else None
+                store = executable_cache.executable_path(self, key, donate)
+                rec = executable_cache.load_executable(store, index) if store else None
                 if rec is not None:
                     compiled, result, used = rec
                     c["executables"] += 1
@@ -1067,7 +1067,7 @@ class GraphExecutable:
         M.compiles += 1
         M.compile_seconds += t2 - t0
         if store is not None:
-            graph_cache.save_executable(store, compiled, result, donate)
+            executable_cache.save_executable(store, compiled, result, donate)
         return self._finish(compiled, result, split, meta)
 
     def _finish(self, compiled, result, split, meta):

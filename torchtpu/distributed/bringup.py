@@ -205,9 +205,10 @@ def select_device(device=None) -> int:
     return index
 
 
-def share_devices(store, rank: int, world_size: int, index: int, timeout) -> None:
+def share_devices(store, rank: int, world_size: int, index: int, timeout) -> bool:
     """Publish this process's collective device (``tpu:index``) in the default group's
-    store and read every rank's, for :func:`process_devices`."""
+    store and read every rank's, for :func:`process_devices`.  Returns True when the
+    ranks' devices changed (programs built for the old ones must then be dropped)."""
     dev = runtime.jax_device(index)
     if world_size == 1:
         mapping = {runtime.jax().process_index(): dev.id}
@@ -216,11 +217,10 @@ def share_devices(store, rank: int, world_size: int, index: int, timeout) -> Non
         keys = [f"tpu_dist/device/{r}" for r in range(world_size)]
         store.wait(keys, timeout)
         mapping = {r: int(store.get(k)) for r, k in enumerate(keys)}
-    if _state.get("devices") != mapping:
-        _state["devices"] = mapping
-        from torchtpu.distributed import collectives
-
-        collectives.clear_caches()
+    if _state.get("devices") == mapping:
+        return False
+    _state["devices"] = mapping
+    return True
 
 
 def process_devices() -> dict:

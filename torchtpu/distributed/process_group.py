@@ -278,7 +278,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if not ranks:
             bringup.ensure(opts.store, opts.group_rank, opts.group_size, timeout)
             index = bringup.select_device(device)
-            bringup.share_devices(opts.store, opts.group_rank, opts.group_size, index, timeout)
+            if bringup.share_devices(opts.store, opts.group_rank, opts.group_size, index,
+                                     timeout):
+                collectives.clear_caches()
             ranks = list(range(opts.group_size))
         return cls(opts.store, opts.group_rank, opts.group_size, ranks, timeout)
 

@@ -1,0 +1,130 @@
+"""The decomposition set AOTAutograd applies to graphs for the ``"tpu"`` backend.
+
+One place for which ATen ops a compiled graph keeps whole (those with a lowering, view
+ops, the graph-handled ``_assert_async``) and which it decomposes (PyTorch's Core ATen
+decompositions, overridden by the eager ones and the graph-only composites).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+aten = torch.ops.aten
+
+# torch._assert_async(t[, msg]) in a graph: a device-side check (raised at the next sync
+# point, as CUDA's device asserts), not eager's host read (``graph.GraphExecutable``)
+ASSERT_ASYNC = {aten._assert_async.default, aten._assert_async.msg}
+
+
+# Ops FakeTensorMode must see whole: a constant (torch.tensor(...) in a graph) is a real
+# tensor lifted into the fake world by lift_fresh; its "decomposition" to alias would hand
+# the real tensor to a fake kernel.
+_KEEP = {"aten::lift_fresh", "aten::lift_fresh_copy"}
+
+
+@functools.lru_cache(maxsize=None)
+def decompositions() -> dict:
+    """The decompositions AOTAutograd applies: torchtpu's decomposition set (the same one
+    eager consults, ``ops.decomp_overrides.decompositions()``) over PyTorch's Core ATen
+    decompositions (``torch._decomp.core_aten_decompositions()``: ops such as
+    ``new_ones`` that eager never receives because PyTorch decomposes them above the
+    backend, but that AOTAutograd's trace keeps), minus the ops the lowering table has
+    (those stay whole: one lowering instead of its pieces) and minus view ops (see
+    :func:`_is_view_op`)."""
+    from torch._decomp import core_aten_decompositions
+
+    from torchtpu import ops
+    from torchtpu.compile import composites
+    from torchtpu.ops import decomp_overrides
+
+    table = ops.table()
+    d = dict(core_aten_decompositions())
+    d.update(decomp_overrides.decompositions())
+    d.update(_random_factories())
+    d.update(composites.decompositions())  # (replaces eager's mutating as_strided_scatter)
+    return {op: fn for op, fn in d.items()
+            if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
+            and not _is_view_op(op) and op not in ASSERT_ASYNC}
+
+
+def _random_factories() -> dict:
+    """Graph-only decompositions of the random factories (``randn``, ``rand``, ``randint``
+    and their ``_like`` forms), which AOTAutograd keeps whole (eager mode never receives
+    them: PyTorch builds them from ``empty`` and an in-place draw above the backend) into
+    the functional draws the lowering table has (``normal.float_float``, ``uniform``,
+    ``random.to``), drawn from the graph's tpu generator state like every random node."""
+    aten = torch.ops.aten
+
+    def _kw(dtype, layout, device, pin_memory, like=None):
+        if dtype is None:
+            dtype = like.dtype if like is not None else torch.get_default_dtype()
+        if device is None:
+            device = like.device if like is not None else None
+        return dict(dtype=dtype, layout=layout or torch.strided, device=device,
+                    pin_memory=bool(pin_memory))
+
+    def randn(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return aten.normal.float_float(0.0, 1.0, size,
+                                       **_kw(dtype, layout, device, pin_memory))
+
+    def rand(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        kw = _kw(dtype, layout, device, pin_memory)
+        return aten.uniform.default(aten.empty.memory_format(size, **kw), 0.0, 1.0)
+
+    def _between(empty, low, high):
+        # (random.to, not random.from: FX's generated code cannot name an overload "from")
+        r = aten.random.to(empty, high - low)
+        return r if low == 0 else aten.add.Tensor(r, low)
+
+    def randint_low(low, high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        kw = _kw(dtype or torch.int64, layout, device, pin_memory)
+        return _between(aten.empty.memory_format(size, **kw), low, high)
+
+    def randint(high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+        return randint_low(0, high, size, dtype=dtype, layout=layout, device=device,
+                           pin_memory=pin_memory)
+
+    def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
+                   memory_format=None):
+        return aten.normal.float_float(0.0, 1.0, list(x.shape),
+                                       **_kw(dtype, layout, device, pin_memory, x))
+
+    def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
+                  memory_format=None):
+        kw = _kw(dtype, layout, device, pin_memory, x)
+        return aten.uniform.default(aten.empty.memory_format(list(x.shape), **kw), 0.0, 1.0)
+
+    def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None,
+                         pin_memory=None, memory_format=None):
+        kw = _kw(dtype, layout, device, pin_memory, x)
+        return _between(aten.empty.memory_format(list(x.shape), **kw), low, high)
+
+    def randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None,
+                     memory_format=None):
+        return randint_like_low(x, 0, high, dtype=dtype, layout=layout, device=device,
+                                pin_memory=pin_memory)
+
+    out = {aten.randn.default: randn, aten.rand.default: rand,
+           aten.randint.default: randint, aten.randint.low: randint_low,
+           aten.randn_like.default: randn_like, aten.rand_like.default: rand_like,
+           aten.randint_like.default: randint_like}
+    low_like = getattr(aten.randint_like, "low_dtype", None)
+    if low_like is not None:
+        out[low_like] = randint_like_low
+    return out
+
+
+def _is_view_op(op) -> bool:
+    """View ops stay whole: the graph reads them through their fake tensors' geometry,
+    re-derived from the actual inputs when those differ (``graph._geometry_differs``).
+    Their decompositions bake the traced input's geometry in as constants
+    (``slice.Tensor`` -> ``as_strided(x, ..., x.storage_offset() + start)``), and Dynamo
+    does not guard on storage offsets: ``f(x[1])`` after ``f(x[0])`` read row 0."""
+    from torchtpu.ops._schema import Signature
+
+    try:
+        return isinstance(op, torch._ops.OpOverload) and Signature(op).is_view
+    except Exception:
+        return False
