@@ -495,3 +495,28 @@ def test_mutating_custom_op_inside_a_compiled_graph():
     want = fn(x, y)
     torch.testing.assert_close(got.cpu(), want)
     torch.testing.assert_close(xt.cpu(), x)
+
+
+@pytest.mark.parametrize("case", ["zeros_like", "new_empty_strided", "full_like_and_tpu",
+                                  "ones_like_of_intermediate"])
+def test_cpu_factories_from_tpu_values_inside_a_compiled_graph(case):
+    # zeros_like(x, device="cpu") reads only x's geometry: it runs on the host with a
+    # stand-in of that geometry instead of refusing to move a tpu value to the CPU
+    fns = {"zeros_like": lambda x: torch.zeros_like(x, device="cpu"),
+           "new_empty_strided": lambda x: x.new_empty_strided((2, 3), (1, 2), device="cpu")
+           .fill_(1.5).stride(),
+           "full_like_and_tpu": lambda x: (torch.full_like(x, 3.0, device="cpu"), x + 1),
+           "ones_like_of_intermediate": lambda x: torch.ones_like(x.t() * 2, device="cpu")}
+    fn = fns[case]
+    x = torch.randn(2, 3)
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU))
+    want = fn(x)
+    for i, (g, w) in enumerate(zip(got if isinstance(got, tuple) else (got,),
+                                   want if isinstance(want, tuple) else (want,))):
+        if isinstance(w, torch.Tensor):
+            # the factory's result on the CPU, as asked; x + 1 stays on tpu
+            assert g.device.type == ("cpu" if i == 0 else "tpu")
+            assert g.stride() == w.stride()
+            torch.testing.assert_close(g.cpu(), w)
+        else:
+            assert g == w

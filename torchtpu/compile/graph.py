@@ -81,6 +81,25 @@ def _is_cpu(val) -> bool:
 
 
 
+# Ops that read only the geometry and dtype of their tensor argument, never its values:
+# with a CPU ``device=`` they run on the host even when that argument is a tpu value
+_METADATA_ONLY = {getattr(getattr(aten, op), overload) for op, overload in (
+    ("zeros_like", "default"), ("ones_like", "default"), ("full_like", "default"),
+    ("empty_like", "default"), ("new_empty_strided", "default"), ("new_empty", "default"),
+    ("new_zeros", "default"), ("new_ones", "default"), ("new_full", "default"),
+    ("rand_like", "default"), ("randn_like", "default"), ("randint_like", "default"),
+    ("randint_like", "low_dtype")) if hasattr(getattr(aten, op), overload)}
+
+
+def _metadata_input(n, a) -> bool:
+    """Whether host node ``n`` reads only the geometry of its tensor input ``a`` (a
+    static-shape tensor that is ``n``'s first argument, for an op in ``_METADATA_ONLY``)."""
+    v = a.meta.get("val")
+    return (n.target in _METADATA_ONLY and n.args and n.args[0] is a
+            and isinstance(v, torch.Tensor)
+            and all(isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride())))
+
+
 def _storage_elems(fake):
     """Elements of ``fake``'s storage (in its dtype), or None where that is not a plain
     int (symbolic sizes) or the view overlaps itself."""
@@ -459,7 +478,8 @@ class GraphExecutable:
                         self.host.add(n)
                 elif _is_cpu(n.meta.get("val")):
                     for a in n.all_input_nodes:
-                        if a not in self.host and _fake_tensors(a.meta.get("val")):
+                        if a not in self.host and _fake_tensors(a.meta.get("val")) \
+                                and not _metadata_input(n, a):
                             raise NotImplementedError(
                                 f"torchtpu.compile: node {n.name} ({n.target}) moves a tpu "
                                 f"value to the CPU inside a compiled graph")
@@ -733,13 +753,24 @@ class GraphExecutable:
             m[n] = g.placeholder(f"in{i}")
             pos[n] = i
         late = []
+        # a host node that reads only the shape of a tpu value (``zeros_like(x,
+        # device="cpu")``) gets an uninitialized CPU tensor of that geometry instead
+        stand_ins = {}
+        for n in self.host_calls:
+            for a in n.all_input_nodes:
+                if a not in self.host and a not in stand_ins and _metadata_input(n, a):
+                    v = a.meta["val"]
+                    stand_ins[a] = g.call_function(
+                        torch.empty_strided, (tuple(v.shape), tuple(v.stride())),
+                        {"dtype": v.dtype, "device": "cpu"})
         for n in self.host_calls:
             if n.target is aten.copy_.default and n.args[0].op == "placeholder":
                 src = n.args[1]
                 late.append((pos[n.args[0]], m[src] if isinstance(src, torch.fx.Node) else src))
                 m[n] = m[n.args[0]]
                 continue
-            m[n] = g.node_copy(n, lambda x: m[x])
+            m[n] = g.node_copy(n, lambda x: m[x] if x in self.host or x not in stand_ins
+                               else stand_ins[x])
         feeds = tuple(m[n] for n in self.host_feed)
         outs = tuple(m[n] for n in self.host_outs)
         srcs = [n.args[1] for n in self.host_calls
