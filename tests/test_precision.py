@@ -54,7 +54,8 @@ def test_default_is_highest_and_matches_cpu_float32():
 @pytest.mark.parametrize("setting,xla", [("highest", jax.lax.Precision.HIGHEST),
                                          ("high", jax.lax.Precision.HIGH),
                                          ("medium", jax.lax.Precision.DEFAULT)])
-def test_setting_maps_to_xla_precision(eager_mode, monkeypatch, setting, xla):
+def test_setting_maps_to_xla_precision(eager_mode, monkeypatch, no_stored_executables,
+                                       setting, xla):
     torch.manual_seed(1)
     # shapes of their own: the op is traced in this test
     n = {"highest": 5, "high": 6, "medium": 7}[setting] + 10 * len(eager_mode)
@@ -104,7 +105,7 @@ def test_deferred_segment_keeps_each_ops_setting(monkeypatch):
     torch.testing.assert_close(out, 2 * (a.cpu() @ b.cpu()), rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_graph_keys_on_setting(monkeypatch):
+def test_compiled_graph_keys_on_setting(monkeypatch, no_stored_executables):
     torch._dynamo.reset()
     torch.manual_seed(4)
     a, b = torch.randn(19, 4), torch.randn(4, 3)
