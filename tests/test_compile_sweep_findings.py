@@ -147,6 +147,29 @@ def test_random_factories_inside_a_compiled_graph():
             assert lo_hi[k][0] <= u.min().item() and u.max().item() <= lo_hi[k][1], k
 
 
+@pytest.mark.parametrize("layout", ["transposed", "channels_last"])
+def test_random_like_factories_keep_the_inputs_strides(layout):
+    # randn_like & co. default to memory_format=torch.preserve_format: a transposed or
+    # channels_last input gives a result of its strides, on tpu and with device="cpu"
+    if layout == "transposed":
+        x = torch.randn(4, 3).t()
+    else:
+        x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    fns = [(TPU, lambda x: torch.randn_like(x)), (TPU, lambda x: torch.rand_like(x)),
+           (TPU, lambda x: torch.randint_like(x, 7)),
+           (TPU, lambda x: torch.randint_like(x, 2, 5)),
+           ("cpu", lambda x: torch.randn_like(x, device="cpu")),
+           ("cpu", lambda x: torch.rand_like(x, device="cpu", dtype=torch.float64)),
+           (TPU, lambda x: torch.rand_like(x, memory_format=torch.contiguous_format))]
+    for k, (device, fn) in enumerate(fns):
+        torch._dynamo.reset()
+        want = fn(x)
+        got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to(TPU))
+        assert got.stride() == want.stride(), (k, got.stride(), want.stride())
+        assert got.device.type == device and got.dtype == want.dtype, k
+    torch._dynamo.reset()
+
+
 def test_conj_and_neg_views_inside_and_out_of_a_compiled_graph():
     # lazily conjugated / negated views in graphs (fft.hfft/ihfft, x.conj() returned as an
     # output, a write through a conj view) used to raise NotImplementedError
@@ -382,6 +405,12 @@ def test_as_strided_scatter_onto_a_self_overlapping_target_raises_as_cpu():
     with pytest.raises(RuntimeError) as tpu_err:
         torch.compile(fn, backend="tpu", fullgraph=True)(b.to(TPU), s.to(TPU))
     assert str(cpu_err.value) in str(tpu_err.value)
+    # an empty target writes nothing: CPU accepts it and returns self's values
+    torch._dynamo.reset()
+    fn0 = lambda b, s: torch.as_strided_scatter(b, s, (2, 0), (0, 0), 0) + 1  # noqa: E731
+    b6, s0 = torch.arange(6.0), torch.empty(2, 0)
+    got = torch.compile(fn0, backend="tpu", fullgraph=True)(b6.to(TPU), s0.to(TPU))
+    torch.testing.assert_close(got.cpu(), fn0(b6, s0))
 
 
 _lib = torch.library.Library("torchtpu_test", "FRAGMENT")
@@ -520,3 +549,23 @@ def test_cpu_factories_from_tpu_values_inside_a_compiled_graph(case):
             torch.testing.assert_close(g.cpu(), w)
         else:
             assert g == w
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_cpu_factories_of_new_and_dynamic_shapes(dynamic):
+    # a second input shape (Dynamo recompiles with a symbolic size) and dynamic=True:
+    # the stand-in takes the geometry of the value passed at each call
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.zeros_like(x, device="cpu") + 1, torch.full_like(x.t(), 2.0)
+
+    cf = torch.compile(f, backend="tpu", dynamic=dynamic)
+    for shape in [(3, 4), (5, 4), (2, 7)]:
+        x = torch.randn(shape)
+        g0, g1 = cf(x.to(TPU))
+        w0, w1 = f(x)
+        assert g0.device.type == "cpu" and g1.device.type == "tpu"
+        torch.testing.assert_close(g0, w0)
+        torch.testing.assert_close(g1.cpu(), w1)
+    torch._dynamo.reset()

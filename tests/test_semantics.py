@@ -296,6 +296,20 @@ def test_non_blocking_copy_does_not_alias_host():
     assert b.sum().item() == 1000.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_copied_cpu_source_stays_resizable(dtype, non_blocking):
+    # as on CPU (and CUDA): copying x to the device leaves x's storage resizable
+    for shape in [(2, 3), (64, 64)]:
+        x = torch.arange(shape[0] * shape[1]).to(dtype).reshape(shape)
+        want = x.clone()
+        b = x.to(TPU, non_blocking=non_blocking)
+        x.resize_(x.numel() + 14)
+        assert x.shape == (want.numel() + 14,)
+        assert torch.equal(b.cpu(), want)
+        assert torch.equal(x[: want.numel()], want.flatten())
+
+
 def test_pinned_dataloader():
     ds = torch.utils.data.TensorDataset(torch.arange(8.0).reshape(4, 2))
     dl = torch.utils.data.DataLoader(ds, batch_size=2, pin_memory=True)

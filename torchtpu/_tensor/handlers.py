@@ -77,19 +77,25 @@ npdt_bits = {torch.int16: np.int16, torch.uint8: np.uint8}
 
 
 def host_array(src: torch.Tensor) -> np.ndarray:
-    """A private numpy copy of CPU tensor ``src`` (never aliases the CPU buffer, so a
-    later change of ``src`` cannot reach an asynchronous host->device copy)."""
-    src = src.detach().resolve_conj().resolve_neg()
+    """A private C-contiguous numpy copy of CPU tensor ``src`` (never aliases the CPU
+    buffer, so a later change of ``src`` cannot reach an asynchronous host->device copy).
+    PyTorch copies ``src`` into a new numpy buffer (conj / neg views resolved): a numpy
+    view of ``src`` itself would leave ``src``'s storage not resizable until Python's
+    cycle collector freed the view (``x.to("tpu"); x.resize_(n)`` raised).
+
+    Raises:
+        NotImplementedError / TypeError: a dtype XLA lacks (``runtime.to_np_dtype``).
+    """
+    np_dt = runtime.to_np_dtype(src.dtype)
+    src = src.detach()
     bits = _BITS_AS.get(src.dtype)
-    if bits is not None:
-        arr = src.contiguous().view(bits).numpy().view(runtime.to_np_dtype(src.dtype))
-    else:
-        try:
-            arr = src.numpy()
-        except TypeError:  # a dtype numpy lacks: torchtpu's error names it (complex32)
-            runtime.to_np_dtype(src.dtype)
-            raise
-    return np.array(arr, copy=True, order="C")
+    if bits is not None:  # numpy (ml_dtypes) types PyTorch cannot wrap: copy the bits
+        out = np.empty(tuple(src.shape), runtime.to_np_dtype(bits))
+        torch.from_numpy(out).copy_(src.resolve_neg().view(bits))
+        return out.view(np_dt)
+    out = np.empty(tuple(src.shape), np_dt)
+    torch.from_numpy(out).copy_(src)
+    return out
 
 
 # Small host values copied again and again (a model's ``torch.tensor([])`` or

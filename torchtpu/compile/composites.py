@@ -137,7 +137,7 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     functional ``index_put`` at the storage positions the geometry addresses.  Same
     result: ``self``'s storage copied, ``src`` at ``as_strided(size, stride,
     storage_offset)`` of it, returned with ``self``'s sizes, strides and offset.  A target
-    geometry with a stride-0 dimension of size > 1 raises CPU's RuntimeError ("more than
+    geometry with a stride-0 dimension of size > 1 (and no size 0) raises CPU's RuntimeError ("more than
     one element of the written-to tensor refers to a single memory location")."""
     from torchtpu.ops.decomp_overrides import check_scatter_src
 
@@ -145,8 +145,9 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
 
     size, stride = list(size), list(stride)
     check_scatter_src(src, size)
-    if any(st == 0 and n > 1 for n, st in zip(size, stride)):
-        # eager's copy_ into the target view refuses it (at::assert_no_internal_overlap)
+    if 0 not in size and any(st == 0 and n > 1 for n, st in zip(size, stride)):
+        # eager's copy_ into the target view refuses it (at::assert_no_internal_overlap;
+        # an empty target writes nothing and is accepted)
         raise RuntimeError(INTERNAL_MSG)
     if torch._debug_has_internal_overlap(self) == 1:
         base = self.clone()  # as PyTorch does for a self that overlaps itself

@@ -86,25 +86,32 @@ def _random_factories() -> dict:
         return randint_low(0, high, size, dtype=dtype, layout=layout, device=device,
                            pin_memory=pin_memory)
 
+    def _empty_like(x, dtype, layout, device, pin_memory, memory_format):
+        # empty_like, not empty(x.shape): the result keeps x's strides
+        # (memory_format=torch.preserve_format), as eager's *_like factories do
+        return aten.empty_like.default(
+            x, **_kw(dtype, layout, device, pin_memory, x),
+            memory_format=memory_format or torch.preserve_format)
+
     def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
                    memory_format=None):
-        return aten.normal.float_float(0.0, 1.0, list(x.shape),
-                                       **_kw(dtype, layout, device, pin_memory, x))
+        return aten.normal_functional.default(
+            _empty_like(x, dtype, layout, device, pin_memory, memory_format), 0.0, 1.0)
 
     def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None,
                   memory_format=None):
-        kw = _kw(dtype, layout, device, pin_memory, x)
-        return aten.uniform.default(aten.empty.memory_format(list(x.shape), **kw), 0.0, 1.0)
+        return aten.uniform.default(
+            _empty_like(x, dtype, layout, device, pin_memory, memory_format), 0.0, 1.0)
 
     def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None,
                          pin_memory=None, memory_format=None):
-        kw = _kw(dtype, layout, device, pin_memory, x)
-        return _between(aten.empty.memory_format(list(x.shape), **kw), low, high)
+        return _between(_empty_like(x, dtype or x.dtype, layout, device, pin_memory,
+                                    memory_format), low, high)
 
     def randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None,
                      memory_format=None):
         return randint_like_low(x, 0, high, dtype=dtype, layout=layout, device=device,
-                                pin_memory=pin_memory)
+                                pin_memory=pin_memory, memory_format=memory_format)
 
     out = {aten.randn.default: randn, aten.rand.default: rand,
            aten.randint.default: randint, aten.randint.low: randint_low,

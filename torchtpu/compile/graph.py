@@ -92,12 +92,21 @@ _METADATA_ONLY = {getattr(getattr(aten, op), overload) for op, overload in (
 
 
 def _metadata_input(n, a) -> bool:
-    """Whether host node ``n`` reads only the geometry of its tensor input ``a`` (a
-    static-shape tensor that is ``n``'s first argument, for an op in ``_METADATA_ONLY``)."""
+    """Whether host node ``n`` reads only the geometry of its tensor input ``a``: ``n``'s
+    first argument, for an op in ``_METADATA_ONLY``, and either a graph input (its
+    geometry is read from the value passed at each call, symbolic sizes included) or a
+    static-shape tensor."""
     v = a.meta.get("val")
     return (n.target in _METADATA_ONLY and n.args and n.args[0] is a
             and isinstance(v, torch.Tensor)
-            and all(isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride())))
+            and (a.op == "placeholder"
+                 or all(isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride()))))
+
+
+def _cpu_stand_in(x):
+    """An uninitialized CPU tensor of ``x``'s sizes, strides and dtype (what a host node
+    that reads only ``x``'s geometry is given in place of the tpu value ``x``)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu")
 
 
 def _storage_elems(fake):
@@ -760,7 +769,8 @@ class GraphExecutable:
             for a in n.all_input_nodes:
                 if a not in self.host and a not in stand_ins and _metadata_input(n, a):
                     v = a.meta["val"]
-                    stand_ins[a] = g.call_function(
+                    stand_ins[a] = g.call_function(_cpu_stand_in, (m[a],)) \
+                        if a.op == "placeholder" else g.call_function(
                         torch.empty_strided, (tuple(v.shape), tuple(v.stride())),
                         {"dtype": v.dtype, "device": "cpu"})
         for n in self.host_calls:
