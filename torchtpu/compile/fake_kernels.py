@@ -11,11 +11,14 @@ Here a fake kernel answers for ``tpu`` inputs of other dtypes, with the lowering
 meta function (the output of PyTorch's ``_create_grouped_mm_output_tensor`` in the
 inputs' dtype, or ``out_dtype``).  Inputs on other devices, and bfloat16 ones, keep PyTorch's meta kernel.
 
-A few ops have no meta kernel at all (``geqrf``, ``histogram``, ``histogramdd``'s pieces):
+A few ops have no meta kernel at all (``geqrf``, ``histogram``, ``histogramdd``'s pieces,
+the fused RNN cells ``_thnn_fused_gru_cell`` / ``_thnn_fused_lstm_cell`` and their backwards,
+which ``torch.gru_cell`` / ``lstm_cell`` call on every device but the CPU):
 for them PyTorch's fake tensor runs the real kernel on zeros of the fake device ("unsafe
 fallback"), which cannot work for ``tpu`` fakes (no tpu storage behind them).  For tpu
-inputs their fake results come from the CPU kernel run on zeros of the same shapes
-(:func:`_cpu_shaped_fake`): their output shapes do not depend on the input values.
+inputs their fake results come from the CPU kernel (for the RNN cells, torchtpu's own
+decomposition) run on zeros of the same shapes (:func:`_cpu_shaped_fake`): their output
+shapes do not depend on the input values.
 
 Registered through ``torch._subclasses.fake_impls.register_op_impl`` (PyTorch's own
 registry of special fake kernels, private) when that module is imported
@@ -62,7 +65,13 @@ def _cpu_shaped_ops() -> set:
     return out
 
 
-_CPU_SHAPED = _cpu_shaped_ops()
+# PyTorch's RNN cells call these fused kernels for every device but the CPU (CUDA's have no
+# meta kernel, and there is no CPU kernel): their shapes come from torchtpu's own
+# decompositions (``ops.decomp_overrides``, what eager and AOTAutograd run) on CPU zeros
+_RNN_FUSED = {aten._thnn_fused_gru_cell.default, aten._thnn_fused_gru_cell_backward.default,
+              aten._thnn_fused_lstm_cell.default,
+              aten._thnn_fused_lstm_cell_backward_impl.default}
+_CPU_SHAPED = _cpu_shaped_ops() | _RNN_FUSED
 
 
 def _is_cpu_shaped(func) -> bool:
@@ -89,8 +98,14 @@ def _cpu_shaped_fake(fake_mode, func, *args, **kwargs):
             return torch.zeros(tuple(a.shape), dtype=a.dtype)
         return a
 
+    if func in _RNN_FUSED:
+        from torchtpu.ops.decomp_overrides import table
+
+        run = table()[func]
+    else:
+        run = func
     with _disable_current_modes():
-        out = func(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
+        out = run(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
 
     def to_fake(r):
         if not isinstance(r, torch.Tensor):
