@@ -73,8 +73,10 @@ def register() -> None:
     fallback.fallback(_trampoline, dispatch_key="PrivateUse1", with_keyset=True)
     _libs.append(fallback)
     _register_direct_kernels()
-    from torchtpu._device import autocast, generator
-    from torchtpu._tensor import patches, quantized, sparse
+    from torchtpu._device import autocast, generator, state
+    from torchtpu._tensor import native, patches, quantized, sparse
+
+    state.set_guard_installer(native.install_device_guard)
 
     patches.install()
     quantized.install()

@@ -10,9 +10,9 @@ Where the numbers come from:
   the host's ``MemTotal`` / ``MemAvailable`` (``/proc/meminfo``; ``psutil`` or ``sysconf``
   elsewhere) are returned, as ``torch.cuda`` does for integrated GPUs sharing host RAM.
 
-The functions defined in :mod:`torchtpu._device.tpu_module` (``memory_allocated``,
-``memory_stats``...) are re-exported here so ``torch.tpu.memory.X`` and ``torch.tpu.X`` are
-the same objects, as for ``torch.cuda.memory``.
+The functions are defined here and re-exported by :mod:`torchtpu._device.tpu_module`, so
+``torch.tpu.memory.X`` and ``torch.tpu.X`` are the same objects, as for
+``torch.cuda.memory``.
 """
 
 from __future__ import annotations
@@ -22,18 +22,7 @@ import os
 import pickle
 
 from torchtpu._device import runtime
-from torchtpu._device.tpu_module import (  # noqa: F401  (re-exports, torch.cuda.memory names)
-    _pjrt_memory_stats,
-    _to_index,
-    empty_cache,
-    max_memory_allocated,
-    max_memory_reserved,
-    memory_allocated,
-    memory_reserved,
-    memory_stats,
-    reset_max_memory_allocated,
-    reset_peak_memory_stats,
-)
+from torchtpu._device.state import to_index
 
 __all__ = [
     "empty_cache", "host_memory_info", "ipc_collect", "max_memory_allocated",
@@ -42,6 +31,73 @@ __all__ = [
     "reset_max_memory_allocated", "reset_peak_memory_stats", "utilization",
     "_record_memory_history", "_snapshot", "_dump_snapshot",
 ]
+
+
+# ------------------------------------------------------ bytes held, PJRT stats
+
+
+def _pjrt_memory_stats(index) -> dict:
+    try:
+        return runtime.jax_device(index).memory_stats() or {}
+    except Exception:
+        return {}
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live ``tpu`` storages on ``device`` (``torch.cuda.memory_allocated``)."""
+    from torchtpu._tensor.storage import ALLOCATOR
+
+    return ALLOCATOR.allocated.get(to_index(device), 0)
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last reset (bytes)."""
+    from torchtpu._tensor.storage import ALLOCATOR
+
+    return ALLOCATOR.peak.get(to_index(device), 0)
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the PJRT allocator holds (platform-reported; else ``memory_allocated``)."""
+    stats = _pjrt_memory_stats(to_index(device))
+    return int(stats.get("bytes_reserved", stats.get("bytes_in_use", memory_allocated(device))))
+
+
+def max_memory_reserved(device=None) -> int:
+    stats = _pjrt_memory_stats(to_index(device))
+    return int(stats.get("peak_bytes_in_use", max_memory_allocated(device)))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    from torchtpu._tensor.storage import ALLOCATOR
+
+    idx = to_index(device)
+    ALLOCATOR.peak[idx] = ALLOCATOR.allocated.get(idx, 0)
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats(device=None) -> dict:
+    """Allocator statistics with ``torch.cuda.memory_stats`` key names (bytes)."""
+    idx = to_index(device)
+    cur = memory_allocated(idx)
+    peak = max_memory_allocated(idx)
+    d = {
+        "allocated_bytes.all.current": cur,
+        "allocated_bytes.all.peak": peak,
+        "reserved_bytes.all.current": memory_reserved(idx),
+        "reserved_bytes.all.peak": max_memory_reserved(idx),
+    }
+    for k, v in _pjrt_memory_stats(idx).items():
+        d[f"pjrt.{k}"] = v
+    return d
+
+
+def empty_cache() -> None:
+    """Release cached executables' temporaries (PJRT frees buffers as tensors die)."""
+    gc.collect()
 
 
 # ----------------------------------------------------------------- host memory
@@ -99,7 +155,7 @@ def mem_get_info(device=None) -> tuple[int, int]:
         RuntimeError: the device index is out of range.
         ValueError: ``device`` is not a ``tpu`` device.
     """
-    idx = _to_index(device)
+    idx = to_index(device)
     runtime.jax_device(idx)  # range check, as torch.cuda does
     return _device_memory(idx)
 
@@ -149,7 +205,7 @@ def utilization(device=None) -> int:
     Raises:
         RuntimeError: the device index is out of range.
     """
-    runtime.jax_device(_to_index(device))
+    runtime.jax_device(to_index(device))
     if runtime.platform() == "cpu":
         return max(0, min(100, _host_cpu_busy_percent()))
     return 0
@@ -177,7 +233,7 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     Raises:
         RuntimeError: the device index is out of range.
     """
-    idx = _to_index(device)
+    idx = to_index(device)
     free, total = mem_get_info(idx)
     stats = memory_stats(idx)
     n_live = sum(1 for s in _live_storages() if s.index == idx)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import torch
 
 _lock = threading.Lock()
 
@@ -23,11 +24,43 @@ _lock = threading.Lock()
 # :func:`set_current_device`.
 _current = 0
 _native = None
+# installs the C++ device guard (``torchtpu._tensor.native.install_device_guard``, handed
+# in by ``torchtpu._device.register``: this module stays below the C++ helper's)
+_guard_installer = None
+
+
+def set_guard_installer(fn) -> None:
+    """``fn()``: installs the C++ device guard; called the first time a device other than
+    ``tpu:0`` is made current."""
+    global _guard_installer
+    _guard_installer = fn
 
 
 def get_current_device() -> int:
     """The current ``tpu`` device index (``torch.tpu.current_device``)."""
     return _current if _native is None else _native.current_device()
+
+
+def to_index(device) -> int:
+    """The ``tpu`` index that ``device`` names (the argument of ``torch.tpu`` functions):
+    ``None`` and ``"tpu"`` mean the current device; an int, ``"tpu:N"`` or a
+    ``torch.device``.
+
+    Raises:
+        ValueError: a device of another type.
+        TypeError: anything else.
+    """
+    if device is None:
+        return get_current_device()
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        return get_current_device() if device.index is None else device.index
+    raise TypeError(f"invalid device {device!r}")
 
 
 def set_current_device(index: int) -> None:
@@ -39,10 +72,8 @@ def set_current_device(index: int) -> None:
     through its own guard, which knows only index 0."""
     global _current
     _current = int(index)
-    if _native is None and _current != 0:
-        from torchtpu._tensor import native
-
-        native.install_device_guard()  # hands _current to the C++ guard
+    if _native is None and _current != 0 and _guard_installer is not None:
+        _guard_installer()  # hands _current to the C++ guard
     if _native is not None:
         _native.set_current_device(_current)
 

@@ -11,14 +11,14 @@ import time
 
 import torch
 
+from torchtpu._device import state
+
 
 class Stream:
     """A ``tpu`` stream (``torch.cuda.Stream``); ``device`` is a tpu device or index."""
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
-        from torchtpu._device import tpu_module
-
-        self.device_index = tpu_module._to_index(device)
+        self.device_index = state.to_index(device)
         self.priority = priority
         self._prev = []
 
@@ -42,9 +42,9 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        from torchtpu._device import tpu_module
+        from torchtpu.eager import sync
 
-        tpu_module.synchronize(self.device_index)
+        sync.synchronize()
 
     def __enter__(self):
         self._prev.append(_current.get(self.device_index))
@@ -70,18 +70,14 @@ _default: dict = {}
 
 
 def default_stream(device=None) -> Stream:
-    from torchtpu._device import tpu_module
-
-    i = tpu_module._to_index(device)
+    i = state.to_index(device)
     if i not in _default:
         _default[i] = Stream(i)
     return _default[i]
 
 
 def current_stream(device=None) -> Stream:
-    from torchtpu._device import tpu_module
-
-    i = tpu_module._to_index(device)
+    i = state.to_index(device)
     return _current.get(i) or default_stream(i)
 
 

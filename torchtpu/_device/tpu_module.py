@@ -59,18 +59,7 @@ def current_device() -> int:
     return state.current_device
 
 
-def _to_index(device) -> int:
-    if device is None:
-        return state.current_device
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "tpu":
-            raise ValueError(f"Expected a tpu device, but got: {device}")
-        return state.current_device if device.index is None else device.index
-    raise TypeError(f"invalid device {device!r}")
+_to_index = state.to_index
 
 
 def set_device(device) -> None:
@@ -113,20 +102,12 @@ class device_of(device):
 
 
 def synchronize(device=None) -> None:
-    """Wait until every op queued so far has finished (a sync point).
+    """Wait until every op queued so far has finished (a sync point;
+    ``torch.cuda.synchronize``): :func:`torchtpu.eager.sync.synchronize`.  ``device`` is
+    accepted for CUDA's signature; PJRT's queues are waited on together."""
+    from torchtpu.eager import sync
 
-    PJRT runs a device's executables in dispatch order, so waiting for the results of the
-    most recently dispatched executable waits for everything before it.
-    """
-    from torchtpu import _metrics
-    from torchtpu.eager import defer, executor
-
-    if defer.pending_ops():
-        defer.flush("synchronize")
-    else:
-        _metrics.METRICS.sync("synchronize")
-    runtime.jax().block_until_ready(executor.LAST_OUTPUTS)
-    executor.check_pending()
+    sync.synchronize()
 
 
 def get_device_name(device=None) -> str:
@@ -216,75 +197,6 @@ def set_rng_state_all(new_states) -> None:
         set_rng_state(s, i)
 
 
-# -------------------------------------------------------------------- memory
-
-
-def _pjrt_memory_stats(index) -> dict:
-    try:
-        return runtime.jax_device(index).memory_stats() or {}
-    except Exception:
-        return {}
-
-
-def memory_allocated(device=None) -> int:
-    """Bytes held by live ``tpu`` storages on ``device`` (``torch.cuda.memory_allocated``)."""
-    from torchtpu._tensor.storage import ALLOCATOR
-
-    return ALLOCATOR.allocated.get(_to_index(device), 0)
-
-
-def max_memory_allocated(device=None) -> int:
-    """Peak of :func:`memory_allocated` since start or the last reset (bytes)."""
-    from torchtpu._tensor.storage import ALLOCATOR
-
-    return ALLOCATOR.peak.get(_to_index(device), 0)
-
-
-def memory_reserved(device=None) -> int:
-    """Bytes the PJRT allocator holds (platform-reported; else ``memory_allocated``)."""
-    stats = _pjrt_memory_stats(_to_index(device))
-    return int(stats.get("bytes_reserved", stats.get("bytes_in_use", memory_allocated(device))))
-
-
-def max_memory_reserved(device=None) -> int:
-    stats = _pjrt_memory_stats(_to_index(device))
-    return int(stats.get("peak_bytes_in_use", max_memory_allocated(device)))
-
-
-def reset_peak_memory_stats(device=None) -> None:
-    from torchtpu._tensor.storage import ALLOCATOR
-
-    idx = _to_index(device)
-    ALLOCATOR.peak[idx] = ALLOCATOR.allocated.get(idx, 0)
-
-
-def reset_max_memory_allocated(device=None) -> None:
-    reset_peak_memory_stats(device)
-
-
-def memory_stats(device=None) -> dict:
-    """Allocator statistics with ``torch.cuda.memory_stats`` key names (bytes)."""
-    idx = _to_index(device)
-    cur = memory_allocated(idx)
-    peak = max_memory_allocated(idx)
-    d = {
-        "allocated_bytes.all.current": cur,
-        "allocated_bytes.all.peak": peak,
-        "reserved_bytes.all.current": memory_reserved(idx),
-        "reserved_bytes.all.peak": max_memory_reserved(idx),
-    }
-    for k, v in _pjrt_memory_stats(idx).items():
-        d[f"pjrt.{k}"] = v
-    return d
-
-
-def empty_cache() -> None:
-    """Release cached executables' temporaries (PJRT frees buffers as tensors die)."""
-    import gc
-
-    gc.collect()
-
-
 # ----------------------------------------------------------------- dtypes, amp
 
 
@@ -313,7 +225,9 @@ def _get_device_index(device, optional=False) -> int:
 from torchtpu._device import amp  # noqa: E402  (torch.tpu.amp, like torch.cuda.amp)
 from torchtpu._device import memory  # noqa: E402  (torch.tpu.memory, like torch.cuda.memory)
 from torchtpu._device.memory import (  # noqa: E402,F401
-    ipc_collect, mem_get_info, memory_snapshot, memory_summary, reset_accumulated_memory_stats,
+    empty_cache, ipc_collect, max_memory_allocated, max_memory_reserved, mem_get_info,
+    memory_allocated, memory_reserved, memory_snapshot, memory_stats, memory_summary,
+    reset_accumulated_memory_stats, reset_max_memory_allocated, reset_peak_memory_stats,
     utilization,
 )
 
@@ -321,9 +235,8 @@ from torchtpu._device.memory import (  # noqa: E402,F401
 # --------------------------------------------------------- torchtpu settings
 
 
-enable_cpu_fallback: bool = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0")
-"""Run ops that have no lowering on the CPU (copying inputs and results), warning once per
-op, instead of raising ``NotImplementedError``.  Also set by ``TORCHTPU_CPU_FALLBACK=1``."""
+# ``torch.tpu.enable_cpu_fallback``: a property of the module (below), stored in
+# ``torchtpu.eager.executor.CONFIG.cpu_fallback``
 
 
 # ------------------------------------------------------------------ JAX interop
@@ -334,7 +247,23 @@ from torchtpu.eager.modes import EagerMode, set_eager_mode  # noqa: E402,F401
 
 
 class _TpuModule(type(os)):
-    """``torch.tpu``'s module class: settable ``eager_mode`` and ``debug_nans``."""
+    """``torch.tpu``'s module class: settable ``eager_mode``, ``debug_nans`` and
+    ``enable_cpu_fallback``."""
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        """Run ops that have no lowering on the CPU (copying inputs and results), warning
+        once per op, instead of raising ``NotImplementedError`` (settable; starts as
+        ``TORCHTPU_CPU_FALLBACK=1`` says)."""
+        from torchtpu.eager.executor import CONFIG
+
+        return CONFIG.cpu_fallback
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, value: bool) -> None:
+        from torchtpu.eager.executor import CONFIG
+
+        CONFIG.cpu_fallback = bool(value)
 
     @property
     def eager_mode(self) -> EagerMode:

@@ -61,6 +61,8 @@ class Config:
     defer = False  # DEFER_AND_FUSE: record ops instead of running them
     debug_nans = os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("", "0")
     log_ops = os.environ.get("TORCHTPU_LOG_OPS", "0") not in ("", "0")
+    # torch.tpu.enable_cpu_fallback: ops without a lowering run on the CPU
+    cpu_fallback = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0")
 
 
 CONFIG = Config()
@@ -1151,18 +1153,14 @@ class UnsupportedPlan:
 
     def fallback_or_raise(self, args, kwargs, refused: NotImplementedError):
         """For a case a lowered op refuses: the CPU fallback if enabled, else ``refused``."""
-        from torchtpu._device import tpu_module
-
-        if not tpu_module.enable_cpu_fallback:
+        if not CONFIG.cpu_fallback:
             raise refused
         from torchtpu.eager import cpu_fallback
 
         return cpu_fallback.run(self.op, args, kwargs)
 
     def __call__(self, args, kwargs):
-        from torchtpu._device import tpu_module
-
-        if tpu_module.enable_cpu_fallback:
+        if CONFIG.cpu_fallback:
             from torchtpu.eager import cpu_fallback
 
             return cpu_fallback.run(self.op, args, kwargs)
