@@ -233,6 +233,11 @@ class _Call:
                 self.dyn.append(_host_scalar(t))
                 self.key.append(("cpu0", t.dtype))
                 return
+            if dev.type == "tpu":  # reports tpu but has no tpu storage (a FakeTensor)
+                raise RuntimeError(
+                    f"torchtpu: {op} got a tensor that reports device {dev} but has no tpu "
+                    f"storage ({type(t).__name__}, e.g. a fake tensor of torch.compile's "
+                    f"shape propagation); only real tpu tensors can run on tpu")
             other = self.first_dev or torch.device("tpu", state.current_device)
             raise device_mismatch(op, other, dev)
         if self.index is None:
