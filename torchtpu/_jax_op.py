@@ -370,7 +370,7 @@ class JaxOp:
                 f"device when made with jax_op(..., allow_cpu=True)")
         import numpy as np
 
-        from torchtpu._tensor import handlers
+        from torchtpu.eager import handlers
 
         jax = runtime.jax()
         cpu = jax.devices("cpu")[0]

@@ -115,9 +115,7 @@ class StorageData:
         a = self.arr
         if a.__class__ is Lazy:
             if a.value is None:
-                from torchtpu.eager import defer
-
-                defer.flush("materialize")
+                _MATERIALIZE()  # eager.defer runs the pending segment (a sync point)
             self.resolve(a.value)
             return self.arr
         if a is None:
@@ -148,6 +146,22 @@ def zeros(shape: tuple, dtype: torch.dtype, index: int):
             out_shardings=SingleDeviceSharding(runtime.jax_device(index)),
         ))
     return f()
+
+
+def _no_segment():
+    raise RuntimeError("torchtpu: a deferred value without a DeferAndFuse recorder")
+
+
+# runs the pending DeferAndFuse segment: ``torchtpu.eager.defer`` installs its ``flush``
+# here when it is imported (it is the only maker of Lazy values), so this module does not
+# import the eager layer above it
+_MATERIALIZE = _no_segment
+
+
+def set_materializer(fn) -> None:
+    """``fn()``: compute every pending DeferAndFuse value (``eager.defer`` installs it)."""
+    global _MATERIALIZE
+    _MATERIALIZE = fn
 
 
 class Lazy:

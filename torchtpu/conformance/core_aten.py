@@ -39,7 +39,7 @@ def core_ops() -> list:
 def classify(op) -> str:
     import torchtpu  # noqa: F401
     from torchtpu import ops
-    from torchtpu._tensor import handlers
+    from torchtpu.eager import handlers
     from torchtpu.eager import executor
 
     table = ops.table()

@@ -263,3 +263,7 @@ def _build(seg, live, donate, n_inputs):
 
 def cache_info() -> dict:
     return {"segments_cached": len(_CACHE)}
+
+
+# a storage holding a Lazy value of ours runs the pending segment through this
+_st.set_materializer(lambda: flush("materialize"))

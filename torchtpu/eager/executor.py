@@ -4,7 +4,7 @@ PyTorch calls :func:`dispatch` (registered as the boxed fallback kernel of the
 PrivateUse1 dispatch key) with the ``OpOverload`` and its arguments.  Each overload gets
 a :class:`Plan` once, chosen in this order:
 
-1. a handler in ``torchtpu._tensor.handlers`` (factories, copies, ``item``, resize...);
+1. a handler in ``torchtpu.eager.handlers`` (factories, copies, ``item``, resize...);
 2. a view op: PyTorch's own CPU view kernel, re-dispatched (metadata only: the result
    shares the storage, exactly as on CPU);
 3. a lowering from ``torchtpu.ops`` (functional ops), or a mutable op (``add_``,
@@ -1235,7 +1235,7 @@ def plan_for(op):
 
 def _make_plan(op):
     from torchtpu import ops as _ops
-    from torchtpu._tensor import handlers
+    from torchtpu.eager import handlers
     from torchtpu.ops import linalg as _linalg
 
     table = _ops.table()
