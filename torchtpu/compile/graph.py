@@ -732,9 +732,10 @@ class GraphExecutable:
             else:
                 key.append(_NOT_FED)
         # values of one shape (an optimizer's step counters): one torch.stack, a new array
-        # (the feeds are not copied into the CPU inputs before the executable reads it)
+        # (the feeds are not copied into the CPU inputs before the executable reads it);
+        # never a numpy view of an input itself, which would leave it not resizable
         return [torch.stack(vs).detach().numpy().reshape(-1) if len(vs) > 1 and len(shapes) == 1
-                else np.concatenate([v.detach().numpy().reshape(-1) for v in vs])
+                else torch.cat([v.detach().reshape(-1) for v in vs]).numpy()
                 for vs, shapes in groups.values()]
 
     def _plan(self, key):
