@@ -180,3 +180,26 @@ def test_multinomial():
     s = torch.multinomial(p[0], 4000, replacement=True).cpu()
     assert set(s.unique().tolist()) <= {1, 2}
     assert abs((s == 2).float().mean() - 0.75) < 0.04
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bounds", [(0.0, 1.0), (1.0, 2.0), (-2.0, 3.0)])
+def test_uniform_stays_below_to_in_every_dtype(dtype, bounds):
+    # CPU's uniform_ returns [from, to) in every dtype: a sample that rounds to `to` in a
+    # reduced-precision dtype becomes `from` ("reverse the bounds").  A float32 sample
+    # rounded to bfloat16 used to give 1.0 for torch.rand once in 512 draws.
+    lo, hi = bounds
+    n = 1 << 20
+    torch.manual_seed(0)
+    got = torch.empty(n, dtype=dtype, device="tpu").uniform_(lo, hi).cpu().double()
+    want = torch.empty(n, dtype=dtype).uniform_(lo, hi).double()
+    assert got.max().item() < hi and got.min().item() >= lo
+    if dtype is not torch.float32:  # 2**20 draws reach the largest value below `to`
+        assert got.max().item() == want.max().item()
+    # the mass moved to `from` (and the rest of the distribution) is CPU's: the fraction
+    # of draws equal to `from` agrees within sampling noise
+    f_got, f_want = (got == lo).double().mean().item(), (want == lo).double().mean().item()
+    assert abs(f_got - f_want) <= 4 * (f_want / n) ** 0.5 + 1e-6, (f_got, f_want)
+    if lo == 0.0 and hi == 1.0:
+        r = torch.rand(n, dtype=dtype, device="tpu").cpu()
+        assert (r == 1).sum().item() == 0

@@ -107,8 +107,15 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     u = _uniform(key, shape, dt)
     ct = u.dtype
     # from + (to - from) * u, as PyTorch's uniform_real_distribution
-    r = jnp().asarray(low, ct) + jnp().asarray(high - low, ct) * u
-    return _to_complex(r, dt) if dt.is_complex else r.astype(npdt(dt))
+    j = jnp()
+    r = j.asarray(low, ct) + j.asarray(high - low, ct) * u
+    # a value that rounds to ``to`` in the tensor's dtype becomes ``from``, as PyTorch's
+    # kernels do ("reverse the bounds"): the result stays in [from, to) (a bfloat16 draw
+    # rounds to 1.0 once in 512 otherwise)
+    out_dt = r.dtype if dt.is_complex else npdt(dt)
+    r = r.astype(out_dt)
+    r = j.where(r == j.asarray(high, out_dt), j.asarray(low, out_dt), r)
+    return _to_complex(r, dt) if dt.is_complex else r
 
 
 def _normal(key, shape, dtype):
