@@ -597,3 +597,32 @@ def test_rnn_cells_compile_forward_and_backward_as_cpu(cell_cls, bias):
     for (n, p), q in zip(cell.named_parameters(), dcell.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, msg=n)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype,low,high", [(torch.int8, -128, 128), (torch.int8, -100, 100),
+                                            (torch.int32, -2**31, 2**31),
+                                            (torch.int16, 5, 9), (torch.float32, -3, 4)])
+def test_compiled_randint_over_the_dtypes_whole_range(dtype, low, high):
+    # the graph's randint drew random.to(high - low) in the result's dtype, and a range
+    # wider than the dtype's positive half raised "to - 1 is out of bounds" (CPU accepts
+    # any [from, to) whose ends fit the dtype)
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.randint_like(x, low, high), torch.randint(low, high, (64,), dtype=dtype,
+                                                               device=x.device)
+
+    x = torch.zeros(256, dtype=dtype)
+    want = f(x)
+    got = torch.compile(f, backend="tpu", fullgraph=True)(x.to(TPU))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        g = g.cpu().double()
+        assert low <= g.min().item() and g.max().item() <= high - 1
+    assert got[0].cpu().unique().numel() > 1
+    # CPU's check that `to - 1` fits the dtype is kept
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="out of bounds for signed char"):
+        torch.compile(lambda x: torch.randint_like(x, 0, 300), backend="tpu")(
+            torch.zeros(3, dtype=torch.int8, device=TPU))
+    torch._dynamo.reset()
