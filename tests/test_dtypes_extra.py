@@ -184,3 +184,15 @@ def test_index_reduce_empty_index_errors_like_cpu():
         with pytest.raises(RuntimeError, match="Expected reduce to be one of"):
             torch.index_reduce(x, 0, idx, torch.empty(0, 2, device=d), "sum",
                                out=torch.empty(3, 2, device=d))
+
+
+@pytest.mark.parametrize("dtype", F8 + [torch.bfloat16, torch.complex64, torch.bool])
+def test_strided_views_read_back_like_cpu(dtype):
+    # .cpu() of a transposed or strided view goes through numpy's as_strided, which
+    # could not rebuild ml_dtypes' float8_e5m2 ("data type '<f1' not understood")
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4).to(dtype)
+    t = x.to("tpu")
+    for view in (lambda v: v.t(), lambda v: v[:, ::2], lambda v: v[1:, 1:].t()):
+        assert torch.equal(view(t).cpu().view(torch.uint8) if dtype in F8 else view(t).cpu(),
+                           view(x).contiguous().view(torch.uint8) if dtype in F8
+                           else view(x).contiguous())

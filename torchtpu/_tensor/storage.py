@@ -639,6 +639,9 @@ def read_view(arr, spec, offs=None):
     return lax.broadcast_in_dim(x, size, tuple(sorted(order)))
 
 
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def read_view_host(host, t: torch.Tensor) -> np.ndarray:
     """Host twin of :func:`read_view`: the elements of ``t`` (a view of the storage whose
     host copy is the numpy array ``host``, of the same dtype) as a new numpy array of
@@ -652,8 +655,14 @@ def read_view_host(host, t: torch.Tensor) -> np.ndarray:
     off = t.storage_offset()
     _check_bounds(size, stride, off, t.dtype, flat.nbytes)
     item = flat.itemsize
+    # strided through an unsigned view of the same width: numpy's as_strided rebuilds
+    # the dtype from its type string, which ml_dtypes' float8_e5m2 ("<f1") cannot give
+    bits = _UINT_OF_SIZE.get(item)
+    src = flat[off:] if bits is None else flat[off:].view(bits)
     x = np.array(np.lib.stride_tricks.as_strided(
-        flat[off:], size, tuple(s * item for s in stride), writeable=False))
+        src, size, tuple(s * item for s in stride), writeable=False))
+    if bits is not None:
+        x = x.view(flat.dtype)
     if t.dtype.is_complex and t.is_conj():
         x = np.conj(x)
     if t.is_neg():
