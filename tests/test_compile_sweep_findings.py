@@ -626,3 +626,41 @@ def test_compiled_randint_over_the_dtypes_whole_range(dtype, low, high):
         torch.compile(lambda x: torch.randint_like(x, 0, 300), backend="tpu")(
             torch.zeros(3, dtype=torch.int8, device=TPU))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("reset_between", [False, True])
+def test_as_strided_scatter_of_views_at_other_storage_offsets(reset_between):
+    # Dynamo does not guard storage offsets, and the graph cache keys on PyTorch's hash of
+    # the inputs' metadata, without them: a graph traced for base[0:12] was reused for
+    # base[5:17] and returned the window at offset 0 (a wrong value).  It runs eagerly now.
+    f = lambda s, src: torch.as_strided_scatter(s, src, (2, 2), (4, 1), 5) * 2  # noqa: E731
+    src = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    base = torch.arange(20.0)
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu")
+    for off in (0, 5, 3):
+        if reset_between:
+            torch._dynamo.reset()
+            cf = torch.compile(f, backend="tpu")
+        want = f(base[off:off + 12].view(3, 4), src)
+        got = cf(base.to(TPU)[off:off + 12].view(3, 4), src.to(TPU))
+        torch.testing.assert_close(got.cpu(), want)
+    torch._dynamo.reset()
+
+
+def test_as_strided_scatter_backward_compiled_as_cpu():
+    def f(s, src):
+        return (torch.as_strided_scatter(s, src, (2, 2), (4, 1), 5) ** 2).sum()
+
+    base = torch.arange(20.0)
+    src = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    s = base[5:17].view(3, 4).clone().requires_grad_()
+    sr = src.clone().requires_grad_()
+    f(s, sr).backward()
+    ts = base[5:17].view(3, 4).clone().to(TPU).requires_grad_()
+    tsr = src.to(TPU).requires_grad_()
+    torch._dynamo.reset()
+    torch.compile(f, backend="tpu")(ts, tsr).backward()
+    torch.testing.assert_close(ts.grad.cpu(), s.grad)
+    torch.testing.assert_close(tsr.grad.cpu(), sr.grad)
+    torch._dynamo.reset()

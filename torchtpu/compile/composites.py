@@ -22,8 +22,9 @@ AOTAutograd applies.
   contracted dimensions, as PyTorch's kernel pairs them (the first two operands over the
   dimensions the third lacks, then with the third).
 
-Also here: the graph form of an eager decomposition that mutates (``as_strided_scatter``),
-which AOTAutograd's functional graphs cannot hold.
+(``as_strided_scatter`` is not decomposed in graphs: its result depends on its input's
+storage offset, which Dynamo does not guard, so it runs in eager mode as a sync node of a
+staged graph, ``torchtpu.compile.staged``.)
 """
 
 from __future__ import annotations
@@ -122,49 +123,6 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return out.to(i1.dtype)
 
 
-def _extent(size, stride, offset):
-    """Elements of storage a geometry reaches: ``offset + sum((size - 1) * stride) + 1``
-    (0 for an empty one)."""
-    if any(d == 0 for d in size):
-        return 0
-    return offset + sum((d - 1) * st for d, st in zip(size, stride)) + 1
-
-
-def as_strided_scatter(self, src, size, stride, storage_offset=None):
-    """``aten.as_strided_scatter`` in a graph: eager's decomposition
-    (``ops.decomp_overrides.as_strided_scatter``) writes ``src`` with ``copy_`` into a view
-    of a clone, which AOTAutograd's functional graphs refuse; here the write is a
-    functional ``index_put`` at the storage positions the geometry addresses.  Same
-    result: ``self``'s storage copied, ``src`` at ``as_strided(size, stride,
-    storage_offset)`` of it, returned with ``self``'s sizes, strides and offset.  A target
-    geometry with a stride-0 dimension of size > 1 (and no size 0) raises CPU's RuntimeError ("more than
-    one element of the written-to tensor refers to a single memory location")."""
-    from torchtpu.ops.decomp_overrides import check_scatter_src
-
-    from torchtpu._tensor.overlap import INTERNAL_MSG
-
-    size, stride = list(size), list(stride)
-    check_scatter_src(src, size)
-    if 0 not in size and any(st == 0 and n > 1 for n, st in zip(size, stride)):
-        # eager's copy_ into the target view refuses it (at::assert_no_internal_overlap;
-        # an empty target writes nothing and is accepted)
-        raise RuntimeError(INTERNAL_MSG)
-    if torch._debug_has_internal_overlap(self) == 1:
-        base = self.clone()  # as PyTorch does for a self that overlaps itself
-        shape, strides, offset = base.shape, base.stride(), 0
-    else:
-        base = self
-        shape, strides, offset = self.shape, self.stride(), self.storage_offset()
-    start = 0 if storage_offset is None else storage_offset
-    # the storage elements either geometry reaches (PyTorch's meta kernel has checked that
-    # the target lies within self's storage); elements past them cannot reach the result
-    n = max(_extent(shape, strides, offset), _extent(size, stride, start))
-    flat = base.as_strided((n,), (1,), 0)
-    pos = torch.arange(n, device=self.device).as_strided(size, stride, start)
-    flat = flat.index_put((pos.reshape(-1),), src.to(self.dtype).reshape(-1))
-    return flat.as_strided(shape, strides, offset)
-
-
 def masked_scatter_backward(grad, mask, sizes):
     """``aten.masked_scatter_backward``: the gradient of ``masked_scatter``'s ``source``
     (shape ``sizes``): ``grad``'s elements where ``mask`` (broadcast with it) is set, in
@@ -189,5 +147,4 @@ def decompositions() -> dict:
     return {aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
             aten.cholesky_solve.default: cholesky_solve,
             aten._trilinear.default: trilinear,
-            aten.as_strided_scatter.default: as_strided_scatter,
             aten.masked_scatter_backward.default: masked_scatter_backward}

@@ -21,7 +21,9 @@ ASSERT_ASYNC = {aten._assert_async.default, aten._assert_async.msg}
 # Ops FakeTensorMode must see whole: a constant (torch.tensor(...) in a graph) is a real
 # tensor lifted into the fake world by lift_fresh; its "decomposition" to alias would hand
 # the real tensor to a fake kernel.
-_KEEP = {"aten::lift_fresh", "aten::lift_fresh_copy"}
+# kept whole: lift_fresh (a graph constant), as_strided_scatter (an eager stage of the
+# graph, torchtpu.compile.staged: its result depends on its input's storage offset)
+_KEEP = {"aten::lift_fresh", "aten::lift_fresh_copy", "aten::as_strided_scatter"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,7 +45,7 @@ def decompositions() -> dict:
     d = dict(core_aten_decompositions())
     d.update(decomp_overrides.decompositions())
     d.update(_random_factories())
-    d.update(composites.decompositions())  # (replaces eager's mutating as_strided_scatter)
+    d.update(composites.decompositions())
     return {op: fn for op, fn in d.items()
             if op not in table and getattr(getattr(op, "_schema", None), "name", None) not in _KEEP
             and not _is_view_op(op) and op not in ASSERT_ASYNC}

@@ -13,6 +13,9 @@ such a graph is cut at those nodes (:class:`StagedGraph`):
   :class:`~torchtpu.compile.graph.GraphExecutable`; the unbacked sizes and values it reads
   arrive as concrete inputs, so it is compiled once per distinct concrete value
   (the same as ``dynamic=True`` graphs: one executable per concrete shape), and reused;
+* ``as_strided_scatter`` is a sync node too: its result depends on its input's storage
+  offset, which Dynamo's guards do not check (a graph traced for ``x[0:12]`` is reused for
+  ``x[5:17]``), so it runs eagerly on the actual tensors;
 * ``index_put`` with a boolean mask whose value's size must equal the mask's count of
   True elements (``x[m] = y[m]``) is a sync node too: CPU's "shape mismatch" check needs
   that count, which eager reads as well (``x[m] = 0`` stays compiled);
@@ -44,6 +47,9 @@ M = _metrics.METRICS
 # lowered into the executable, torchtpu.compile.collectives)
 _KNOWN_NAMESPACES = ("aten", "prims", "_c10d_functional", "c10d_functional")
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default  # Tensor.item()
+# its result depends on its input's storage offset, which Dynamo does not guard (a graph
+# traced for x[0:12] is reused for x[5:17]): it runs eagerly, on the actual tensors
+_AS_STRIDED_SCATTER = torch.ops.aten.as_strided_scatter.default
 
 
 def is_sync_node(n, table=None) -> bool:
@@ -53,7 +59,8 @@ def is_sync_node(n, table=None) -> bool:
     if n.op != "call_function":
         return False
     t = n.target
-    if n.meta.get("unbacked_bindings") or t is _LOCAL_SCALAR or t in _AUTO_FUNCTIONALIZED:
+    if n.meta.get("unbacked_bindings") or t is _LOCAL_SCALAR or t in _AUTO_FUNCTIONALIZED \
+            or t is _AS_STRIDED_SCATTER:
         return True
     if isinstance(t, torch._ops.OpOverload):
         table = ops.table() if table is None else table
