@@ -664,3 +664,24 @@ def test_as_strided_scatter_backward_compiled_as_cpu():
     torch.testing.assert_close(ts.grad.cpu(), s.grad)
     torch.testing.assert_close(tsr.grad.cpu(), sr.grad)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cell_cls", [torch.nn.GRUCell, torch.nn.LSTMCell])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_rnn_cells_compile_for_new_batch_sizes(cell_cls, dynamic):
+    # a second batch size makes Dynamo recompile with a symbolic batch: the cells' fake
+    # kernel ran the decomposition on CPU zeros, which needs concrete sizes
+    torch.manual_seed(0)
+    cell = cell_cls(4, 6)
+    dcell = cell_cls(4, 6)
+    dcell.load_state_dict(cell.state_dict())
+    dcell = dcell.to(TPU)
+    torch._dynamo.reset()
+    f = torch.compile(lambda c, x: c(x), backend="tpu", dynamic=dynamic)
+    for batch in (2, 5, 3):
+        x = torch.randn(batch, 4)
+        want, got = cell(x), f(dcell, x.to(TPU))
+        for w, g in zip(want if isinstance(want, tuple) else (want,),
+                        got if isinstance(got, tuple) else (got,)):
+            torch.testing.assert_close(g.detach().cpu(), w.detach())
+    torch._dynamo.reset()

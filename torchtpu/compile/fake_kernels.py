@@ -16,9 +16,10 @@ the fused RNN cells ``_thnn_fused_gru_cell`` / ``_thnn_fused_lstm_cell`` and the
 which ``torch.gru_cell`` / ``lstm_cell`` call on every device but the CPU):
 for them PyTorch's fake tensor runs the real kernel on zeros of the fake device ("unsafe
 fallback"), which cannot work for ``tpu`` fakes (no tpu storage behind them).  For tpu
-inputs their fake results come from the CPU kernel (for the RNN cells, torchtpu's own
-decomposition) run on zeros of the same shapes (:func:`_cpu_shaped_fake`): their output
-shapes do not depend on the input values.
+inputs their fake results come from the CPU kernel run on zeros of the same shapes
+(:func:`_cpu_shaped_fake`): their output shapes do not depend on the input values.  The
+RNN cells' come from torchtpu's own decompositions run on the fakes themselves (so
+symbolic batch sizes work).
 
 Registered through ``torch._subclasses.fake_impls.register_op_impl`` (PyTorch's own
 registry of special fake kernels, private) when that module is imported
@@ -99,13 +100,14 @@ def _cpu_shaped_fake(fake_mode, func, *args, **kwargs):
         return a
 
     if func in _RNN_FUSED:
+        # torchtpu's decomposition on the fakes themselves (symbolic sizes included: a
+        # second batch size, dynamic=True)
         from torchtpu.ops.decomp_overrides import table
 
-        run = table()[func]
-    else:
-        run = func
+        with fake_mode:
+            return table()[func](*args, **kwargs)
     with _disable_current_modes():
-        out = run(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
+        out = func(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
 
     def to_fake(r):
         if not isinstance(r, torch.Tensor):
