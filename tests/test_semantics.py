@@ -608,3 +608,18 @@ def test_pickle_of_tpu_tensors_round_trips():
     obj = {"w": half.to("tpu"), "step": 3}
     back = pickle.loads(pickle.dumps(obj))
     assert back["step"] == 3 and torch.equal(back["w"].cpu(), half)
+
+
+@pytest.mark.parametrize("make", [lambda: torch.ones(3, 1).t(),
+                                  lambda: torch.ones(4, 1, 2).permute(1, 0, 2),
+                                  lambda: torch.ones(3, 1, dtype=torch.complex64).conj().t(),
+                                  lambda: torch.ones(2, 3)[:1]])
+def test_copies_keep_size_one_dimension_strides_as_cpu(make):
+    # a dense tensor's copy keeps its strides as they are (preserve_format), a size-1
+    # dimension's included: ones(3, 1).t() has strides (1, 1), not the contiguous (3, 1)
+    x = make()
+    t = x.to(TPU)
+    assert t.stride() == x.to("meta").stride() == x.clone().stride()
+    assert t.to(torch.float64).stride() == x.to(torch.float64).stride()
+    assert t.clone().stride() == x.clone().stride()
+    assert torch.equal(t.cpu(), x)

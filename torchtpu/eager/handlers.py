@@ -335,7 +335,10 @@ def _result_strides(x: torch.Tensor, memory_format) -> tuple | None:
         return None
     mf = torch.preserve_format if memory_format is None else memory_format
     if mf is torch.preserve_format and x.is_contiguous():
-        return None  # the common case, without a meta call
+        # the common case, without a meta call; a dense tensor keeps its strides as they
+        # are, a size-1 dimension's included (ones(3, 1).t(): (1, 1), not (3, 1))
+        st = x.stride()
+        return None if st == _st.contiguous_strides(tuple(x.shape)) else st
     strides = torch.empty_like(x, device="meta", memory_format=mf).stride()
     return None if strides == _st.contiguous_strides(tuple(x.shape)) else strides
 
