@@ -306,6 +306,22 @@ def conv_transpose3d_output_padding(d):
                               torch.ones(1, 1, 2, 2, 2, device=d), output_padding=1)
 
 
+def uniform_int(d):
+    return torch.zeros(3, dtype=torch.int64, device=d).uniform_()
+
+
+def rand_like_bool(d):
+    return torch.rand_like(torch.zeros(3, dtype=torch.bool, device=d))
+
+
+def bernoulli_int(d):
+    return torch.bernoulli(torch.zeros(3, dtype=torch.int64, device=d))
+
+
+def bernoulli_complex(d):
+    return torch.bernoulli(torch.zeros(3, dtype=torch.complex64, device=d))
+
+
 RAISING = [
     copy_partial, setitem_partial, index_put_partial, index_put_full, add_out_partial,
     neg_out_partial, transposed_copy, out_expanded, copy_to_expanded, cat_out_partial,
@@ -319,7 +335,8 @@ RAISING = [
     mm_f32_f64, matmul_f32_f64, matmul_batched_mixed, mv_mixed, addmm_mixed,
     addmm_self_mixed, linear_mixed, linear_bias_mixed, mm_bool, mm_int64_int32,
     gcd_uint16, lcm_float, conv_transpose2d_output_padding, conv_transpose1d_output_padding,
-    conv_transpose3d_output_padding,
+    conv_transpose3d_output_padding, uniform_int, rand_like_bool, bernoulli_int,
+    bernoulli_complex,
 ]
 
 

@@ -100,7 +100,9 @@ def _uniform_checks(vals):
 @lower(aten.uniform.default, random=True, prepare=_uniform_checks)
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     dt = tdtype(x)
-    _check_float("uniform_", dt)
+    if not (dt.is_floating_point or dt.is_complex):  # CPU's dispatch error
+        raise NotImplementedError(
+            f'"check_uniform_bounds" not implemented for \'{scalar_type_name(dt)}\'')
     # complex: real and imaginary parts each uniform on [low, high), as PyTorch (which
     # fills view_as_real(x))
     shape = tuple(x.shape) + ((2,) if dt.is_complex else ())
@@ -228,7 +230,10 @@ def _bernoulli(key, shape, p, dtype):
 @lower(aten.bernoulli.default, random=True)
 def bernoulli(x, generator=None, *, key):
     dt = tdtype(x)
-    _check_float("bernoulli", dt)
+    if not dt.is_floating_point:  # CPU's dispatch errors
+        kernel = "bernoulli_tensor_cpu_self_" if dt.is_complex else "bernoulli_tensor_cpu_p_"
+        raise NotImplementedError(
+            f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
     _check_p(x)
     return _bernoulli(key, x.shape, x.astype(_sample_dtype(dt)), dt)
 
