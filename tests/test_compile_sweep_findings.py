@@ -558,16 +558,18 @@ def test_cpu_factories_of_new_and_dynamic_shapes(dynamic):
     torch._dynamo.reset()
 
     def f(x):
-        return torch.zeros_like(x, device="cpu") + 1, torch.full_like(x.t(), 2.0)
+        return (torch.zeros_like(x, device="cpu") + 1, torch.full_like(x.t(), 2.0),
+                torch.ones_like(x[1:].t(), device="cpu"), x.new_zeros(x.numel(), device="cpu"),
+                torch.full_like(x[:, 1:], 3.0, device="cpu"))
 
     cf = torch.compile(f, backend="tpu", dynamic=dynamic)
     for shape in [(3, 4), (5, 4), (2, 7)]:
         x = torch.randn(shape)
-        g0, g1 = cf(x.to(TPU))
-        w0, w1 = f(x)
-        assert g0.device.type == "cpu" and g1.device.type == "tpu"
-        torch.testing.assert_close(g0, w0)
-        torch.testing.assert_close(g1.cpu(), w1)
+        got, want = cf(x.to(TPU)), f(x)
+        assert [g.device.type for g in got] == ["cpu", "tpu", "cpu", "cpu", "cpu"]
+        for g, w in zip(got, want):
+            assert g.stride() == w.stride()
+            torch.testing.assert_close(g.cpu(), w)
     torch._dynamo.reset()
 
 

@@ -99,8 +99,25 @@ def _metadata_input(n, a) -> bool:
     v = a.meta.get("val")
     return (n.target in _METADATA_ONLY and n.args and n.args[0] is a
             and isinstance(v, torch.Tensor)
-            and (a.op == "placeholder"
+            and (_view_chain(a) is not None
                  or all(isinstance(d, int) for d in tuple(v.shape) + tuple(v.stride()))))
+
+
+def _view_chain(a):
+    """The view nodes from a graph input to ``a`` (``[]`` for an input itself; ``x.t()``,
+    ``x[1:]``...), or None when ``a`` is computed otherwise.  Their geometry at a call is
+    that of the same views taken of a stand-in of the input's geometry."""
+    chain = []
+    while a.op != "placeholder":
+        if a.op != "call_function" or not isinstance(a.target, torch._ops.OpOverload) \
+                or not _sig(a.target).is_view or not a.args \
+                or not isinstance(a.args[0], torch.fx.Node) \
+                or any(isinstance(x, torch.fx.Node) for x in a.all_input_nodes[1:]
+                       if not isinstance(x.meta.get("val"), (torch.SymInt, int))):
+            return None
+        chain.append(a)
+        a = a.args[0]
+    return chain[::-1]
 
 
 def _cpu_stand_in(x):
@@ -762,26 +779,57 @@ class GraphExecutable:
         for i, n in enumerate(self.placeholders + self.get_attrs):
             m[n] = g.placeholder(f"in{i}")
             pos[n] = i
-        late = []
         # a host node that reads only the shape of a tpu value (``zeros_like(x,
         # device="cpu")``) gets an uninitialized CPU tensor of that geometry instead
         stand_ins = {}
+
+        def stand_in(a, chain):
+            if a not in stand_ins:
+                if chain is None:  # static geometry
+                    v = a.meta["val"]
+                    stand_ins[a] = g.call_function(
+                        torch.empty_strided, (tuple(v.shape), tuple(v.stride())),
+                        {"dtype": v.dtype, "device": "cpu"})
+                else:  # the input's geometry at this call, then the same views of it
+                    cur = g.call_function(_cpu_stand_in, (m[chain[0].args[0] if chain
+                                                           else a],))
+                    for vn in chain:
+                        cur = g.node_copy(vn, lambda x, cur=cur, vn=vn:
+                                          cur if x is vn.args[0] else bring(x))
+                    stand_ins[a] = cur
+            return stand_ins[a]
+
+        def bring(x):
+            # a host node's input: already in the host graph, or size arithmetic on the
+            # call's sizes (x.numel() of a symbolic-shape input, x[1:].size(0)) copied in
+            # on first use, reading the geometry of a view of an input from its stand-in
+            if x in m:
+                return m[x]
+            if x.op == "call_function" and (_is_sym_fn(x.target) or x.target in _SYM_OPS):
+                m[x] = g.node_copy(x, bring)
+                return m[x]
+            chain = _view_chain(x) if x.op != "placeholder" else []
+            if chain is not None and x not in self.host:
+                return stand_in(x, chain)
+            raise NotImplementedError(
+                f"torchtpu.compile: host node input {x.name} ({x.target}) of graph "
+                f"{self.name} is computed on the device")
+
+        late = []
         for n in self.host_calls:
             for a in n.all_input_nodes:
                 if a not in self.host and a not in stand_ins and _metadata_input(n, a):
-                    v = a.meta["val"]
-                    stand_ins[a] = g.call_function(_cpu_stand_in, (m[a],)) \
-                        if a.op == "placeholder" else g.call_function(
-                        torch.empty_strided, (tuple(v.shape), tuple(v.stride())),
-                        {"dtype": v.dtype, "device": "cpu"})
+                    stand_in(a, _view_chain(a))
+
+
         for n in self.host_calls:
             if n.target is aten.copy_.default and n.args[0].op == "placeholder":
                 src = n.args[1]
                 late.append((pos[n.args[0]], m[src] if isinstance(src, torch.fx.Node) else src))
                 m[n] = m[n.args[0]]
                 continue
-            m[n] = g.node_copy(n, lambda x: m[x] if x in self.host or x not in stand_ins
-                               else stand_ins[x])
+            m[n] = g.node_copy(n, lambda x: stand_ins[x] if x in stand_ins
+                               and x not in self.host else bring(x))
         feeds = tuple(m[n] for n in self.host_feed)
         outs = tuple(m[n] for n in self.host_outs)
         srcs = [n.args[1] for n in self.host_calls
