@@ -93,9 +93,9 @@ _METADATA_ONLY = {getattr(getattr(aten, op), overload) for op, overload in (
 
 def _metadata_input(n, a) -> bool:
     """Whether host node ``n`` reads only the geometry of its tensor input ``a``: ``n``'s
-    first argument, for an op in ``_METADATA_ONLY``, and either a graph input (its
-    geometry is read from the value passed at each call, symbolic sizes included) or a
-    static-shape tensor."""
+    first argument, for an op in ``_METADATA_ONLY``, and either a graph input or a view
+    of one (:func:`_view_chain`: its geometry is read from the value passed at each call,
+    symbolic sizes included) or a static-shape tensor."""
     v = a.meta.get("val")
     return (n.target in _METADATA_ONLY and n.args and n.args[0] is a
             and isinstance(v, torch.Tensor)
@@ -112,8 +112,8 @@ def _view_chain(a):
         if a.op != "call_function" or not isinstance(a.target, torch._ops.OpOverload) \
                 or not _sig(a.target).is_view or not a.args \
                 or not isinstance(a.args[0], torch.fx.Node) \
-                or any(isinstance(x, torch.fx.Node) for x in a.all_input_nodes[1:]
-                       if not isinstance(x.meta.get("val"), (torch.SymInt, int))):
+                or any(not isinstance(x.meta.get("val"), (torch.SymInt, int))
+                       for x in a.all_input_nodes if x is not a.args[0]):
             return None
         chain.append(a)
         a = a.args[0]
@@ -820,8 +820,6 @@ class GraphExecutable:
             for a in n.all_input_nodes:
                 if a not in self.host and a not in stand_ins and _metadata_input(n, a):
                     stand_in(a, _view_chain(a))
-
-
         for n in self.host_calls:
             if n.target is aten.copy_.default and n.args[0].op == "placeholder":
                 src = n.args[1]
