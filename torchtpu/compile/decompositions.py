@@ -80,23 +80,20 @@ def _random_factories() -> dict:
         # Drawn as int64 in [0, high - low), shifted, then cast: a range wider than the
         # dtype's (int8 in [-100, 100)) is as valid as on CPU, which checks only that
         # `from` and `to - 1` fit the dtype (its errors, raised here)
-        from torchtpu.ops.random import _check_range
+        from torchtpu.ops.random import _check_range, check_order
 
-        if high <= low:
-            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got "
-                               f"from={low} >= to={high}")
+        check_order(low, high)
         _check_range(empty.dtype, low, high - 1)
         if high - low > 2**63 - 1:
             raise NotImplementedError(
                 f"torchtpu.compile: randint over [{low}, {high}), a range of 2**63 or more "
                 f"values, is not supported inside a compiled graph (eager tpu draws it)")
-        if empty.dtype is torch.int64:
-            r = aten.random.to(empty, high - low)
-            return r if low == 0 else aten.add.Tensor(r, low)
-        r = aten.random.to(aten.empty_like.default(empty, dtype=torch.int64), high - low)
+        i64 = empty.dtype is torch.int64
+        r = aten.random.to(empty if i64 else aten.empty_like.default(empty, dtype=torch.int64),
+                           high - low)
         if low != 0:
             r = aten.add.Tensor(r, low)
-        return aten._to_copy.default(r, dtype=empty.dtype)
+        return r if i64 else aten._to_copy.default(r, dtype=empty.dtype)
 
     def randint_low(low, high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
         kw = _kw(dtype or torch.int64, layout, device, pin_memory)

@@ -67,12 +67,13 @@ def _cpu_shaped_ops() -> set:
 
 
 # PyTorch's RNN cells call these fused kernels for every device but the CPU (CUDA's have no
-# meta kernel, and there is no CPU kernel): their shapes come from torchtpu's own
-# decompositions (``ops.decomp_overrides``, what eager and AOTAutograd run) on CPU zeros
+# meta kernel, and there is no CPU kernel): their fakes come from torchtpu's own
+# decompositions (``ops.decomp_overrides``, what eager and AOTAutograd run):
+# :func:`_rnn_fused_fake`
 _RNN_FUSED = {aten._thnn_fused_gru_cell.default, aten._thnn_fused_gru_cell_backward.default,
               aten._thnn_fused_lstm_cell.default,
               aten._thnn_fused_lstm_cell_backward_impl.default}
-_CPU_SHAPED = _cpu_shaped_ops() | _RNN_FUSED
+_CPU_SHAPED = _cpu_shaped_ops()
 
 
 def _is_cpu_shaped(func) -> bool:
@@ -99,13 +100,6 @@ def _cpu_shaped_fake(fake_mode, func, *args, **kwargs):
             return torch.zeros(tuple(a.shape), dtype=a.dtype)
         return a
 
-    if func in _RNN_FUSED:
-        # torchtpu's decomposition on the fakes themselves (symbolic sizes included: a
-        # second batch size, dynamic=True)
-        from torchtpu.ops.decomp_overrides import table
-
-        with fake_mode:
-            return table()[func](*args, **kwargs)
     with _disable_current_modes():
         out = func(*tree_map(to_cpu, args), **tree_map(to_cpu, kwargs))
 
@@ -120,6 +114,25 @@ def _cpu_shaped_fake(fake_mode, func, *args, **kwargs):
     return tree_map(to_fake, out)
 
 
+def _is_rnn_fused(func) -> bool:
+    return func in _RNN_FUSED
+
+
+def _rnn_fused_fake(fake_mode, func, *args, **kwargs):
+    """Fake result of a fused RNN cell (:data:`_RNN_FUSED`) on tpu inputs: torchtpu's
+    decomposition run on the fakes themselves (symbolic sizes included: a second batch
+    size, ``dynamic=True``).  Inputs on other devices: ``NotImplemented``."""
+    from torch.utils._pytree import tree_flatten
+
+    from torchtpu.ops.decomp_overrides import table
+
+    flat, _ = tree_flatten((args, kwargs))
+    if not any(isinstance(a, torch.Tensor) and a.device.type == "tpu" for a in flat):
+        return NotImplemented
+    with fake_mode:
+        return table()[func](*args, **kwargs)
+
+
 def install(fake_impls) -> None:
     """Register the kernels above in PyTorch's fake-kernel registry ``fake_impls``
     (idempotent)."""
@@ -129,3 +142,4 @@ def install(fake_impls) -> None:
     _installed = True
     fake_impls.register_op_impl(_is_grouped_mm)(_grouped_mm_fake)
     fake_impls.register_op_impl(_is_cpu_shaped)(_cpu_shaped_fake)
+    fake_impls.register_op_impl(_is_rnn_fused)(_rnn_fused_fake)

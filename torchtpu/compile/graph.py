@@ -808,7 +808,7 @@ class GraphExecutable:
             if x.op == "call_function" and (_is_sym_fn(x.target) or x.target in _SYM_OPS):
                 m[x] = g.node_copy(x, bring)
                 return m[x]
-            chain = _view_chain(x) if x.op != "placeholder" else []
+            chain = _view_chain(x)
             if chain is not None and x not in self.host:
                 return stand_in(x, chain)
             raise NotImplementedError(

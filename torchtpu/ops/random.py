@@ -265,11 +265,16 @@ def _random_max(dtype: torch.dtype) -> int:
     return int(torch.iinfo(dtype).max)
 
 
+def check_order(lo: int, hi_excl: int) -> None:
+    """CPU's ``random_(from, to)`` check that ``from < to`` (RuntimeError, its message)."""
+    if hi_excl <= lo:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} "
+                           f">= to={hi_excl}")
+
+
 def _randint(key, shape, lo: int, hi_incl: int, dtype: torch.dtype):
     """Uniform integers in [lo, hi_incl] (drawn as int64), as ``dtype``."""
-    if hi_incl < lo:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={lo} "
-                           f">= to={hi_incl + 1}")
+    check_order(lo, hi_incl + 1)
     i64 = npdt(torch.int64)
     # maxval is exclusive; int64's largest value itself is never drawn (1 in 2**63)
     hi_excl = min(hi_incl + 1, 2**63 - 1)
