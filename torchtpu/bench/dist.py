@@ -1,7 +1,8 @@
 """Collective bandwidth and data-parallel training scaling on ``tpu_dist``.
 
     python -m torchtpu.bench dist [--world 2,4] [--sizes 4K,...,64M] [--iters N]
-                                  [--steps N] [--no-train] [--json PATH]
+                                  [--steps N] [--warmup N] [--train ddp,fsdp2,ddp_cpu]
+                                  [--pin] [--no-train] [--json PATH]
 
 For each world size, launches that many processes on this machine (one per device,
 ``init_process_group()`` over ``tcp://127.0.0.1``) and measures, in the same run:
@@ -18,7 +19,16 @@ For each world size, launches that many processes on this machine (one per devic
   rank) under ``DistributedDataParallel`` and under FSDP2 (``fully_shard`` of each Linear
   and the root over ``init_device_mesh("tpu", (n,))``), at 1 process and at every world
   size: steps/s and scaling efficiency ``t(1) / t(n)`` (the same per-rank batch, so 1.0
-  is perfect weak scaling).
+  is perfect weak scaling), after ``--warmup`` untimed steps (enough for the eager
+  modes' lazily built executables, e.g. the donating ones of the optimizer update, to be
+  out of the timed steps).  ``ddp_cpu`` (in ``--train``) is the reference: the same step
+  under DDP on cpu tensors with gloo (PyTorch's own stack, one intra-op thread per rank).
+
+``--pin``: each process is bound to one CPU core (rank ``r`` to core ``r mod cores``,
+``taskset``; the 1-process run to core 0), so every rank, like a device, has the same
+compute in every world size; unpinned, the 1-process run also uses the idle cores (XLA's
+and PyTorch's threads, the async dispatch of per-op executables) that the ranks of a
+larger world compete for.
 
 The processes inherit the environment (``TORCHTPU_PLATFORM`` picks the PJRT platform).
 """
@@ -99,15 +109,20 @@ def _time_collective(name, device, nbytes, world, iters):
 
 
 def _train(kind, world, rank, steps, warmup):
+    """``(seconds per step, the slowest rank's; the loss of the last step)`` of the MLP
+    step under ``kind`` (``ddp``, ``fsdp2``, ``ddp_cpu``), after ``warmup`` untimed steps.
+    Every rank trains on the same batch, so the losses equal a one-process run's."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from torchtpu.bench.eager import mlp_workload
 
+    device = "cpu" if kind == "ddp_cpu" else "tpu"
+    torch.set_num_threads(1)  # CPU PyTorch (ddp_cpu): one intra-op thread per rank
     model, (x, y), _ = mlp_workload()
-    model = model.to("tpu")
-    if kind == "ddp":
+    model = model.to(device)
+    if kind in ("ddp", "ddp_cpu"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(model)
@@ -121,7 +136,7 @@ def _train(kind, world, rank, steps, warmup):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = x.to("tpu"), y.to("tpu")
+    x, y = x.to(device), y.to(device)
 
     def step():
         loss = F.cross_entropy(model(x), y)
@@ -136,11 +151,11 @@ def _train(kind, world, rank, steps, warmup):
     t0 = time.perf_counter()
     for _ in range(steps):
         loss = step()
-    loss.item()
+    last = loss.item()
     dt = (time.perf_counter() - t0) / steps
     worst = torch.tensor([dt], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return worst.item()
+    return worst.item(), last
 
 
 def worker(argv) -> None:
@@ -155,7 +170,7 @@ def worker(argv) -> None:
     check = process_group._CHECK
     dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    res = {"collectives": {}, "train": {}}
+    res = {"collectives": {}, "train": {}, "train_last_loss": {}}
     for name in COLLECTIVES if world > 1 else ():
         for nbytes in sizes:
             for backend, device in (("tpu_dist", "tpu"), ("tpu_dist_nocheck", "tpu"),
@@ -169,7 +184,8 @@ def worker(argv) -> None:
                 res["collectives"].setdefault(name, {}).setdefault(str(nbytes), {})[backend] = t
     process_group._CHECK = check
     for kind in [k for k in train.split(",") if k]:
-        res["train"][kind] = _train(kind, world, rank, steps, warmup)
+        res["train"][kind], res["train_last_loss"][kind] = _train(kind, world, rank,
+                                                                  steps, warmup)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(res, f)
@@ -181,7 +197,12 @@ def _launch(world, sizes, args, train, tmp):
     out = os.path.join(tmp, f"world{world}.json")
     port = str(_free_port())
     cmd = [sys.executable, "-m", "torchtpu.bench.dist", "--worker"]
-    procs = [subprocess.Popen(cmd + [str(r), str(world), port, out,
+    cores = os.cpu_count() or 1
+
+    def pin(r):  # taskset -c CORE: rank r bound to one core (--pin)
+        return ["taskset", "-c", str(r % cores)] if args.pin else []
+
+    procs = [subprocess.Popen(pin(r) + cmd + [str(r), str(world), port, out,
                                      ",".join(map(str, sizes)), str(args.iters),
                                      str(args.steps), str(args.warmup), train],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -211,9 +232,13 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default=DEFAULT_SIZES)
     p.add_argument("--iters", type=int, default=5, help="timed calls per collective")
     p.add_argument("--steps", type=int, default=10, help="timed training steps")
-    p.add_argument("--warmup", type=int, default=3, help="untimed training steps")
+    p.add_argument("--warmup", type=int, default=20, help="untimed training steps")
     p.add_argument("--no-train", action="store_true")
-    p.add_argument("--train", default="ddp,fsdp2")
+    p.add_argument("--train", default="ddp,fsdp2,ddp_cpu",
+                   help="training steps: ddp, fsdp2 (tpu_dist), ddp_cpu (gloo on cpu "
+                        "tensors, the reference)")
+    p.add_argument("--pin", action="store_true",
+                   help="bind each process to one CPU core (taskset)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     worlds = [int(w) for w in args.world.split(",") if w.strip()]
@@ -243,7 +268,7 @@ def main(argv=None) -> int:
             print()
     if train:
         print("MLP training step (784-1024-1024-10, AdamW, batch 64 per rank)")
-        print(f"{'':6s} {'procs':>5s} {'ms/step':>9s} {'steps/s':>8s} {'samples/s':>10s} "
+        print(f"{'':7s} {'procs':>5s} {'ms/step':>9s} {'steps/s':>8s} {'samples/s':>10s} "
               f"{'efficiency':>10s}")
         for kind in [k for k in train.split(",") if k]:
             t1 = out["worlds"]["1"]["train"][kind]
@@ -252,7 +277,7 @@ def main(argv=None) -> int:
                 out["worlds"][str(w)].setdefault("train_summary", {})[kind] = {
                     "ms_per_step": t * 1e3, "steps_per_s": 1 / t,
                     "samples_per_s": 64 * w / t, "efficiency": t1 / t}
-                print(f"{kind:6s} {w:5d} {t * 1e3:9.1f} {1 / t:8.2f} {64 * w / t:10.0f} "
+                print(f"{kind:7s} {w:5d} {t * 1e3:9.1f} {1 / t:8.2f} {64 * w / t:10.0f} "
                       f"{t1 / t:10.2f}")
     if args.json:
         with open(args.json, "w") as f:
