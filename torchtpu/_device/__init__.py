@@ -127,6 +127,10 @@ def _register_direct_kernels() -> None:
     lib = torch.library.Library("aten", "IMPL")
     _libs.append(lib)
     for op in ops.table():
+        if op.namespace != "aten":
+            # torchtpu's private ops (torchtpu_nn::*, torchtpu_attn::*) reach the executor
+            # through the PrivateUse1 fallback
+            continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(
             op.name(), "CompositeImplicitAutograd"
         ):

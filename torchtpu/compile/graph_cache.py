@@ -80,9 +80,6 @@ class TpuOutputCode(_OutputCode):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from torchtpu.compile.graph import graph_ids
-        from torchtpu.ops import nn
-
-        nn.register_private_lowerings()
         fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
         gm = _graph_from_data(self._graph_data, fake_mode)
         self.ex = deferred_executable(gm, f"{self.kind}{next(graph_ids)}", self.kind == "backward")

@@ -88,16 +88,9 @@ def _masked_op(aten_op, fn, mask_arg="output_mask", precision=False):
 
     _LIB.impl(name, meta, "Meta")
 
-    def register():
-        if priv not in LOWERINGS:
-            # registered late: the import-time loop registering direct PrivateUse1 kernels
-            # only knows the aten namespace
-            LOWERINGS[priv] = Lowering(fn, precision=precision)
-
-    _REGISTER.append(register)
+    LOWERINGS[priv] = Lowering(fn, precision=precision)
 
     def decomposition(*args, **kwargs):
-        register()
         mask = args[mi] if mi < len(args) else kwargs[mask_arg]
         res = priv(*args, **kwargs)
         return tuple(r if m else None for r, m in zip(res, mask))
@@ -112,18 +105,6 @@ def _masked_op(aten_op, fn, mask_arg="output_mask", precision=False):
     _ATEN_IMPL.impl(opname, decomposition, "PrivateUse1")
     _PRIVATE[aten_op] = priv
     return fn
-
-
-_REGISTER: list = []
-
-
-def register_private_lowerings() -> None:
-    """Add the lowerings of the private ``torchtpu_nn::*`` ops to the table now (they are
-    otherwise added the first time their decomposition runs): a compiled graph loaded
-    from the on-disk graph cache (``torchtpu.compile.graph_cache``) holds these ops
-    without this process having run the decompositions."""
-    for r in _REGISTER:
-        r()
 
 
 def _empty():

@@ -500,15 +500,11 @@ _FWD_DROPOUT = torch.ops.torchtpu_attn.flash_fwd_dropout.default
 _BWD = torch.ops.torchtpu_attn.flash_bwd.default
 
 
-def _ensure_lowered():
-    # not through @lower: the import-time loop that gives lowered ops a direct
-    # PrivateUse1 kernel registers names in the aten namespace only; these private ops
-    # reach the executor through the PrivateUse1 fallback
-    if _FWD not in LOWERINGS:
-        LOWERINGS[_FWD] = Lowering(flash_fwd, precision=True)
-        LOWERINGS[_FWD_DROPOUT] = Lowering(flash_fwd_dropout, random=True, precision=True)
-        LOWERINGS[_BWD] = Lowering(flash_bwd, precision=True)
-
+# private ops: not through @lower, whose direct PrivateUse1 kernels are for the aten
+# namespace; they reach the executor through the PrivateUse1 fallback
+LOWERINGS[_FWD] = Lowering(flash_fwd, precision=True)
+LOWERINGS[_FWD_DROPOUT] = Lowering(flash_fwd_dropout, random=True, precision=True)
+LOWERINGS[_BWD] = Lowering(flash_bwd, precision=True)
 
 
 # ================================================= the overrideable ATen op pair
@@ -522,7 +518,6 @@ def _fused_overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_cau
     dropout (``flash_fwd_dropout``: a random op, its key drawn from the tpu generator and
     returned as ``philox_seed`` / ``philox_offset`` for the backward).
     ``return_debug_mask=True`` is refused (no (L, S) matrix exists to return)."""
-    _ensure_lowered()
     if return_debug_mask:
         raise NotImplementedError(
             "torchtpu: aten._scaled_dot_product_fused_attention_overrideable with "
@@ -541,7 +536,6 @@ def _fused_overrideable(query, key, value, attn_bias=None, dropout_p=0.0, is_cau
 def _fused_overrideable_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
                                  logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                  is_causal, philox_seed, philox_offset, scale=None):
-    _ensure_lowered()
     bias_grad = attn_bias is not None and bool(grad_input_mask[3])
     drop = dropout_p > 0.0
     gq, gk, gv, gb = _BWD(grad_out, query, key, value, attn_bias, out, logsumexp, is_causal,
@@ -618,7 +612,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     from torchtpu import _metrics
 
-    _ensure_lowered()
     C = torch._C
     fused_on = (C._get_flash_sdp_enabled() or C._get_mem_efficient_sdp_enabled()
                 or C._get_overrideable_sdp_enabled())
