@@ -117,6 +117,21 @@ def test_coldwarm_row_second_process_hits_the_persistent_cache():
     assert r["warm_over_cold"] == warm["first_call_s"] / cold["first_call_s"]
 
 
+@full_only
+@pytest.mark.parametrize("precompile", [False, True])
+def test_coldwarm_model_form_first_loss_matches_cpu(precompile):
+    """coldwarm-model / coldwarm-precompile: the cold and the warm process (graphs loaded
+    from the caches, and with precompile Dynamo's bytecode too) compute CPU's first
+    loss."""
+    r = bench.coldwarm_row("small-mlp", form="model", precompile=precompile)
+    base, batch, loss = bench.TRAIN_ROWS["small-mlp"][0]()
+    cpu = bench._tsync(bench.torch_step(base, batch, loss)())
+    for k in ("cold", "warm"):
+        assert r[k]["form"] == "model"
+        assert r[k]["loss"] == pytest.approx(cpu, rel=1e-5), k
+    assert r["warm"]["graph_cache"]["graph_cache_hits"] > 0
+
+
 def test_main_writes_json_and_table(tmp_path, capsys):
     path = tmp_path / "out.json"
     threads = torch.get_num_threads()

@@ -1,6 +1,6 @@
 """``python -m torchtpu.bench compile``: torch.compile on tpu against eager, CPU and JAX.
 
-    python -m torchtpu.bench compile [--rows mlp,small-mlp,cnn,llama,generate,coldwarm]
+    python -m torchtpu.bench compile [--rows mlp,small-mlp,cnn,llama,generate,coldwarm,coldwarm-model,coldwarm-precompile]
                                      [--columns jax,cpu,inductor,strict,defer_and_fuse,compiled]
                                      [--steps N] [--warmup N] [--new-tokens N] [--json PATH]
                                      [--cache-dir fresh|default|PATH] [--torch-threads 1]
@@ -40,7 +40,13 @@ One process (the ``coldwarm`` row starts two child processes).  Rows (issue 10, 
 * ``coldwarm``: the first call of the Llama's compiled training step in a fresh process
   with an empty persistent cache (``TORCHTPU_CACHE_DIR=<new tmpdir>``), then in a second
   fresh process with the cache the first one filled; both seconds, the ratio and the
-  persistent-cache hits.
+  persistent-cache hits.  The step is the ``compiled`` column's: forward+loss and
+  ``opt.step`` compiled.  ``coldwarm-model``: the same with only the model's forward+loss
+  compiled (``torch.compile(model)``'s form: backward by AOTAutograd, AdamW eager).
+  ``coldwarm-precompile``: ``coldwarm-model`` with PyTorch's experimental precompile
+  (``TORCH_CACHING_PRECOMPILE=1`` in both processes, the first saving Dynamo's
+  guards and bytecode with ``PrecompileContext.save_to_dynamo_cache()``), which skips
+  Dynamo's trace in the second; torchtpu does not turn it on by itself (docs/compile.md).
 
 The benchmark process gets a new, empty persistent cache (``--cache-dir fresh``) so its
 first calls compile cold, runs PyTorch's CPU kernels on one thread (``--torch-threads 1``:
@@ -68,7 +74,9 @@ from torchtpu.bench import eager as _eager
 
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 1e-2  # torch.optim.AdamW's defaults
 COLUMNS = ("jax", "cpu", "inductor", "strict", "defer_and_fuse", "compiled", "compiled_step")
-ROWS = ("mlp", "small-mlp", "cnn", "llama", "generate", "coldwarm")
+COLDWARM_ROWS = {"coldwarm": ("step", False), "coldwarm-model": ("model", False),
+                 "coldwarm-precompile": ("model", True)}  # row -> (form, precompile)
+ROWS = ("mlp", "small-mlp", "cnn", "llama", "generate", *COLDWARM_ROWS)
 TRAIN_ROWS = {
     # name: (workload, default timed steps)
     "mlp": (_eager.mlp_workload, 30),
@@ -470,9 +478,27 @@ def generate_row(new_tokens=64, columns=GEN_COLUMNS, prompt_len=32):
 
 
 # ------------------------------------------------------------------ cold vs warm start
-def _first_call_child(name):
+def _model_step(model, batch, loss):
+    """:func:`torch_step` with only the forward+loss compiled (``backend="tpu"``, the
+    backward by AOTAutograd) and AdamW run eagerly: ``torch.compile(model)``'s form."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    loss_fn = torch.compile(lambda *xs: loss(model, *xs), backend="tpu")
+
+    def step():
+        out = loss_fn(*batch)
+        out.backward()
+        opt.step()
+        opt.zero_grad()
+        return out
+
+    return step
+
+
+def _first_call_child(name, form="step"):
     """In a child process: the first call of ``name``'s compiled training step (model
-    and batch already on tpu).  Prints one JSON line."""
+    and batch already on tpu); ``form``: ``step`` (:func:`torch_step`) or ``model``
+    (:func:`_model_step`).  With ``TORCH_CACHING_PRECOMPILE=1`` it then saves PyTorch's
+    precompile entries.  Prints one JSON line."""
     t_import = time.perf_counter()
     import torchtpu
 
@@ -481,13 +507,22 @@ def _first_call_child(name):
     base, batch, loss = workload()
     model = base.to("tpu")
     tb = tuple(t.to("tpu") for t in batch)
-    step = torch_step(model, tb, loss, "tpu")
+    # (before torch.compile: PyTorch's precompile loads its entries, and our graphs in
+    # them, when the compiled function is created)
     m0 = torchtpu.metrics()
+    step = (torch_step(model, tb, loss, "tpu") if form == "step"
+            else _model_step(model, tb, loss))
     t0 = time.perf_counter()
-    _tsync(step())
+    first_loss = _tsync(step())
     first = time.perf_counter() - t0
     m1 = torchtpu.metrics()
+    if torch._dynamo.config.caching_precompile:
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        PrecompileContext.save_to_dynamo_cache()
     print(json.dumps({
+        "form": form,
+        "loss": float(first_loss),
         "first_call_s": first,
         "setup_s": t0 - t_import,
         "native_helper_s": native_s,
@@ -517,21 +552,26 @@ def _load_native_helper():
     return time.perf_counter() - t0
 
 
-def coldwarm_row(name="llama", timeout=900):
-    """First call of ``name``'s compiled training step in two fresh processes sharing a
-    new, empty ``TORCHTPU_CACHE_DIR`` (cold, then warm).  Returns ``{"row", "workload",
-    "cold", "warm", "warm_over_cold"}``; ``cold``/``warm`` also give each process's wall
-    seconds."""
+def coldwarm_row(name="llama", timeout=900, form="step", precompile=False):
+    """First call of ``name``'s compiled training step (``form``, see
+    :func:`_first_call_child`) in two fresh processes sharing a new, empty
+    ``TORCHTPU_CACHE_DIR`` (cold, then warm; PyTorch's own cache directory,
+    ``TORCHINDUCTOR_CACHE_DIR``, inside it), with PyTorch's precompile on in both when
+    ``precompile``.  Returns ``{"row", "workload", "form", "precompile", "cold", "warm",
+    "warm_over_cold"}``; ``cold``/``warm`` also give each process's wall seconds and the
+    first step's loss (equal in both)."""
     cache = tempfile.mkdtemp(prefix="torchtpu-bench-cache-")
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=cache,
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "torch"),
+               TORCH_CACHING_PRECOMPILE="1" if precompile else "0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    out = {"row": "coldwarm", "workload": name}
+    out = {"row": "coldwarm", "workload": name, "form": form, "precompile": precompile}
     try:
         for which in ("cold", "warm"):
             t0 = time.perf_counter()
             p = subprocess.run([sys.executable, "-m", "torchtpu.bench", "compile",
-                                "--first-call-child", name,
+                                "--first-call-child", name, "--first-call-form", form,
                                 "--torch-threads", str(torch.get_num_threads())], env=env, capture_output=True,
                                text=True, timeout=timeout)
             wall = time.perf_counter() - t0
@@ -607,9 +647,13 @@ def print_tables(out, file=None):
             p(f"| {c} | {v['first_call_s']:.1f} | {v['tokens_per_s']:.1f} | "
               f"{_f(g['ratio_to_strict'].get(c, '-'))} | {comp} | {v.get('recompiles', '-')} | "
               f"{v['ids_match_cpu']} |")
-    if "coldwarm" in rows:
-        c = rows["coldwarm"]
-        p(f"\n| cold vs warm ({c['workload']} compiled step, fresh process) | first call s "
+    for row in [r for r in COLDWARM_ROWS if r in rows]:
+        c = rows[row]
+        what = {"step": "compiled step: forward+loss and opt.step",
+                "model": "compiled forward+loss, eager AdamW"}[c.get("form", "step")]
+        if c.get("precompile"):
+            what += ", PyTorch's precompile"
+        p(f"\n| {row}: cold vs warm ({c['workload']} {what}; fresh process) | first call s "
           "| tracing/lowering/XLA s | persistent hits/misses | process wall s "
           "| C++ helper load s (before the first call) | graphs / executables loaded "
           "from the graph cache |")
@@ -654,11 +698,12 @@ def main(argv=None):
                          "loaded machine PyTorch's spinning intra-op threads made CPU steps "
                          "10-100x slower; 0 keeps PyTorch's default)")
     ap.add_argument("--first-call-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--first-call-form", default="step", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.first_call_child:
-        _first_call_child(args.first_call_child)
+        _first_call_child(args.first_call_child, args.first_call_form)
         return 0
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     cols = [c.strip() for c in args.columns.split(",") if c.strip()]
@@ -711,6 +756,8 @@ def _run_rows(out, rows, cols, args):
             gen_cols = [c for c in GEN_COLUMNS if c in cols or c == "cpu"]
             out["rows"][r] = generate_row(args.new_tokens, gen_cols)
         else:
-            out["rows"][r] = coldwarm_row()
+            form, precompile = COLDWARM_ROWS[r]
+            out["rows"][r] = coldwarm_row(form=form, precompile=precompile)
+            out["rows"][r]["row"] = r
         out["rows"][r]["wall_s"] = time.perf_counter() - t0
         print(f"[{r}: {out['rows'][r]['wall_s']:.0f} s]", file=sys.stderr, flush=True)

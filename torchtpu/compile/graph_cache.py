@@ -73,8 +73,11 @@ class TpuOutputCode(_OutputCode):
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
         """Called after a cache hit: rebuild the executable from the stored graph, with
-        fake tensors in the fake mode of ``example_inputs``."""
+        fake tensors in the fake mode of ``example_inputs``.  (PyTorch's precompile loads
+        this object with its executable already in it: counted as a hit too.)"""
         if self.ex is not None:
+            M.compile["graphs_compiled"] += 1
+            M.compile["graph_cache_hits"] += 1
             return
         from torch._guards import detect_fake_mode
         from torch._subclasses.fake_tensor import FakeTensorMode
