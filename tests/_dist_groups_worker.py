@@ -71,8 +71,15 @@ def _():
 
 @check("split_group_interleaved")
 def _():
+    from torchtpu import _compat
+
     g = dist.split_group(split_ranks=[[2, 0], [3, 1]])
-    assert dist.get_process_group_ranks(g) == [RANK % 2, RANK % 2 + 2]
+    # torch 2.13 sorts each list; from 2.14 on a rank's position in its list is its rank
+    want = ([RANK % 2 + 2, RANK % 2] if _compat.torch_at_least(2, 14)
+            else [RANK % 2, RANK % 2 + 2])
+    assert dist.get_process_group_ranks(g) == want, (dist.get_process_group_ranks(g), want)
+    # PyTorch's group rank and the tpu_dist group's own agree
+    assert dist.get_rank(g) == want.index(RANK) == g.rank(), (dist.get_rank(g), g.rank())
     collectives_match_gloo(g, "split_group([[2, 0], [3, 1]])")
 
 
@@ -80,7 +87,8 @@ def _():
 def _():
     g = dist.split_group(split_ranks=[[0, 1, 2]])
     if RANK == 3:
-        assert g is None, g
+        # None on torch 2.13, GroupMember.NON_GROUP_MEMBER from 2.14 on
+        assert g is None or g == dist.GroupMember.NON_GROUP_MEMBER, g
     else:
         collectives_match_gloo(g, "split_group([[0, 1, 2]])")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import zlib
 
 import numpy as np
@@ -35,7 +36,7 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
-from torchtpu import _metrics
+from torchtpu import _compat, _metrics
 from torchtpu._tensor import storage
 from torchtpu.distributed import BACKEND, bringup, collectives
 
@@ -292,8 +293,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
         """PyTorch's Python layer asks the group for its backend of a device
         (``split_group``, ``new_group`` and ``init_process_group(device_id=...)`` ask for
         the bound device's): for ``tpu`` a :class:`_TPUBackendView`, for other devices
-        the registered gloo backend."""
+        the registered gloo backend.
+
+        From torch 2.14 on, ``new_group`` hands the bound device's backend (its "split
+        source") to the creator in a C++ options struct, which holds C++ backends only:
+        asked from there (``_get_split_source``), the answer is None, so ``new_group``
+        makes the subgroup without a split source, as for a backend that cannot split
+        (``tpu_dist`` builds every subgroup from the store and needs none)."""
         if torch.device(device).type == "tpu":
+            if _compat.torch_at_least(2, 14) and \
+                    sys._getframe(1).f_code.co_name == "_get_split_source":
+                return None
             return self._tpu_backend
         return super()._get_backend(device)
 
@@ -304,15 +314,18 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None,
                     device_types=None):
         """``torch.distributed.split_group``'s hook: a new ``tpu_dist`` group of this
-        group's ranks ``ranks`` (group ranks of ``self``; the new group ranks them in
-        sorted order, as PyTorch does), or None when this rank is not in ``ranks``.
+        group's ranks ``ranks`` (group ranks of ``self``; the new group ranks them as
+        PyTorch does: in sorted order on torch 2.13, in the list's order from 2.14 on), or
+        None when this rank is not in ``ranks``.
 
         Every rank of ``self`` calls it (PyTorch's ``split_group`` is collective over the
         parent); the members rendezvous on the parent's store under ``group_name``.
         Collectives of the new group run over its members' devices (XLA) and its own gloo
         group, as any ``tpu_dist`` group.  Mirrors ``ProcessGroup::splitGroup`` (which
         NCCL implements with ``ncclCommSplit``)."""
-        ranks = sorted(int(r) for r in ranks)
+        ranks = [int(r) for r in ranks]
+        if not _compat.torch_at_least(2, 14):
+            ranks.sort()
         # the members' store keys: PyTorch's group name can differ between the members
         # (it de-duplicates a hash of the ranks against each process's own group names),
         # so the keys carry a per-parent count of splits (every rank of the parent calls

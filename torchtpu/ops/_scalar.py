@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from torchtpu import _compat
 from torchtpu._device import runtime
 
 _SAMPLE = {bool: True, int: 1, float: 1.0, complex: 1j}
@@ -80,6 +81,9 @@ def _overflows(v, dtype) -> bool:
         return v < fi.min or v > fi.max
     ii = torch.iinfo(dtype)
     if isinstance(v, float):
+        if _compat.torch_at_least(2, 14):
+            # truncated first: in range down to min, and up to (not including) max + 1
+            return math.isnan(v) or v < float(ii.min) or v >= float(ii.max) + 1.0
         return math.isnan(v) or v < float(ii.min) or v > float(ii.max)
     if ii.min == 0 and v < 0:  # unsigned: negative ints wrap (two's complement)
         return -v > ii.max
@@ -101,9 +105,10 @@ def check_converts(value, dtype: torch.dtype, numel: int | None = None):
     stores inf), so those are not checked either.
 
     Returns the value to use: ``value`` itself, except a float equal to 2**63 filled
-    into int64, which passes CPU's check (``(double)INT64_MAX`` is 2**63) and converts
-    to INT64_MIN on x86 (XLA would saturate to INT64_MAX), and a complex number with a
-    zero imaginary part for a real dtype (its real part).
+    into int64, which passes torch 2.13's check (``(double)INT64_MAX`` is 2**63) and
+    converts to INT64_MIN on x86 (XLA would saturate to INT64_MAX; from torch 2.14 on it
+    overflows), and a complex number with a zero imaginary part for a real dtype (its
+    real part).
 
     Raises:
         RuntimeError: "value cannot be converted to type <C++ type> without overflow".

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from torchtpu import _compat
 from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._scalar import Scalar, check_converts, fits, opmath_dtype, scalar_check
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
@@ -119,14 +120,16 @@ def _alpha_check(dtype: torch.dtype, alpha) -> None:
 
 
 def _sub_check(a, b) -> None:
-    """PyTorch's ``sub_check``: no subtraction with bool operands."""
+    """PyTorch's ``sub_check``: no subtraction with bool operands (``NotImplementedError``
+    from torch 2.14 on, ``RuntimeError`` before)."""
+    exc = NotImplementedError if _compat.torch_at_least(2, 14) else RuntimeError
     if tdtype(a) is torch.bool and tdtype(b) is torch.bool:
-        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not "
-                           "supported. Use the `^` or `logical_xor()` operator instead.")
+        raise exc("Subtraction, the `-` operator, with two bool tensors is not "
+                  "supported. Use the `^` or `logical_xor()` operator instead.")
     if tdtype(a) is torch.bool or tdtype(b) is torch.bool:
-        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not "
-                           "supported. If you are trying to invert a mask, use the `~` or "
-                           "`logical_not()` operator instead.")
+        raise exc("Subtraction, the `-` operator, with a bool tensor is not "
+                  "supported. If you are trying to invert a mask, use the `~` or "
+                  "`logical_not()` operator instead.")
 
 
 def _not_for_bool(dt: torch.dtype, kernel: str) -> None:

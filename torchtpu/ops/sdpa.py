@@ -604,14 +604,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``torch.nn.attention.sdpa_kernel`` allows FLASH_ATTENTION, EFFICIENT_ATTENTION or
     OVERRIDEABLE and the call is one it computes (3-D or 4-D inputs of one floating dtype,
     ``0 <= dropout_p < 1``, masks broadcastable to ``(B, Hq, L, S)``; a mask together with
-    ``is_causal`` applies both, as CPU's default kernel does); otherwise PyTorch's own
+    ``is_causal`` applies both, as torch 2.13's CPU default kernel does, and raises CPU's
+    error from torch 2.14 on); otherwise PyTorch's own
     composite kernel (the math decomposition, PyTorch's checks and error messages) when
     MATH is allowed; otherwise raises CPU's ``RuntimeError("No viable backend ...")``.
     Raises what PyTorch raises for invalid inputs (they take the composite kernel).
     The choice is counted in ``torchtpu.metrics()["sdpa"]`` (``"fused"`` / ``"math"``).
     """
-    from torchtpu import _metrics
+    from torchtpu import _compat, _metrics
 
+    if attn_mask is not None and is_causal and _compat.torch_at_least(2, 14):
+        # torch 2.14's check, on every device and path
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be "
+                           "set when is_causal=True")
     C = torch._C
     fused_on = (C._get_flash_sdp_enabled() or C._get_mem_efficient_sdp_enabled()
                 or C._get_overrideable_sdp_enabled())
