@@ -78,6 +78,12 @@ def test_grouped_mm_fake_kernel_keeps_pytorchs_checks_for_other_devices():
     a, b = torch.randn(8, 16), torch.randn(2, 16, 8)
     offs = torch.tensor([3, 8], dtype=torch.int32)
     f = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, offs=o), backend="aot_eager")
+    from torchtpu import _compat
+
+    if _compat.torch_at_least(2, 15):
+        # PyTorch's meta kernel takes float32 from 2.15 on: the CPU graph gives eager's
+        torch.testing.assert_close(f(a, b, offs), torch._grouped_mm(a, b, offs=offs))
+        return
     with pytest.raises(Exception, match="BF16|BFloat16"):
         f(a, b, offs)
 
@@ -398,6 +404,8 @@ def test_as_strided_scatter_inside_a_compiled_graph(case):
 
 
 def test_as_strided_scatter_onto_a_self_overlapping_target_raises_as_cpu():
+    from torchtpu import _compat
+
     # a stride-0 dim of size > 1 in the target: CPU's copy_ refuses to write it
     fn = lambda b, s: torch.as_strided_scatter(b, s, (2, 3), (0, 1))  # noqa: E731
     b, s = torch.arange(12.0), torch.arange(6.0).reshape(2, 3) + 100
@@ -405,7 +413,16 @@ def test_as_strided_scatter_onto_a_self_overlapping_target_raises_as_cpu():
         fn(b, s)
     with pytest.raises(RuntimeError) as tpu_err:
         torch.compile(fn, backend="tpu", fullgraph=True)(b.to(TPU), s.to(TPU))
-    assert str(cpu_err.value) in str(tpu_err.value)
+    # (from torch 2.15 on PyTorch's own meta kernel raises CPU's error while Dynamo runs
+    # the graph on fake tensors: the message is in the chained cause)
+    e, texts = tpu_err.value, []
+    while e is not None:
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    core = "more than one element of the written-to tensor refers to a single memory location"
+    assert core in str(cpu_err.value)
+    assert any(str(cpu_err.value) in t for t in texts) or (
+        _compat.torch_at_least(2, 15) and any(core in t for t in texts)), texts
     # an empty target writes nothing: CPU accepts it and returns self's values
     torch._dynamo.reset()
     fn0 = lambda b, s: torch.as_strided_scatter(b, s, (2, 0), (0, 0), 0) + 1  # noqa: E731

@@ -366,6 +366,11 @@ def test_float64_arbiter_accepts_closer_and_rejects_farther_results():
     sample = SampleInput(4.3, args=(-3, 50), kwargs={"dtype": torch.bfloat16, "device": "cpu"})
     expected = torch.linspace(4.3, -3, 50, dtype=torch.bfloat16)
     actual = torch.linspace(4.3, -3, 50, dtype=torch.bfloat16, device="tpu").cpu()
+    if torch.equal(actual, expected):
+        # torch 2.15's CPU kernel no longer accumulates the step in bfloat16: a CPU-like
+        # result one bfloat16 step farther from float64 at one element
+        expected = actual.clone()
+        expected[10] += 0.125
     assert not torch.equal(actual, expected)
     ok, info = opinfo.f64_verdict(op, sample, expected, actual, 1e-2, 1.6e-2)
     assert ok, info

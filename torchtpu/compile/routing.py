@@ -124,7 +124,9 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    ver = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    from torchtpu import _compat
+
+    ver = _compat.TORCH
     W = getattr(torch, "_TorchCompileInductorWrapper", None)
     if not (SUPPORTED[0] <= ver < SUPPORTED[1]) or W is None:
         warnings.warn(f"torchtpu: torch {torch.__version__} is not one torch.compile routing "

@@ -262,6 +262,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for dev in ("cpu", "tpu"):
             self._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.GLOO,
                                    self._gloo)
+        # and for "the group's default backend" (torch 2.15's flight recorder hook, which
+        # init_process_group attaches to a group with registered backends, asks for it:
+        # "Could not find the default backend type 0" without one)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self._tpu_backend = _TPUBackendView(self._gloo)
         self._splits = 0  # split_group calls on this group
 

@@ -152,6 +152,39 @@ def scalar_check(prepare):
     return prepare
 
 
+_CPP_TYPE_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short",
+                   torch.int32: "Int", torch.int64: "Long", torch.uint16: "UInt16",
+                   torch.uint32: "UInt32", torch.uint64: "UInt64"}
+
+
+def clamp_integer_bounds(vals, roles, dtype: torch.dtype) -> bool:
+    """torch 2.15's integer ``clamp`` (and ``hardtanh``) bounds, in place in ``vals``.
+
+    ``roles``: ``((position, "min" | "max"), ...)`` of the Python-number bounds in
+    ``vals``; ``dtype``: the result dtype.  A bound outside the dtype's range on the side
+    where it clamps nothing is saturated to the range (``clamp(min=-300)`` on int8 leaves
+    the values as they are); a ``min`` above the range or a ``max`` below it raises.
+    Returns False (nothing done) before torch 2.15, where CPU's checked conversion
+    applies (:func:`check_converts`), and for non-integer dtypes.
+
+    Raises:
+        RuntimeError: "Clamp min value 300 is outside the representable range of Char",
+            as CPU (the value printed as C++ prints a double).
+    """
+    if not _compat.torch_at_least(2, 15) or dtype not in _CPP_TYPE_NAMES:
+        return False
+    info = torch.iinfo(dtype)
+    for pos, role in roles:
+        b = vals[pos]
+        if b is None or isinstance(b, (torch.Tensor, bool)):
+            continue
+        if (role == "min" and b > info.max) or (role == "max" and b < info.min):
+            raise RuntimeError(f"Clamp {role} value {float(b):g} is outside the "
+                               f"representable range of {_CPP_TYPE_NAMES[dtype]}")
+        vals[pos] = min(max(b, info.min), info.max)
+    return True
+
+
 def fits(*positions, opmath=False, dtype=None):
     """A lowering's ``prepare`` hook: the Scalar arguments at ``positions`` of the
     normalized argument list must fit the dtype of argument 0 (a tensor), or with

@@ -15,7 +15,8 @@ import torch
 
 from torchtpu import _compat
 from torchtpu.ops import _checks, aten, lower
-from torchtpu.ops._scalar import Scalar, check_converts, fits, opmath_dtype, scalar_check
+from torchtpu.ops._scalar import (Scalar, check_converts, clamp_integer_bounds, fits,
+                                  opmath_dtype, scalar_check)
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
                                 scalar_type_name, tdtype)
 
@@ -831,8 +832,10 @@ def _fill_fits(vals):
 
 
 @scalar_check
-def _clamp_fits(vals):
-    """``clamp`` Scalar bounds must fit the result dtype, as CPU checks them."""
+def _clamp_fits(vals, roles=((1, "min"), (2, "max"))):
+    """``clamp`` Scalar bounds must fit the result dtype, as CPU checks them (from torch
+    2.15 on, integer bounds out of range saturate or raise: ``clamp_integer_bounds``).
+    ``roles``: the bounds' positions in ``vals``."""
     bounds = [v for v in vals[1:] if v is not None and not isinstance(v, torch.Tensor)]
     xdt = vals[0].dtype
     if any(isinstance(b, complex) for b in bounds):
@@ -854,17 +857,22 @@ def _clamp_fits(vals):
         dt = vals[0].dtype
         for b in bounds:
             dt = torch.result_type(torch.empty((), dtype=dt, device="meta"), b)
-        for b in bounds:
-            check_converts(b, dt)
+        if not clamp_integer_bounds(vals, roles, dt):
+            for b in bounds:
+                check_converts(b, dt)
     return vals
 
 
-@scalar_check
-def _one_bound_fits(vals):
+def _one_bound_fits(role):
     """``clamp_min``/``clamp_max`` (CPU kernels of their own): a complex bound raises."""
-    if isinstance(vals[1], complex):
-        raise NotImplementedError("clamp is not supported for complex types")
-    return _clamp_fits(vals)
+
+    @scalar_check
+    def prepare(vals):
+        if isinstance(vals[1], complex):
+            raise NotImplementedError("clamp is not supported for complex types")
+        return _clamp_fits(vals, ((1, role),))
+
+    return prepare
 
 
 @lower(aten.clamp.Tensor)
@@ -995,13 +1003,13 @@ def heaviside(x, values):
 
 
 @lower(aten.clamp_min.Tensor)
-@lower(aten.clamp_min.default, prepare=_one_bound_fits)
+@lower(aten.clamp_min.default, prepare=_one_bound_fits("min"))
 def clamp_min(x, min):
     return clamp(x, min, None)
 
 
 @lower(aten.clamp_max.Tensor)
-@lower(aten.clamp_max.default, prepare=_one_bound_fits)
+@lower(aten.clamp_max.default, prepare=_one_bound_fits("max"))
 def clamp_max(x, max):
     return clamp(x, None, max)
 

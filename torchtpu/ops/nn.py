@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from torchtpu.ops import Lowering, LOWERINGS, _checks, aten, lower
-from torchtpu.ops._scalar import fits
+from torchtpu.ops._scalar import clamp_integer_bounds, fits, scalar_check
 from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, scalar_type_name,
                                 tdtype, to_float_compute)
 from torchtpu.ops.decomp_overrides import decomp
@@ -911,7 +911,23 @@ def mish_backward(g, x):
     return gg * (t + xx * s * (1 - t * t))
 
 
-@lower(aten.hardtanh.default, prepare=fits(1, 2))
+_hardtanh_fits_213 = fits(1, 2)
+
+
+@scalar_check
+def _hardtanh_fits(vals):
+    """Bounds checked as CPU's ``clamp`` checks them (torch 2.15: integer bounds
+    saturate or raise, ``clamp_integer_bounds``; before: CPU's checked conversion)."""
+    if clamp_integer_bounds(vals, ((1, "min"), (2, "max")), vals[0].dtype):
+        return vals
+    if vals[0].dtype == torch.uint8 and any(
+            isinstance(v, (int, float)) and v < 0 for v in vals[1:3]):
+        # torch 2.13's hardtanh check, before the bounds' conversion
+        raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
+    return _hardtanh_fits_213(vals)
+
+
+@lower(aten.hardtanh.default, prepare=_hardtanh_fits)
 def hardtanh(x, min_val=-1, max_val=1):
     ct = opmath(tdtype(x))
     xx = cast(x, ct)

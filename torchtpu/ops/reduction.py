@@ -16,8 +16,9 @@ import warnings
 
 import torch
 
+from torchtpu import _compat
 from torchtpu.ops import aten, lower
-from torchtpu.ops._scalar import fits
+from torchtpu.ops._scalar import fits, scalar_check
 from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, scalar_type_name, tdtype
 
 
@@ -190,10 +191,19 @@ def amin(x, dim=(), keepdim=False):
     return e if e is not None else _max_nan(x, dims, keepdim, False)
 
 
-@lower(aten.aminmax.default)
+@scalar_check
+def _aminmax_real(vals):
+    """CPU's kernel has no complex case (0-d inputs included): torch 2.15 raises
+    TypeError, 2.13-2.14 RuntimeError (a host-side check: a TypeError raised while
+    tracing would read as a lowering failure)."""
+    if vals[0].dtype.is_complex:
+        exc = TypeError if _compat.torch_at_least(2, 15) else RuntimeError
+        raise exc(f"aminmax not implemented for {scalar_type_name(vals[0].dtype)}")
+    return vals
+
+
+@lower(aten.aminmax.default, prepare=_aminmax_real)
 def aminmax(x, dim=None, keepdim=False):
-    if tdtype(x).is_complex:  # CPU's kernel has no complex case (0-d inputs included)
-        raise RuntimeError(f"aminmax not implemented for {scalar_type_name(tdtype(x))}")
     if dim is None and x.size == 0:
         raise RuntimeError(
             "aminmax(): cannot compute aminmax over an empty dimension as the operation "
@@ -270,7 +280,9 @@ def _ext_with_index(x, axis: int, keepdim: bool, is_max: bool):
 def _arg(x, dim, keepdim, is_max, name):
     j = jnp()
     if x.dtype == j.bool_:
-        raise RuntimeError(f"{name}(): does not support bool input")
+        # torch 2.15 raises NotImplementedError, 2.13-2.14 RuntimeError
+        exc = NotImplementedError if _compat.torch_at_least(2, 15) else RuntimeError
+        raise exc(f"{name}(): does not support bool input")
     if dim is not None and x.ndim > 64:  # CPU's dim bitset (the meta kernel skips it)
         raise RuntimeError("only tensors with up to 64 dims are supported")
     if dim is None:
@@ -360,7 +372,9 @@ def _var(x, dim, correction, keepdim):
     j = jnp()
     dt = tdtype(x)
     if _is_int_or_bool(dt):
-        raise RuntimeError("std and var only support floating point and complex dtypes")
+        # torch 2.15 raises NotImplementedError, 2.13-2.14 RuntimeError
+        exc = NotImplementedError if _compat.torch_at_least(2, 15) else RuntimeError
+        raise exc("std and var only support floating point and complex dtypes")
     ct = opmath(dt)
     xc = cast(x, ct)
     dims = _dims(x.ndim, dim)
