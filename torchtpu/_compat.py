@@ -13,6 +13,16 @@ Changes in 2.14 that torchtpu follows (found by running the test suite on 2.14.1
   rank in the new group) instead of sorting it;
 * ``scaled_dot_product_attention`` refuses an explicit ``attn_mask`` together with
   ``is_causal=True``.
+
+Changes in 2.15 (the suite on 2.15.0):
+
+* ``init_process_group`` attaches a flight recorder hook to a group with registered
+  backends, which needs the group's default backend (``ProcessGroupTPU`` sets gloo);
+* integer ``clamp`` / ``hardtanh`` bounds outside the dtype saturate, except a ``min``
+  above the range or a ``max`` below it, which raise "Clamp min value 300 is outside the
+  representable range of Char" (``ops._scalar.clamp_integer_bounds``);
+* ``argmax``/``argmin`` of bool and ``std``/``var`` of integers raise
+  ``NotImplementedError``, ``aminmax`` of complex ``TypeError``.
 """
 
 from __future__ import annotations
