@@ -105,6 +105,17 @@ def test_causal_matches_cpu(eager_mode, small_blocks, L, S):
     check(q, k, v, is_causal=True)
 
 
+def _same_refusal(q, k, v, mask):
+    """CPU and tpu both raise RuntimeError for a mask together with is_causal, with the
+    same message."""
+    with pytest.raises(RuntimeError) as cpu_err:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    with pytest.raises(RuntimeError) as tpu_err:
+        F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                       attn_mask=mask.to("tpu"), is_causal=True)
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
 def test_mask_and_causal_together_match_cpu(small_blocks):
     """torch 2.13: CPU's default (flash) kernel applies both; its math kernel refuses, so
     does ours.  From torch 2.14 on CPU refuses the pair on every path: so does ours."""
@@ -114,22 +125,12 @@ def test_mask_and_causal_together_match_cpu(small_blocks):
     m = torch.randn(2, 1, 7, 10)
     if _compat.torch_at_least(2, 14):
         for mask in (m, m > 0):
-            with pytest.raises(RuntimeError) as cpu_err:
-                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
-            with pytest.raises(RuntimeError) as tpu_err:
-                F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
-                                               attn_mask=mask.to("tpu"), is_causal=True)
-            assert str(tpu_err.value) == str(cpu_err.value)
+            _same_refusal(q, k, v, mask)
         return
     check(q, k, v, attn_mask=m, is_causal=True)
     check(q, k, v, attn_mask=m > 0, is_causal=True)
     with sdpa_kernel([SDPBackend.MATH]):
-        with pytest.raises(RuntimeError) as cpu_err:
-            F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True)
-        with pytest.raises(RuntimeError) as tpu_err:
-            F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
-                                           attn_mask=m.to("tpu"), is_causal=True)
-    assert str(tpu_err.value) == str(cpu_err.value)
+        _same_refusal(q, k, v, m)
 
 
 @pytest.mark.parametrize("mask", [None, "bool_heads"])
