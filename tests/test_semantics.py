@@ -623,3 +623,14 @@ def test_copies_keep_size_one_dimension_strides_as_cpu(make):
     assert t.to(torch.float64).stride() == x.to(torch.float64).stride()
     assert t.clone().stride() == x.clone().stride()
     assert torch.equal(t.cpu(), x)
+
+
+def test_tpu_streams_carry_torch_stream_identity():
+    """``torch.tpu.Stream`` has ``torch.Stream``'s identity fields (torch 2.15's FSDP2
+    reads ``stream_id``, ``device_index`` and ``device_type`` of the current stream)."""
+    ref = torch.Stream(device="tpu")
+    s, cur = torch.tpu.Stream(), torch.tpu.current_stream()
+    for st in (s, cur):
+        assert st.device_type == ref.device_type
+        assert st.device_index == ref.device_index
+    assert isinstance(s.stream_id, int) and s.stream_id != cur.stream_id

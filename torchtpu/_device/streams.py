@@ -7,6 +7,7 @@ queue of its device: ``wait_stream``/``wait_event`` need no device work, and
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -14,13 +15,23 @@ import torch
 from torchtpu._device import state
 
 
+_ids = itertools.count()
+
+
 class Stream:
     """A ``tpu`` stream (``torch.cuda.Stream``); ``device`` is a tpu device or index."""
+
+    # c10's DeviceType number of PrivateUse1 (``torch.Stream(device="tpu").device_type``)
+    device_type = 20
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
         self.device_index = state.to_index(device)
         self.priority = priority
         self._prev = []
+        # ``torch.Stream.stream_id``: a number of its own per stream (torch 2.15's FSDP2
+        # passes it to ``fsdp.record_grad_output_stream``); every tpu stream is the one
+        # PJRT queue of its device, so nothing else reads it
+        self.stream_id = next(_ids)
 
     @property
     def device(self) -> torch.device:
