@@ -352,6 +352,15 @@ res = torch.ops.torchtpu_nn.convolution_backward(g.to("tpu"), x.to("tpu"), w.to(
                                                  [0, 0], 1, [True, True, False])
 for a, b in zip(res[:2], ref[:2]):
     torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
+# the bias is additive: a bool mask is refused, not added as 0/1
+try:
+    torch.ops.torchtpu_attn.flash_fwd(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                      torch.ones(5, 5, dtype=torch.bool, device="tpu"),
+                                      False, 0.5)
+except RuntimeError as e:
+    assert "floating-point additive mask" in str(e), e
+else:
+    raise AssertionError("a bool bias was accepted")
 print("ok")
 """
 

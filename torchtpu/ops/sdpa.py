@@ -375,6 +375,11 @@ def _to5(q, k, v, bias):
     v4 = v.reshape(N, Hk, S, v.shape[-1])
     b5 = None
     if bias is not None:
+        if not _jax().numpy.issubdtype(bias.dtype, _jax().numpy.floating):
+            # an additive bias: a bool mask here would be added as 0/1 (the public SDPA
+            # converts bool masks to 0/-inf before calling these ops)
+            raise RuntimeError(f"torchtpu_attn: bias must be a floating-point additive "
+                               f"mask, got {bias.dtype} of shape {tuple(bias.shape)}")
         b = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape))
         Nb, Hb, Lb, Sb = b.shape
         b5 = b.reshape(Nb, Hk, G, Lb, Sb) if Hb == Hq and Hq > 1 else b.reshape(Nb, 1, 1, Lb, Sb)
