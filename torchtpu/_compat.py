@@ -41,3 +41,9 @@ TORCH = _parse(torch.__version__)
 def torch_at_least(major: int, minor: int) -> bool:
     """Whether the installed PyTorch is ``major.minor`` or newer."""
     return TORCH >= (major, minor)
+
+
+def error_since(major: int, minor: int, new: type, old: type = RuntimeError) -> type:
+    """The exception type CPU raises for a check whose type changed in ``major.minor``:
+    ``new`` from that version on, ``old`` before."""
+    return new if torch_at_least(major, minor) else old

@@ -152,11 +152,6 @@ def scalar_check(prepare):
     return prepare
 
 
-_CPP_TYPE_NAMES = {torch.int8: "Char", torch.uint8: "Byte", torch.int16: "Short",
-                   torch.int32: "Int", torch.int64: "Long", torch.uint16: "UInt16",
-                   torch.uint32: "UInt32", torch.uint64: "UInt64"}
-
-
 def clamp_integer_bounds(vals, roles, dtype: torch.dtype) -> bool:
     """torch 2.15's integer ``clamp`` (and ``hardtanh``) bounds, in place in ``vals``.
 
@@ -171,8 +166,11 @@ def clamp_integer_bounds(vals, roles, dtype: torch.dtype) -> bool:
         RuntimeError: "Clamp min value 300 is outside the representable range of Char",
             as CPU (the value printed as C++ prints a double).
     """
-    if not _compat.torch_at_least(2, 15) or dtype not in _CPP_TYPE_NAMES:
+    if (not _compat.torch_at_least(2, 15) or dtype.is_floating_point or dtype.is_complex
+            or dtype is torch.bool):
         return False
+    from torchtpu.ops._util import scalar_type_name  # (_util imports this module)
+
     info = torch.iinfo(dtype)
     for pos, role in roles:
         b = vals[pos]
@@ -180,7 +178,7 @@ def clamp_integer_bounds(vals, roles, dtype: torch.dtype) -> bool:
             continue
         if (role == "min" and b > info.max) or (role == "max" and b < info.min):
             raise RuntimeError(f"Clamp {role} value {float(b):g} is outside the "
-                               f"representable range of {_CPP_TYPE_NAMES[dtype]}")
+                               f"representable range of {scalar_type_name(dtype)}")
         vals[pos] = min(max(b, info.min), info.max)
     return True
 

@@ -123,7 +123,7 @@ def _alpha_check(dtype: torch.dtype, alpha) -> None:
 def _sub_check(a, b) -> None:
     """PyTorch's ``sub_check``: no subtraction with bool operands (``NotImplementedError``
     from torch 2.14 on, ``RuntimeError`` before)."""
-    exc = NotImplementedError if _compat.torch_at_least(2, 14) else RuntimeError
+    exc = _compat.error_since(2, 14, NotImplementedError)
     if tdtype(a) is torch.bool and tdtype(b) is torch.bool:
         raise exc("Subtraction, the `-` operator, with two bool tensors is not "
                   "supported. Use the `^` or `logical_xor()` operator instead.")

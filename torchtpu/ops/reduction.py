@@ -197,7 +197,7 @@ def _aminmax_real(vals):
     TypeError, 2.13-2.14 RuntimeError (a host-side check: a TypeError raised while
     tracing would read as a lowering failure)."""
     if vals[0].dtype.is_complex:
-        exc = TypeError if _compat.torch_at_least(2, 15) else RuntimeError
+        exc = _compat.error_since(2, 15, TypeError)
         raise exc(f"aminmax not implemented for {scalar_type_name(vals[0].dtype)}")
     return vals
 
@@ -280,8 +280,7 @@ def _ext_with_index(x, axis: int, keepdim: bool, is_max: bool):
 def _arg(x, dim, keepdim, is_max, name):
     j = jnp()
     if x.dtype == j.bool_:
-        # torch 2.15 raises NotImplementedError, 2.13-2.14 RuntimeError
-        exc = NotImplementedError if _compat.torch_at_least(2, 15) else RuntimeError
+        exc = _compat.error_since(2, 15, NotImplementedError)
         raise exc(f"{name}(): does not support bool input")
     if dim is not None and x.ndim > 64:  # CPU's dim bitset (the meta kernel skips it)
         raise RuntimeError("only tensors with up to 64 dims are supported")
@@ -372,8 +371,7 @@ def _var(x, dim, correction, keepdim):
     j = jnp()
     dt = tdtype(x)
     if _is_int_or_bool(dt):
-        # torch 2.15 raises NotImplementedError, 2.13-2.14 RuntimeError
-        exc = NotImplementedError if _compat.torch_at_least(2, 15) else RuntimeError
+        exc = _compat.error_since(2, 15, NotImplementedError)
         raise exc("std and var only support floating point and complex dtypes")
     ct = opmath(dt)
     xc = cast(x, ct)
