@@ -1,5 +1,6 @@
 """Eager modes: the API, DEBUG's checks, DeferAndFuse's caching and sync reporting."""
 
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,79 @@ def test_mode_from_environment():
         env={**os.environ, "TORCHTPU_EAGER_MODE": "defer_and_fuse"},
     ).stdout.strip()
     assert out == "defer_and_fuse"
+
+
+# A user's program: it never reads torch.tpu.eager_mode, so only the environment variable
+# can have selected the mode.  It prints the counters and the values (checked against CPU).
+_USER_PROGRAM = """
+import json, torch, torchtpu
+def run(dev):
+    torch.manual_seed(0)
+    a = torch.randn(32, 32).to(dev)
+    for _ in range(6):
+        a = torch.tanh(a @ a * 0.1 + 1)
+    return a.cpu()
+tpu, cpu = run("tpu"), run("cpu")
+m = torchtpu.metrics()
+print(json.dumps({"segments_run": m["segments_run"], "segment_ops": m["segment_ops"],
+                  "debug_waits": m["debug_waits"],
+                  "max_diff": (tpu - cpu).abs().max().item()}))
+"""
+
+
+def _run_user_program(mode_value):
+    env = {k: v for k, v in os.environ.items() if k != "TORCHTPU_EAGER_MODE"}
+    if mode_value is not None:
+        env["TORCHTPU_EAGER_MODE"] = mode_value
+    return subprocess.run([sys.executable, "-c", _USER_PROGRAM], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("value,expect", [
+    ("defer_and_fuse", "defer"), ("DEFER_AND_FUSE", "defer"), ("defer", "defer"),
+    ("Defer-And-Fuse", "defer"), ("debug", "debug"), ("strict", "strict"),
+    (None, "strict"),
+])
+def test_environment_alone_selects_the_mode(value, expect):
+    # Before the fix the variable was applied only when the program read the mode:
+    # DEFER_AND_FUSE ran 0 segments and DEBUG waited for no op.
+    p = _run_user_program(value)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["max_diff"] < 1e-5
+    if expect == "defer":
+        assert out["segments_run"] >= 1 and out["segment_ops"] >= 18, out
+        assert out["debug_waits"] == 0, out
+    elif expect == "debug":
+        assert out["segments_run"] == 0 and out["debug_waits"] >= 18, out
+    else:
+        assert out["segments_run"] == 0 and out["debug_waits"] == 0, out
+
+
+@pytest.mark.parametrize("autoload", [True, False])
+def test_invalid_environment_value_raises_at_load(autoload):
+    # `import torch` autoloads torchtpu; with autoload off, `import torchtpu` registers.
+    env = {**os.environ, "TORCHTPU_EAGER_MODE": "bogus",
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "1" if autoload else "0"}
+    p = subprocess.run([sys.executable, "-c", "import torch; import torchtpu"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode != 0
+    assert "TORCHTPU_EAGER_MODE='bogus' is not an eager mode" in p.stderr
+    for spelling in ("strict", "debug", "defer_and_fuse", "defer"):
+        assert spelling in p.stderr.split("is not an eager mode")[1]
+
+
+def test_mode_names_accepted_by_the_api():
+    start = torch.tpu.eager_mode
+    try:
+        for name, mode in [("defer", EM.DEFER_AND_FUSE), ("DEBUG", EM.DEBUG),
+                           ("defer-and-fuse", EM.DEFER_AND_FUSE), ("Strict", EM.STRICT)]:
+            torch.tpu.eager_mode = name
+            assert torch.tpu.eager_mode is mode
+        with pytest.raises(ValueError, match="not an eager mode"):
+            torch.tpu.eager_mode = "fast"
+    finally:
+        torch.tpu.eager_mode = start
 
 
 def test_mode_change_runs_pending_segment():

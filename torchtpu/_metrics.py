@@ -37,6 +37,7 @@ class Metrics:
             ("backward" / "backward_end": a backward pass starts / ends;
             "thread_switch": another thread records; "segment_limit").
         donated_buffers: segment inputs handed to XLA for reuse (in-place updates).
+        debug_waits: ops the DEBUG eager mode waited for before dispatching the next.
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
         compile: torch.compile on tpu (``torchtpu.compile``): ``graphs_compiled`` (FX
             graphs handed to the backend, forward and backward count separately),
@@ -114,6 +115,7 @@ class Metrics:
         self.segment_cache_misses = 0
         self.segment_cuts = collections.Counter()
         self.donated_buffers = 0
+        self.debug_waits = 0
         self.sync_sites = collections.Counter()
         self.compile = {
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,

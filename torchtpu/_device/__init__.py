@@ -60,6 +60,9 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    from torchtpu.eager import modes
+
+    modes.load_from_environment()  # TORCHTPU_EAGER_MODE: before the first op; bad value raises
     _registered = True
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 

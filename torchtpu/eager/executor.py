@@ -39,6 +39,7 @@ from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
+from torchtpu.eager import modes as _modes
 from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
@@ -55,10 +56,11 @@ _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.comp
 
 
 class Config:
-    """Executor switches (the eager mode sets ``debug_sync``)."""
+    """Executor switches (the eager mode, :mod:`torchtpu.eager.modes`, sets ``debug_sync``
+    and ``defer``; their start values are the mode already applied at registration)."""
 
-    debug_sync = False  # DEBUG eager mode: wait for every op
-    defer = False  # DEFER_AND_FUSE: record ops instead of running them
+    debug_sync = _modes.get_eager_mode() is _modes.EagerMode.DEBUG  # wait for every op
+    defer = _modes.get_eager_mode() is _modes.EagerMode.DEFER_AND_FUSE  # record ops
     debug_nans = os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("", "0")
     log_ops = os.environ.get("TORCHTPU_LOG_OPS", "0") not in ("", "0")
     # torch.tpu.enable_cpu_fallback: ops without a lowering run on the CPU
@@ -291,6 +293,7 @@ def _debug_checks(op, vals, outs):
     """DEBUG mode: wait for the op; optionally check for NaN/Inf and log it."""
     t0 = time.perf_counter()
     runtime.jax().block_until_ready(outs)
+    M.debug_waits += 1
     if CONFIG.debug_nans:
         jnp = runtime.jax().numpy
         for o in outs:

@@ -10,14 +10,18 @@
 * ``DEFER_AND_FUSE``: ops are recorded, not run; a recorded segment runs as one fused XLA
   computation when a value must exist (see :mod:`torchtpu.eager.defer`).
 
-The start-up mode comes from ``TORCHTPU_EAGER_MODE=strict|debug|defer_and_fuse``.
+The start-up mode comes from the environment variable ``TORCHTPU_EAGER_MODE``, read
+when torchtpu loads (``import torch`` autoloads it), before the first op, in every
+process: torchrun ranks and DataLoader workers included.  :data:`SPELLINGS` is the one
+list of the names it accepts (case-insensitive; ``-`` and ``_`` are the same); any other
+value raises ``ValueError`` at load, naming them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
+import sys
 
 
 class EagerMode(enum.Enum):
@@ -28,44 +32,95 @@ class EagerMode(enum.Enum):
     DEFER_AND_FUSE = "defer_and_fuse"
 
 
-def _from_env() -> EagerMode:
-    v = os.environ.get("TORCHTPU_EAGER_MODE", "strict").strip().lower()
+ENV = "TORCHTPU_EAGER_MODE"
+
+# The names TORCHTPU_EAGER_MODE, torch.tpu.eager_mode = "..." and set_eager_mode("...")
+# accept, after lower-casing and reading "-" as "_".  The one place they are listed.
+SPELLINGS = {
+    "strict": EagerMode.STRICT,
+    "debug": EagerMode.DEBUG,
+    "defer_and_fuse": EagerMode.DEFER_AND_FUSE,
+    "defer": EagerMode.DEFER_AND_FUSE,
+    "deferandfuse": EagerMode.DEFER_AND_FUSE,
+}
+
+
+def parse(value: str, *, source: str = ENV) -> EagerMode:
+    """The :class:`EagerMode` a user's spelling names.
+
+    Args:
+        value: ``"strict"``, ``"debug"``, ``"defer_and_fuse"`` / ``"defer"`` (any case,
+            ``-`` or ``_``).
+        source: what to name in the error (the environment variable by default).
+
+    Raises:
+        ValueError: an unknown name; the message lists the accepted spellings.
+    """
+    key = value.strip().lower().replace("-", "_")
     try:
-        return EagerMode(v)
-    except ValueError:
+        return SPELLINGS[key]
+    except KeyError:
         raise ValueError(
-            f"TORCHTPU_EAGER_MODE={v!r}: expected one of strict, debug, defer_and_fuse"
+            f"{source}={value!r} is not an eager mode: expected one of "
+            f"{', '.join(SPELLINGS)} (any case)"
         ) from None
 
 
-_mode = None
+def from_environment() -> EagerMode:
+    """The mode ``TORCHTPU_EAGER_MODE`` selects (STRICT when unset or empty).
+
+    Raises:
+        ValueError: the variable names no mode (see :func:`parse`)."""
+    v = os.environ.get(ENV, "")
+    return parse(v) if v.strip() else EagerMode.STRICT
+
+
+_mode: EagerMode | None = None
+
+
+def load_from_environment() -> EagerMode:
+    """Apply ``TORCHTPU_EAGER_MODE``: called once when torchtpu registers the device.
+
+    No JAX import: the executor, when it loads later, reads the mode with
+    :func:`get_eager_mode`.  Raises ``ValueError`` for an unknown value."""
+    mode = from_environment()
+    if _mode is None:
+        _apply(mode)
+    return _mode
 
 
 def get_eager_mode() -> EagerMode:
     """The current eager mode."""
-    global _mode
     if _mode is None:
-        _apply(_from_env())
+        _apply(from_environment())
     return _mode
 
 
 def _apply(mode: EagerMode) -> None:
     global _mode
-    from torchtpu.eager import executor
-
+    # The executor imports JAX: set its switches only once it is loaded; when it loads
+    # it takes them from get_eager_mode() (executor.Config).
+    executor = sys.modules.get("torchtpu.eager.executor")
     if _mode is EagerMode.DEFER_AND_FUSE and mode is not EagerMode.DEFER_AND_FUSE:
         from torchtpu.eager import defer
 
         defer.flush("mode_change")
     _mode = mode
-    executor.CONFIG.debug_sync = mode is EagerMode.DEBUG
-    executor.CONFIG.defer = mode is EagerMode.DEFER_AND_FUSE
+    if executor is not None and hasattr(executor, "CONFIG"):
+        executor.CONFIG.debug_sync = mode is EagerMode.DEBUG
+        executor.CONFIG.defer = mode is EagerMode.DEFER_AND_FUSE
 
 
 def set_eager_mode_now(mode) -> None:
-    """Switch the eager mode (a pending DeferAndFuse segment runs first)."""
+    """Switch the eager mode (a pending DeferAndFuse segment runs first).
+
+    Args:
+        mode: an :class:`EagerMode` or one of :data:`SPELLINGS`.
+
+    Raises:
+        ValueError: an unknown name.  TypeError: neither a mode nor a string."""
     if isinstance(mode, str):
-        mode = EagerMode(mode.lower())
+        mode = parse(mode, source="eager mode")
     if not isinstance(mode, EagerMode):
         raise TypeError(f"expected torch.tpu.EagerMode, got {mode!r}")
     get_eager_mode()
