@@ -14,6 +14,17 @@ def eager_mode(request):
 
 
 @pytest.fixture
+def strict_mode(monkeypatch):
+    """STRICT for the test body and for the processes it starts: for tests of STRICT's own
+    per-op machinery (shape buckets, compile tiers, the signature cache, donation of hot
+    in-place signatures), which DEFER_AND_FUSE and DEBUG do not use.  The suite runs with
+    ``TORCHTPU_EAGER_MODE`` set to each mode; these tests then still test STRICT."""
+    monkeypatch.setenv("TORCHTPU_EAGER_MODE", "strict")
+    with torch.tpu.set_eager_mode("strict"):
+        yield
+
+
+@pytest.fixture
 def no_stored_executables(monkeypatch):
     """Compile every executable in the test body instead of loading it from the on-disk
     caches that an earlier run of the same sources filled (the eager signature cache and

@@ -7,6 +7,8 @@ import torch
 import torchtpu
 from torchtpu.eager import buckets, tiers
 
+pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
+
 TPU = "tpu"
 
 needs_quick_tier = pytest.mark.skipif(

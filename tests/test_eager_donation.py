@@ -10,6 +10,8 @@ import torch
 import torchtpu
 from torchtpu.eager import executor
 
+pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
+
 jnp = pytest.importorskip("jax.numpy")
 
 CALLS = executor._DONATE_AFTER + 6  # well past the point where a signature donates

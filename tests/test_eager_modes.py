@@ -292,3 +292,60 @@ def test_sync_site_of_a_user_script_in_a_folder_named_torchtpu(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == f"{script}:4"
+
+
+def _decode_like(dev, steps, grow=True):
+    """A decoding-like loop: attention of one query over a cache that grows by a row
+    each step (``grow``) or stays put, with a host read per step, as generate() does."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 16, generator=g).to(dev)
+    cache = torch.randn(8, 16, generator=g).to(dev)
+    outs = []
+    for _ in range(steps):
+        row = torch.tanh(q * 0.5 + cache[-1:])
+        cache = torch.cat([cache, row], 0) if grow else torch.cat([cache[1:], row], 0)
+        w = torch.softmax(q @ cache.T / 4.0, -1)
+        q = w @ cache
+        outs.append(q.sum().item())
+    return outs
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_defer_replays_a_churning_family_instead_of_compiling_each_step(grow):
+    # A segment family whose shapes change every step (a growing KV cache) runs its ops
+    # through the per-op executables from its second shape on, instead of compiling one
+    # fused program per step (MoE generate() was 10x slower than STRICT); a loop with
+    # fixed shapes keeps fusing and hits the segment cache.
+    want = _decode_like("cpu", 12, grow)
+    with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+        torchtpu.reset_metrics()
+        got = _decode_like(TPU, 12, grow)
+        m = torchtpu.metrics()
+        torchtpu.reset_metrics()
+        again = _decode_like(TPU, 12, grow)
+        m2 = torchtpu.metrics()
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+    assert again == got
+    adapt = m["defer_adaptive"]
+    if grow:
+        assert adapt["segments_replayed"] >= 10, adapt
+        assert m["segment_cache_misses"] - adapt["segments_replayed"] <= 2, m
+        # the second run: every per-op executable and fused segment exists already
+        assert m2["compiles"] == 0 and m2["cache_misses"] == 0, m2
+    else:
+        # the first steps differ (the cache starts as an input, then is a step's result):
+        # at most those replay before the repeating step compiles and then hits
+        assert adapt["segments_replayed"] <= 2, adapt
+        assert m["segment_cache_hits"] >= 8, m
+        assert m2["segment_cache_hits"] >= 11 and m2["compiles"] <= 1, m2
+
+
+def test_defer_compiles_a_churning_family_once_its_shapes_repeat():
+    # after a churning start, a loop that runs the same shapes step after step fuses again
+    with torch.tpu.set_eager_mode(EM.DEFER_AND_FUSE):
+        _decode_like(TPU, 4, grow=True)
+        torchtpu.reset_metrics()
+        got = _decode_like(TPU, 10, grow=False)
+        m = torchtpu.metrics()
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(_decode_like("cpu", 10, False)))
+    assert m["segment_cache_hits"] >= 6, m

@@ -132,7 +132,9 @@ def test_record_memory_history_readable_by_memory_viz(tmp_path):
     try:
         a = torch.ones(1024, device="tpu")  # 4 KiB
         b = torch.zeros(256, 256, device="tpu")  # 256 KiB
-        del a
+        torch.tpu.synchronize()  # both exist on the device, in every eager mode
+        c = torch.ones(333, device="tpu")  # noqa: F841  (DEFER_AND_FUSE: never run)
+        del a, c
         snap = torch.tpu.memory._snapshot()
         path = tmp_path / "hist.pickle"
         torch.tpu.memory._dump_snapshot(str(path))
@@ -143,6 +145,9 @@ def test_record_memory_history_readable_by_memory_viz(tmp_path):
     frees = [e for e in events if e["action"] == "free_completed"]
     assert 4096 in [e["size"] for e in allocs] and 256 * 256 * 4 in [e["size"] for e in allocs]
     assert 4096 in [e["size"] for e in frees]
+    # DEFER_AND_FUSE: `c` died before its segment ran, so it never had a device buffer
+    deferred = torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_AND_FUSE
+    assert (333 * 4 in [e["size"] for e in allocs]) is not deferred
     assert any(f["name"] == "test_record_memory_history_readable_by_memory_viz"
                for e in allocs for f in e["frames"])
     text = memory_viz.trace(pickle.loads(path.read_bytes()))  # PyTorch's reader

@@ -9,6 +9,8 @@ import torch
 import torchtpu
 from torchtpu.eager import buckets, executor
 
+pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
+
 SIZES = [1, 7, 100, 513]
 
 

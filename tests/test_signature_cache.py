@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
+
 PROGRAM = r"""
 import json, sys, torch, torchtpu
 torch.manual_seed(0)

@@ -38,6 +38,11 @@ class Metrics:
             "thread_switch": another thread records; "segment_limit").
         donated_buffers: segment inputs handed to XLA for reuse (in-place updates).
         debug_waits: ops the DEBUG eager mode waited for before dispatching the next.
+        defer_adaptive: DEFER_AND_FUSE's churn handling (``torchtpu.eager.defer``):
+            ``segments_replayed`` / ``ops_replayed`` (segments of a family that keeps
+            meeting new shapes, run op by op through per-op executables instead of
+            compiled fused), ``fused_variants`` (a family's second and later shape
+            variants that were compiled fused).
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
         compile: torch.compile on tpu (``torchtpu.compile``): ``graphs_compiled`` (FX
             graphs handed to the backend, forward and backward count separately),
@@ -116,6 +121,7 @@ class Metrics:
         self.segment_cuts = collections.Counter()
         self.donated_buffers = 0
         self.debug_waits = 0
+        self.defer_adaptive = {"segments_replayed": 0, "ops_replayed": 0, "fused_variants": 0}
         self.sync_sites = collections.Counter()
         self.compile = {
             "graphs_compiled": 0, "tracing_seconds": 0.0, "lowering_seconds": 0.0,

@@ -274,14 +274,24 @@ def _live_storages():
     return [o for o in gc.get_objects() if type(o) is StorageData and o.counted]
 
 
+def _run_pending() -> None:
+    from torchtpu.eager import defer
+
+    if defer.pending_ops():
+        defer.flush("memory_snapshot")
+
+
 def memory_snapshot() -> list[dict]:
     """Live ``tpu`` storages as ``torch.cuda.memory_snapshot`` segments (all devices).
 
     One segment per storage (PJRT allocates one buffer per array), with one
     ``active_allocated`` block; ``address`` is a stable id of the storage, not a device
     pointer.  The format is the one PyTorch's ``torch.cuda._memory_viz`` reads
-    (``segsum``, ``segment_plot``).
+    (``segsum``, ``segment_plot``).  In DEFER_AND_FUSE a pending segment runs first (a
+    sync point, cause ``"memory_snapshot"``): recorded values hold no device buffer
+    until then, and values that died before it never get one.
     """
+    _run_pending()
     segs = []
     for s in _live_storages():
         addr = id(s)
@@ -316,6 +326,7 @@ def _snapshot(device=None) -> dict:
     :func:`_record_memory_history` is on (``alloc``, ``free_requested``, ``free_completed``,
     ``segment_alloc``, ``segment_free``, each with ``addr``, ``size``, ``stream``,
     ``time_us`` and, with ``stacks="python"``/``"all"``, ``frames``)."""
+    _run_pending()
     n = max(runtime.device_count(), 1)
     traces = [list(_history["traces"].get(i, ())) for i in range(n)]
     segs = memory_snapshot()

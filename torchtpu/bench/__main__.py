@@ -4,8 +4,9 @@ import sys
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile", "kernels",
-                                   "dist"):
-        print("usage: python -m torchtpu.bench {eager|overhead|shapes|compile|kernels|dist} "
+                                   "dist", "generate"):
+        print("usage: python -m torchtpu.bench "
+              "{eager|overhead|shapes|compile|kernels|dist|generate} "
               "[options]  (--help per command)")
         return 2
     cmd, rest = argv[0], argv[1:]
@@ -13,6 +14,10 @@ def main(argv=None):
         from torchtpu.bench import dist
 
         return dist.main(rest)
+    if cmd == "generate":  # eager modes on MoE generate(), fresh processes
+        from torchtpu.bench import generate
+
+        return generate.main(rest)
     if cmd == "kernels":
         from torchtpu.bench import kernels
 

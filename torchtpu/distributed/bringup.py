@@ -103,8 +103,11 @@ def ensure(store, rank: int, world_size: int, timeout: datetime.timedelta) -> No
 def _restart_backend_or_raise(world_size: int) -> None:
     """Forget a JAX backend that only answered device queries (no tpu tensor yet)."""
     from torchtpu._tensor import storage
+    from torchtpu.eager import defer
 
-    if storage.ALLOCATOR.num_allocs == 0:
+    # DEFER_AND_FUSE: tensors recorded but not run yet hold no device buffer, but they
+    # belong to this runtime all the same
+    if storage.ALLOCATOR.num_allocs == 0 and not defer.pending_ops():
         import jax.extend.backend
 
         jax.extend.backend.clear_backends()

@@ -61,7 +61,7 @@ class Segment:
         self.inputs = []  # concrete JAX arrays read by the segment
         self.input_ids = {}  # id(array) -> position in inputs
         self.dyn = []  # host scalars / RNG key data, in op order
-        self.nodes = []  # (traced fn, input refs, number of dyn values)
+        self.nodes = []  # (traced fn, input refs, number of dyn values, executor.Executable)
         self.key = []  # structure, for the compiled-segment cache
         self.lazies = []  # weakref to each node output's Lazy, with (node, out)
 
@@ -114,7 +114,7 @@ def record(ex, c):
     refs = tuple(seg.ref(a) for a in c.arrays)
     seg.dyn.extend(c.dyn)
     node = len(seg.nodes)
-    seg.nodes.append((ex.traced, refs, len(c.dyn)))
+    seg.nodes.append((ex.traced, refs, len(c.dyn), ex))
     seg.key.append((ex.serial, refs))
     outs = []
     for i, av in enumerate(ex.out_avals):
@@ -168,6 +168,16 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         M.sync(cause)
     else:
         M.segment_cuts[cause] += 1
+    if fn is None and _churning(seg, key):
+        # a family that keeps meeting new shapes: its ops run one by one through their
+        # per-op executables (shared with STRICT and across steps), no fused compile
+        M.segment_cache_misses += 1
+        M.defer_adaptive["segments_replayed"] += 1
+        M.defer_adaptive["ops_replayed"] += len(seg.nodes)
+        results = _replay(seg, inputs, [(n, o) for _, n, o in live])
+        executor.LAST_OUTPUTS = results
+        _assign(live, results)
+        return
     dset = set(donate)
     donated = [inputs[i] for i in donate]
     kept = [a for i, a in enumerate(inputs) if i not in dset]
@@ -185,12 +195,83 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         _CACHE.move_to_end(key)
         results = fn(donated, kept, _pack(seg.dyn, fn.groups))
     executor.LAST_OUTPUTS = results
+    _assign(live, results)
+
+
+def _assign(live, results):
     for (lz, _, _), r in zip(live, results):
         lz.value = r
         lz.seg = None
         owner = lz.owner() if lz.owner is not None else None
         if owner is not None and owner.arr is lz:
             owner.resolve(r)
+
+
+# ------------------------------------------------------------------ churn: adaptive fusion
+#
+# A fused segment is compiled once per structure.  A *family* of segments -- the same ops
+# in the same order -- that keeps arriving with new shapes (each decoding step of
+# ``generate()`` reads a longer KV cache; a batch of a new length) would compile one whole
+# program per step: seconds each, where STRICT compiles only the few per-op executables
+# whose shapes changed.  So when a family misses the segment cache with its
+# ``CHURN_VARIANTS``-th distinct shape variant, that segment's ops run one by one through
+# their per-op executables (``_replay``: the ones STRICT uses, cached by signature, so a
+# later step with the same shapes compiles nothing) instead of compiling a fused program.
+# A replayed segment whose structure repeats one of the last ``_RECENT`` replayed ones (a
+# loop that now runs the same shapes step after step) is compiled fused after all.
+# ``metrics()["defer_adaptive"]`` counts; ``TORCHTPU_DEFER_CHURN_VARIANTS=0`` turns the
+# mechanism off (always fuse).
+CHURN_VARIANTS = int(os.environ.get("TORCHTPU_DEFER_CHURN_VARIANTS", "2"))
+_RECENT = 4
+_FAMILIES: dict = {}  # family (op names) -> signature tuples compiled fused (bounded)
+_recent: list = []  # cache keys of the last _RECENT replayed segments
+
+
+def _churning(seg, key) -> bool:
+    """Whether the missed segment ``seg`` (cache key ``key``) is one more shape variant
+    of a family that already compiled ``CHURN_VARIANTS - 1`` others, and not a repeat of
+    a recently replayed one.  True: replay it; False: compile it."""
+    if CHURN_VARIANTS <= 0:
+        return False
+    family = tuple(node[3].name for node in seg.nodes)
+    sigs = tuple(node[3].serial for node in seg.nodes)
+    seen = _FAMILIES.get(family)
+    if seen is None:
+        if len(_FAMILIES) > 1024:
+            _FAMILIES.clear()
+        seen = _FAMILIES[family] = set()
+    if sigs in seen:
+        return False  # the same shapes again (other liveness or donation): not churn
+    h = hash(key)
+    if len(seen) + 1 >= CHURN_VARIANTS and h not in _recent:
+        _recent.append(h)
+        if len(_recent) > _RECENT:
+            del _recent[0]
+        return True
+    if len(seen) > 64:
+        seen.clear()
+    seen.add(sigs)
+    if len(seen) > 1:
+        M.defer_adaptive["fused_variants"] += 1
+    return False
+
+
+def _replay(seg, inputs, live):
+    """Run ``seg``'s ops one by one through their per-op executables; the ``live``
+    (node, output) values, as the fused program would return them."""
+    from torchtpu.eager import executor
+
+    dyn = seg.dyn
+    vals = {}
+    d = 0
+    for n, (_, refs, ndyn, ex) in enumerate(seg.nodes):
+        arrays = [None if r is None else (inputs[r] if r.__class__ is int else vals[r])
+                  for r in refs]
+        outs = executor.run_executable(ex, arrays, dyn[d:d + ndyn])
+        d += ndyn
+        for i, o in enumerate(outs):
+            vals[(n, i)] = o
+    return tuple(vals[k] for k in live)
 
 
 def _dyn_layout(dyn):
@@ -244,7 +325,7 @@ def _build(seg, live, donate, n_inputs):
             inputs[i] = a
         vals = {}
         d = 0
-        for n, (traced, refs, ndyn) in enumerate(nodes):
+        for n, (traced, refs, ndyn, _) in enumerate(nodes):
             arrays = [
                 None if r is None else (inputs[r] if r.__class__ is int else vals[r])
                 for r in refs

@@ -423,6 +423,33 @@ def call_op(sig, op, vals):
     return op(*pos, **kws)
 
 
+def first_call(ex, arrays, dyn):
+    """An executable's first call traces and compiles, at the quick tier where the
+    platform has one (``eager.tiers``); the signature's next call recompiles it at the
+    full tier and sets ``ex.call`` to the fully optimized executable."""
+    entry = _sigcache.entry(ex.key, ex.device_index) if ex.key is not None else None
+    outs, ex.call = _tiers.first_call(ex.call, (arrays, dyn),
+                                      lambda full: setattr(ex, "call", full),
+                                      entry, ex.check_info)
+    ex.compiled = True
+    return outs
+
+
+def run_executable(ex, arrays, dyn):
+    """Run per-op executable ``ex`` on storage ``arrays`` and host values ``dyn``
+    (DeferAndFuse replays a segment's ops through this): its results, as a tuple."""
+    if not ex.compiled:
+        return first_call(ex, arrays, dyn)
+    try:
+        return ex.call(arrays, dyn)
+    except TypeError:
+        if ex.jitted is None or ex.call is ex.jitted:
+            raise
+        M.signature_cache["structure_mismatches"] += 1
+        ex.call = ex.jitted
+        return ex.call(arrays, dyn)
+
+
 class LoweredPlan:
     """Runs a lowered op (functional, in-place or ``out=``) through the executable cache.
 
@@ -513,20 +540,12 @@ class LoweredPlan:
         return result
 
     def _first_call(self, ex, c, vals):
-        """The first call traces and compiles, at the quick tier where the platform has
-        one (``eager.tiers``); the signature's next call recompiles it at the full tier
-        and sets ``ex.call`` to the fully optimized executable."""
-        entry = _sigcache.entry(ex.key, ex.device_index) if ex.key is not None else None
         try:
-            outs, ex.call = _tiers.first_call(ex.call, (c.arrays, c.dyn),
-                                              lambda full: setattr(ex, "call", full),
-                                              entry, ex.check_info)
+            return first_call(ex, c.arrays, c.dyn)
         except (TypeError, ValueError) as e:
             raise RuntimeError(
                 f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
             ) from e
-        ex.compiled = True
-        return outs
 
     def _other_structure(self, ex, c):
         """A call whose inputs' structure the signature does not capture (``jax.jit``
