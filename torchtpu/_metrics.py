@@ -25,6 +25,17 @@ class Metrics:
         executable_evictions: per-op executables and DeferAndFuse segments dropped from
             their bounded caches (``torchtpu._device.executable_limit``).
         compiles: XLA compilations; compile_seconds: wall time spent in them (seconds).
+            These count the compiles torchtpu times itself (per-op tiers, fused
+            segments, compiled graphs); ``xla`` below counts every executable.
+        xla: every XLA executable built in this process, whoever asked for it, from
+            JAX's own compile events (``/jax/core/compile/backend_compile_duration``):
+            ``compiled`` / ``compile_seconds`` (compiled by XLA), ``loaded`` /
+            ``load_seconds`` (taken from JAX's persistent cache instead), and
+            ``by_kind`` (dict kind -> count of both): ``op`` (a per-op executable's
+            first compile), ``op_tier_up`` (its full-tier recompile), ``op_donating``
+            (the variant of a hot in-place signature that donates its old buffers),
+            ``bucket`` (shape-bucket executables), ``segment`` (DeferAndFuse),
+            ``graph`` (torch.compile), ``other`` (transfers, casts, anything else).
         quick_compiles / quick_compile_seconds: those at the quick tier (a signature's
             first use, see ``torchtpu.eager.tiers``); tier_ups / tier_up_seconds: the
             recompiles at the full tier when a signature is used again.
@@ -106,6 +117,8 @@ class Metrics:
         self.executable_evictions = 0
         self.compiles = 0
         self.compile_seconds = 0.0
+        self.xla = {"compiled": 0, "compile_seconds": 0.0, "loaded": 0, "load_seconds": 0.0,
+                    "by_kind": collections.Counter()}
         self.quick_compiles = 0
         self.quick_compile_seconds = 0.0
         self.tier_ups = 0
@@ -153,6 +166,7 @@ class Metrics:
         d["segment_cuts"] = dict(d["segment_cuts"])
         d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
         d["compile"]["recompile_reasons"] = dict(d["compile"]["recompile_reasons"])
+        d["xla"]["by_kind"] = dict(d["xla"]["by_kind"])
         coll: dict = {}
         for (path, name), n in d["collectives"].items():
             coll.setdefault(path, {})[name] = n
@@ -160,6 +174,48 @@ class Metrics:
         if d["segments_run"]:
             d["ops_per_segment"] = d["segment_ops"] / d["segments_run"]
         return d
+
+
+_kind = threading.local()
+
+
+class compile_kind:
+    """``with compile_kind("op"):`` -- XLA executables built in the block are counted
+    under that kind in ``metrics()["xla"]["by_kind"]`` (innermost block wins)."""
+
+    __slots__ = ("kind", "prev")
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __enter__(self):
+        self.prev = getattr(_kind, "v", None)
+        _kind.v = self.kind
+
+    def __exit__(self, *exc):
+        _kind.v = self.prev
+        return False
+
+
+def on_jax_event(event: str, **kwargs) -> None:
+    """JAX monitoring listener: remembers a persistent-cache hit of the compile under way."""
+    if event == "/jax/compilation_cache/cache_hits":
+        _kind.hit = True
+
+
+def on_jax_duration(event: str, seconds: float, **kwargs) -> None:
+    """JAX monitoring listener: counts each executable built (``metrics()["xla"]``)."""
+    if event != "/jax/core/compile/backend_compile_duration":
+        return
+    x = METRICS.xla
+    if getattr(_kind, "hit", False):
+        _kind.hit = False
+        x["loaded"] += 1
+        x["load_seconds"] += seconds
+    else:
+        x["compiled"] += 1
+        x["compile_seconds"] += seconds
+    x["by_kind"][getattr(_kind, "v", None) or "other"] += 1
 
 
 _INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}jax{os.sep}",

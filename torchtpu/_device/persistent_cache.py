@@ -175,6 +175,9 @@ def _listen(jax) -> None:
 
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)
+    # every executable built in the process, by kind (metrics()["xla"])
+    monitoring.register_event_listener(_metrics.on_jax_event)
+    monitoring.register_event_duration_secs_listener(_metrics.on_jax_duration)
 
 
 @contextlib.contextmanager

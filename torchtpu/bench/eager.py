@@ -1,13 +1,16 @@
 """Training-step throughput of the eager modes, measured in one process.
 
-    python -m torchtpu.bench eager [--steps N] [--warmup W] [--workloads llama,mlp,cnn]
+    python -m torchtpu.bench eager [--steps N] [--rounds R] [--warmup W] [--workloads llama,mlp,cnn]
                                    [--modes strict,defer_and_fuse,debug] [--json PATH]
 
-Each workload runs N training steps (forward, backward, AdamW, ``loss.item()`` once per
-step, as a logging loop does) after W warm-up steps, in every eager mode on ``tpu`` and in
-plain PyTorch on CPU for context.  Reported per (workload, mode): steps/s, ratio to
-STRICT, peak device memory (bytes held by live tpu storages during the timed steps;
-``torch.tpu.max_memory_allocated``), compiles after warm-up, host syncs per step.
+Each workload runs training steps (forward, backward, AdamW, ``loss.item()`` once per
+step, as a logging loop does) in every eager mode on ``tpu`` and in plain PyTorch on CPU
+for context, timed by the rule of :mod:`torchtpu.bench.timing`: warm-up until nothing new
+is built, then R rounds of N steps.  Reported per (workload, mode): ms per step (median,
+min..max over rounds), ratio to STRICT, warm-up steps, executables built while timing,
+peak memory where it lives (PJRT statistics on TPU/GPU, peak RSS growth on the CPU
+platform), peak bytes of live tpu tensor storages, host syncs per step; the load average
+beside the table.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.nn as nn
 
 import torchtpu
+from torchtpu.bench import timing
 
 
 def llama_workload():
@@ -104,7 +108,10 @@ WORKLOADS = {"llama": _llama, "mlp": _mlp, "cnn": _cnn}
 MODES = ("strict", "defer_and_fuse", "debug")
 
 
-def _run(model0, loss_fn, dev, mode, steps, warmup):
+def _run(model0, loss_fn, dev, mode, steps, rounds, min_warmup):
+    """One (workload, mode) column: warm-up until nothing new is built, then ``rounds``
+    timed rounds of ``steps`` steps (``torchtpu.bench.timing``), memory measured where it
+    lives (``timing.memory_probe``)."""
     model = copy.deepcopy(model0).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tpu = dev == "tpu"
@@ -116,26 +123,26 @@ def _run(model0, loss_fn, dev, mode, steps, warmup):
         opt.step()
         return loss.item()
 
+    def sync(v):
+        if tpu:
+            torch.tpu.synchronize()
+        return v
+
     ctx = torch.tpu.set_eager_mode(mode) if tpu else _nullctx()
     with ctx:
-        for _ in range(warmup):
-            step()
-        if tpu:
-            torch.tpu.synchronize()
-            torch.tpu.reset_peak_memory_stats()
+        w = timing.warm_up(step, sync, min_steps=min_warmup)
         m0 = torchtpu.metrics()
-        t0 = time.perf_counter()
-        losses = [step() for _ in range(steps)]
-        if tpu:
-            torch.tpu.synchronize()
-        dt = time.perf_counter() - t0
+        with timing.memory_probe() as mem:
+            r = timing.time_rounds(step, sync, rounds=rounds, steps=steps)
         m1 = torchtpu.metrics()
-    res = {"steps_per_s": steps / dt, "losses": losses}
+    res = {"steps_per_s": 1e3 / r["ms_median"], "ms_per_step": r["ms_median"],
+           "ms_min": r["ms_min"], "ms_max": r["ms_max"], "warmup_steps": w["steps"],
+           "warmup_settled": w["settled"], "built_while_timing": r["built_while_timing"],
+           "first_loss": w["first_value"]}
     if tpu:
-        res["peak_bytes"] = torch.tpu.max_memory_allocated()
-        res["compiles_after_warmup"] = m1["compiles"] - m0["compiles"]
+        res["memory"] = mem.result
         syncs = m1["host_syncs_total"] - m0["host_syncs_total"]
-        res["syncs_per_step"] = syncs / steps
+        res["syncs_per_step"] = syncs / (steps * rounds)
         if m1["segments_run"] > m0["segments_run"]:
             res["ops_per_segment"] = ((m1["segment_ops"] - m0["segment_ops"])
                                       / (m1["segments_run"] - m0["segments_run"]))
@@ -152,15 +159,19 @@ class _nullctx:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="eager-mode training-step benchmark")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10, help="steps per timed round")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (median, min..max)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="minimum warm-up steps; the warm-up goes on until no executable, "
+                        "segment or donating variant is built for 3 steps")
     p.add_argument("--workloads", default="llama,mlp,cnn")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--no-cpu", action="store_true", help="skip the plain-CPU context run")
     p.add_argument("--json")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    out = {"workloads": {}}
+    out = {"workloads": {}, "load_before": timing.load_line(),
+           "torch_threads": torch.get_num_threads()}
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
@@ -174,12 +185,16 @@ def main(argv=None):
             models[w] = WORKLOADS[w]()
         model, loss_fn = models[w]
         dev = "cpu" if mode == "cpu" else "tpu"
-        r = _run(model, loss_fn, dev, mode if dev == "tpu" else None, args.steps, args.warmup)
+        r = _run(model, loss_fn, dev, mode if dev == "tpu" else None, args.steps,
+                 args.rounds, args.warmup)
         out["workloads"].setdefault(w, {})[mode] = r
-    # table
+    out["load_after"] = timing.load_line()
     print()
-    hdr = (f"{'workload':9s} {'mode':15s} {'steps/s':>9s} {'x strict':>9s} {'peak bytes':>12s} "
-           f"{'compiles*':>9s} {'syncs/step':>10s} {'ops/seg':>8s}")
+    print(f"{out['load_before']} (before) / {out['load_after']} (after); torch CPU "
+          f"threads {out['torch_threads']}, XLA uses every core")
+    hdr = (f"{'workload':9s} {'mode':15s} {'ms/step median (min..max)':>27s} {'x strict':>8s} "
+           f"{'warm-up':>7s} {'built*':>6s} {'peak MiB':>8s} {'where':>5s} {'tensors MiB':>11s} "
+           f"{'syncs/step':>10s} {'ops/seg':>7s}")
     print(hdr)
     print("-" * len(hdr))
     for w, rows in out["workloads"].items():
@@ -187,17 +202,25 @@ def main(argv=None):
         for mode, r in rows.items():
             ratio = r["steps_per_s"] / base if base else float("nan")
             r["ratio_to_strict"] = ratio
-            print(f"{w:9s} {mode:15s} {r['steps_per_s']:9.2f} {ratio:9.2f} "
-                  f"{r.get('peak_bytes', 0):12d} {r.get('compiles_after_warmup', 0):9d} "
-                  f"{r.get('syncs_per_step', 0):10.2f} {r.get('ops_per_segment', 0):8.0f}")
-    print("* compiles during the timed steps (after warm-up)")
+            mem = r.get("memory") or {}
+            peak = mem.get("peak_bytes")
+            print(f"{w:9s} {mode:15s} {timing.fmt_ms({'ms_median': r['ms_per_step'], 'ms_min': r['ms_min'], 'ms_max': r['ms_max']}):>27s} "
+                  f"{ratio:8.2f} {r['warmup_steps']:>6d}{'' if r['warmup_settled'] else '!'} "
+                  f"{r['built_while_timing']:6d} "
+                  f"{(peak / 2**20) if peak is not None else float('nan'):8.1f} "
+                  f"{mem.get('where', '-'):>5s} "
+                  f"{mem.get('tensor_bytes_peak', 0) / 2**20:11.1f} "
+                  f"{r.get('syncs_per_step', 0):10.2f} {r.get('ops_per_segment', 0):7.0f}")
+    print("* executables, segments or donating variants built during the timed rounds "
+          "(0: warm); '!': the warm-up never settled.  peak MiB: where='host': growth of the "
+          "process's peak RSS during the timed rounds (CPU platform); 'pjrt': the device's "
+          "peak bytes in use.  tensors MiB: peak bytes of live tpu tensor storages.")
     for w, rows in out["workloads"].items():
         if "strict" in rows and "defer_and_fuse" in rows:
             d, s = rows["defer_and_fuse"], rows["strict"]
-            dl = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(d["losses"], s["losses"]))
-            print(f"{w}: DEFER_AND_FUSE / STRICT = {d['steps_per_s'] / s['steps_per_s']:.2f}x, "
-                  f"peak memory {d['peak_bytes']} vs {s['peak_bytes']} bytes, "
-                  f"max loss rel diff {dl:.1e}")
+            print(f"{w}: DEFER_AND_FUSE / STRICT speed = {d['steps_per_s'] / s['steps_per_s']:.2f}x; "
+                  f"first-step losses: " + ", ".join(
+                      f"{m} {r['first_loss']:.6f}" for m, r in rows.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

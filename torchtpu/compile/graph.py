@@ -1140,7 +1140,8 @@ class GraphExecutable:
         pc_hits = M.persistent_cache["hits"]
         # an executable stored in the graph cache is compiled here, not loaded from JAX's
         # cache (which XLA:CPU could not serialize again)
-        with persistent_cache.bypassed() if store is not None else contextlib.nullcontext():
+        with persistent_cache.bypassed() if store is not None else contextlib.nullcontext(), \
+                _metrics.compile_kind("graph"):
             compiled = lowered.compile()
         if spmd is not None:
             compiled = spmd.runner(compiled)

@@ -187,7 +187,8 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         fn = _CACHE.put(key, _build(seg, [(n, o) for _, n, o in live], donate,
                                   len(donated) + len(kept)))
         t0 = time.perf_counter()
-        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+        with _metrics.compile_kind("segment"):
+            results = fn(donated, kept, _pack(seg.dyn, fn.groups))
         M.compiles += 1
         M.compile_seconds += time.perf_counter() - t0
     else:

@@ -485,7 +485,8 @@ class LoweredPlan:
         if ex is None:
             if _buckets.ON[0] and not CONFIG.defer:
                 # an op churning through shapes: an executable shared by a bucket of sizes
-                res = _buckets.run(self, vals, c)
+                with _metrics.compile_kind("bucket"):
+                    res = _buckets.run(self, vals, c)
                 if res is not _buckets.NO:
                     return res
             M.cache_misses += 1
@@ -926,6 +927,9 @@ def _call_donating(ex, c):
             ex.donating = False  # too small to be worth a second executable
             return ex.call(arrays, c.dyn)
         d = ex.donating = _donating_variant(ex, len(arrays))
+        M.donated_buffers += len(ex.writes)
+        with _metrics.compile_kind("op_donating"):  # its first call compiles it
+            return d(*arrays, c.dyn)
     M.donated_buffers += len(ex.writes)
     return d(*arrays, c.dyn)
 

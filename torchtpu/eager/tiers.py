@@ -83,6 +83,13 @@ def enabled() -> bool:
 
 
 def first_call(jitted, args, on_tier_up, entry=None, check_info=None):
+    """:func:`_first_call`, its executables counted under kind ``"op"``
+    (``metrics()["xla"]["by_kind"]``)."""
+    with _metrics.compile_kind("op"):
+        return _first_call(jitted, args, on_tier_up, entry, check_info)
+
+
+def _first_call(jitted, args, on_tier_up, entry=None, check_info=None):
     """Run ``jitted(*args)`` for the first time: a quick-tier compile where there is
     one, else the default compile (both counted in ``compiles``).
 
@@ -150,7 +157,8 @@ def _tier_up(jitted, on_tier_up, entry, check_info):
 
     def tier_up(*a):
         t1 = time.perf_counter()
-        res, full = _full_tier(jitted, a, entry, check_info)
+        with _metrics.compile_kind("op_tier_up"):
+            res, full = _full_tier(jitted, a, entry, check_info)
         d = time.perf_counter() - t1
         M.compiles += 1
         M.compile_seconds += d
