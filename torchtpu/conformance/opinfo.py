@@ -50,10 +50,12 @@ Tolerances (:func:`tolerance`): :func:`torch.testing.assert_close`'s defaults pe
 atol 1e-3 / rtol 1e-3 (PyTorch's device tests compute half types in float32 and round
 once; XLA may round differently in between), loosened per op by the largest
 ``toleranceOverride`` / ``precisionOverride`` that the OpInfo declares for that dtype in
-its ``decorators`` for a numerical-comparison test class (:data:`TOLERANCE_CLASSES`).
-As in PyTorch's ``assertEqual``, each output tensor is compared with the larger of that
-and its own dtype's default (:func:`tensor_tolerance`): a float output of an int64 or
-bool sample gets the float tolerance; integer and bool outputs compare exactly.
+its ``decorators`` for a numerical-comparison test class (:data:`TOLERANCE_CLASSES`)
+and for every device or CPU (:data:`TOLERANCE_DEVICES`: an override for CUDA, MPS, XPU,
+... loosens that device's comparison, not ours).  As in PyTorch's ``assertEqual``, each
+output tensor is compared with the larger of that and its own dtype's default
+(:func:`tensor_tolerance`): a float output of an int64 or bool sample gets the float
+tolerance; integer and bool outputs compare exactly.
 
 Index outputs that the op's documentation leaves unspecified on ties (sort without
 ``stable=True``, topk, kthvalue, mode, median/nanmedian with a dim) are checked for
@@ -163,6 +165,11 @@ TOLERANCE_CLASSES = frozenset(
 )
 
 
+# ``DecorateInfo.device_type`` values whose tolerance overrides apply to tpu results, which
+# are compared with CPU's: overrides for every device (None) and CPU's own.
+TOLERANCE_DEVICES = frozenset({None, "cpu"})
+
+
 def tensor_tolerance(out_dtype: torch.dtype, atol: float, rtol: float) -> tuple[float, float]:
     """(atol, rtol) for comparing one output of dtype ``out_dtype`` when the sample's dtype
     gives (``atol``, ``rtol``) (:func:`tolerance`): as PyTorch's ``assertEqual``, the
@@ -206,6 +213,10 @@ def tolerance(op, dtype: torch.dtype) -> tuple[float, float, str]:
     for info in getattr(op, "decorators", ()) or ():
         if isinstance(info, DecorateInfo):
             if info.cls_name not in TOLERANCE_CLASSES:
+                continue
+            # an override for another device (CUDA, MPS, XPU, ...) loosens that device's
+            # comparison, not CPU's: our results are held to what CPU is held to
+            if info.device_type not in TOLERANCE_DEVICES:
                 continue
             if info.dtypes is not None and dtype not in info.dtypes:
                 continue
