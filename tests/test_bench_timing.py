@@ -37,8 +37,9 @@ def test_donating_variants_are_counted_as_executables():
 
 def test_warm_up_runs_until_nothing_is_built():
     x, step, sync = _inplace_step(1 << 15 | 11)
-    w = timing.warm_up(step, sync, min_steps=3)
+    w = timing.warm_up(step, sync, min_steps=3, steps=4)
     assert w["settled"] and w["steps"] >= 5  # past the 5th call, when the variant builds
+    assert w["values"][:3] == [1.0, 2.0, 3.0]
     r = timing.time_rounds(step, sync, rounds=3, steps=4)
     assert r["built_while_timing"] == 0
     assert r["last"] == w["steps"] + 12  # every step ran, values as on CPU

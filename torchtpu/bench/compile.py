@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import platform
@@ -69,6 +70,8 @@ import tempfile
 import time
 
 import torch
+
+from torchtpu.bench import timing
 
 from torchtpu.bench import eager as _eager
 
@@ -206,7 +209,9 @@ def jax_step(model, batch, loss_of):
              jnp.zeros((), jnp.float32))  # float32: b1 ** t stays float32 under x64
     xs = tuple(jnp.asarray(t.numpy()) for t in batch)
 
-    @jax.jit
+    # donated: the parameters and optimizer state are updated in place, as the compiled
+    # torch graphs donate theirs (a JAX step without donation copies every buffer)
+    @functools.partial(jax.jit, donate_argnums=(0,))
     def step(state, xs):
         ps, m, v, t = state
         loss, g = jax.value_and_grad(loss_of)(ps, *xs)
@@ -228,6 +233,7 @@ def jax_step(model, batch, loss_of):
         box[0], loss = step(box[0], xs)
         return loss
 
+    run.state = box  # (params, m, v, t) after the last step: donated by the next one
     return run
 
 
@@ -300,24 +306,25 @@ def _jsync(out):
     return float(out.block_until_ready())
 
 
+ROUNDS = 3  # timed rounds per column (median, min..max)
+
+
 def _time(step, steps, warmup, sync):
-    """First call (synced), ``warmup - 1`` more steps, then ``steps`` timed steps ended by
-    one sync.  ``{"first_call_s", "ms_per_step", "loss_first", "loss_last"}``."""
-    t0 = time.perf_counter()
-    loss_first = sync(step())
-    first = time.perf_counter() - t0
-    out = None
-    for _ in range(warmup - 1):
-        out = step()
-    if out is not None:
-        sync(out)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        out = step()
-    loss_last = sync(out)
-    ms = (time.perf_counter() - t0) / steps * 1e3
-    return {"first_call_s": first, "ms_per_step": ms, "loss_first": loss_first,
-            "loss_last": loss_last}
+    """The rule of :mod:`torchtpu.bench.timing`: warm-up of at least ``warmup`` steps
+    (each synced) that goes on until nothing new is built, then ``ROUNDS`` rounds of
+    ``steps`` steps.  ``{"first_call_s", "ms_per_step"`` (median per step), ``"ms_min"``,
+    ``"ms_max"``, ``"warmup_steps"``, ``"warmup_settled"``, ``"built_while_timing"``,
+    ``"loss_first"`` (step 1), ``"loss_last"`` (the loss of step ``loss_step``, reached by
+    every column), ``"loss_step"``, ``"steps_run"}``."""
+    w = timing.warm_up(step, sync, min_steps=warmup, steps=steps)
+    r = timing.time_rounds(step, sync, rounds=ROUNDS, steps=steps)
+    loss_step = timing.min_warmup_steps(warmup)
+    values = w["values"]
+    return {"first_call_s": w["first_call_s"], "ms_per_step": r["ms_median"],
+            "ms_min": r["ms_min"], "ms_max": r["ms_max"], "warmup_steps": w["steps"],
+            "warmup_settled": w["settled"], "built_while_timing": r["built_while_timing"],
+            "loss_first": values[0], "loss_last": values[loss_step - 1],
+            "loss_step": loss_step, "steps_run": w["steps"] + ROUNDS * steps}
 
 
 def _na(e):
@@ -398,8 +405,8 @@ def train_row(name, steps=None, warmup=3, columns=COLUMNS):
                 recompiles_after_first_step=c2["recompiles"] - c1["recompiles"],
                 executables_after_first_step=c2["executables"] - c1["executables"],
                 graph_calls_per_step=(c2["graph_calls"] - c1["graph_calls"])
-                / (warmup - 1 + steps),
-                timed_steps_after_first=warmup - 1 + steps)
+                / (r["steps_run"] - 1),
+                timed_steps_after_first=r["steps_run"] - 1)
             res[col] = r
             torch._dynamo.reset()
         else:
@@ -597,6 +604,19 @@ def print_tables(out, file=None):
     """Markdown tables of ``out`` (the JSON this command writes)."""
     p = lambda *a: print(*a, file=file)  # noqa: E731
     rows = out["rows"]
+    mach = out.get("machine", {})
+    la, lb = mach.get("loadavg"), mach.get("loadavg_end")
+    cores = mach.get("cpus")
+    thr = mach.get("torch_threads")
+    if la:
+        p(f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} (start)"
+          + (f" / {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f} (end)" if lb else "")
+          + f"; {cores} cores; torch CPU threads {thr}"
+          + ("" if thr == mach.get("usable_cores") else
+             f" (XLA columns use all {mach.get('usable_cores')} usable cores: NOT the same "
+             "budget)")
+          + "; JAX step jitted with donated buffers; ms: median of "
+          f"{ROUNDS} rounds\n")
     train = [r for k, r in rows.items() if k in TRAIN_ROWS]
     if train:
         cols = [c for c in COLUMNS if any(c in r["columns"] for r in train)]
@@ -610,7 +630,10 @@ def print_tables(out, file=None):
                 v = r["columns"].get(c, "-")
                 if isinstance(v, dict):
                     x = r["ratio_to_jax"].get(c)
-                    cells.append(f"{v['ms_per_step']:.2f}" + (f" ({x:.2f}x)" if x else ""))
+                    cells.append(f"{v['ms_per_step']:.2f} [{v['ms_min']:.2f}..{v['ms_max']:.2f}]"
+                                 + (f" ({x:.2f}x)" if x else "")
+                                 + ("" if v.get("built_while_timing", 0) == 0 else
+                                    f" {v['built_while_timing']} built while timed!"))
                 else:
                     cells.append(v if v == "-" else "n/a")
             c = r["columns"].get("compiled")
@@ -674,6 +697,7 @@ def _machine():
     import jax
 
     return {"platform": platform.platform(), "cpus": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)),
             "loadavg": list(os.getloadavg()), "torch": torch.__version__,
             "jax": jax.__version__}
 
@@ -686,17 +710,19 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None,
                     help="timed steps per training row (default: mlp 30, small-mlp 50, "
                          "cnn 20, llama 10)")
-    ap.add_argument("--warmup", type=int, default=3, help="warm-up steps incl. the first call")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="minimum warm-up steps incl. the first call; the warm-up goes on "
+                         "until no executable is built for 3 steps (torchtpu.bench.timing)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--json", default=None)
     ap.add_argument("--cache-dir", default="fresh",
                     help="persistent XLA cache of this process: 'fresh' (default: a new empty "
                          "temporary directory, so first calls compile cold), 'default' (keep "
                          "TORCHTPU_CACHE_DIR / the default directory), or a path")
-    ap.add_argument("--torch-threads", type=int, default=1,
-                    help="torch.set_num_threads for the whole run (default 1: on a shared, "
-                         "loaded machine PyTorch's spinning intra-op threads made CPU steps "
-                         "10-100x slower; 0 keeps PyTorch's default)")
+    ap.add_argument("--torch-threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="torch.set_num_threads for the whole run (default: every core this "
+                         "process may use, the budget XLA's columns get; the table says "
+                         "when it differs; 0 keeps PyTorch's default)")
     ap.add_argument("--first-call-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--first-call-form", default="step", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -130,7 +130,7 @@ def _run(model0, loss_fn, dev, mode, steps, rounds, min_warmup):
 
     ctx = torch.tpu.set_eager_mode(mode) if tpu else _nullctx()
     with ctx:
-        w = timing.warm_up(step, sync, min_steps=min_warmup)
+        w = timing.warm_up(step, sync, min_steps=min_warmup, steps=steps)
         m0 = torchtpu.metrics()
         with timing.memory_probe() as mem:
             r = timing.time_rounds(step, sync, rounds=rounds, steps=steps)
@@ -138,7 +138,7 @@ def _run(model0, loss_fn, dev, mode, steps, rounds, min_warmup):
     res = {"steps_per_s": 1e3 / r["ms_median"], "ms_per_step": r["ms_median"],
            "ms_min": r["ms_min"], "ms_max": r["ms_max"], "warmup_steps": w["steps"],
            "warmup_settled": w["settled"], "built_while_timing": r["built_while_timing"],
-           "first_loss": w["first_value"]}
+           "first_loss": w["values"][0]}
     if tpu:
         res["memory"] = mem.result
         syncs = m1["host_syncs_total"] - m0["host_syncs_total"]

@@ -38,33 +38,48 @@ def build_counters() -> tuple:
             m["signature_cache"]["hits"], m["compile"]["executables"])
 
 
-def warm_up(step, sync, *, min_steps: int = 3, stable: int = 3, max_steps: int = 300,
-            counters=build_counters) -> dict:
-    """Run ``step()`` (synced each time with ``sync``) until ``counters()`` has not changed
-    for ``stable`` consecutive steps, at least ``min_steps`` steps (and at least two past
-    the call from which a hot in-place signature donates), at most ``max_steps``.
+def warm_up(step, sync, *, min_steps: int = 3, steps: int = 10, stable: int = 2,
+            max_rounds: int = 30, counters=build_counters) -> dict:
+    """Warm ``step`` up the way it will be timed.
+
+    ``step()`` runs ``min_steps`` times each synced with ``sync`` (at least two past the
+    call from which a hot in-place signature donates, :func:`min_warmup_steps`), then in
+    rounds of ``steps`` steps ended by one ``sync`` -- the shape of :func:`time_rounds`,
+    since DEFER_AND_FUSE cuts its segments where the host syncs -- until ``counters()``
+    has not moved for ``stable`` consecutive rounds (at most ``max_rounds`` rounds).
 
     Returns ``{"steps": n, "settled": bool, "first_call_s": seconds of the first step,
-    "first_value": sync of the first step's result}``;
-    ``settled`` False means the counters still moved after ``max_steps`` (the caller
-    reports it: the timed numbers then include builds)."""
-    # builds that come late by design: a hot in-place signature's donating variant
-    # (after executor._DONATE_AFTER calls), a signature's full-tier recompile (2nd call)
-    from torchtpu.eager import executor
-
-    min_steps = max(min_steps, executor._DONATE_AFTER + 2)
+    "values": [sync value of each of the first min_steps steps]}``; ``settled`` False
+    means the counters still moved (the caller reports it: the timed numbers then include
+    builds)."""
+    min_steps = min_warmup_steps(min_steps)
     t0 = time.perf_counter()
-    first_value = sync(step())
+    values = [sync(step())]
     first = time.perf_counter() - t0
-    n, quiet, prev = 1, 0, counters()
-    while n < max_steps and (n < min_steps or quiet < stable):
-        sync(step())
-        n += 1
+    for _ in range(min_steps - 1):
+        values.append(sync(step()))
+    n, quiet, rounds, prev = min_steps, 0, 0, counters()
+    while rounds < max_rounds and quiet < stable:
+        out = None
+        for _ in range(steps):
+            out = step()
+        sync(out)
+        n += steps
+        rounds += 1
         cur = counters()
         quiet = quiet + 1 if cur == prev else 0
         prev = cur
     return {"steps": n, "settled": quiet >= stable, "first_call_s": first,
-            "first_value": first_value}
+            "values": values}
+
+
+def min_warmup_steps(requested: int) -> int:
+    """The fewest warm-up steps :func:`warm_up` runs for a request of ``requested``:
+    at least two past the call from which a hot in-place signature donates (its donating
+    variant is built then, ``executor._DONATE_AFTER``)."""
+    from torchtpu.eager import executor
+
+    return max(requested, executor._DONATE_AFTER + 2)
 
 
 def time_rounds(step, sync, *, rounds: int = 5, steps: int = 10,
@@ -92,9 +107,9 @@ def time_rounds(step, sync, *, rounds: int = 5, steps: int = 10,
 
 def measure(step, sync, *, rounds: int = 5, steps: int = 10, counters=build_counters,
             **warm) -> dict:
-    """:func:`warm_up` then :func:`time_rounds`; the two results merged (``warmup`` holds
-    the warm-up's)."""
-    w = warm_up(step, sync, counters=counters, **warm)
+    """:func:`warm_up` then :func:`time_rounds` (same ``steps`` per round); the two
+    results merged (``warmup`` holds the warm-up's)."""
+    w = warm_up(step, sync, steps=steps, counters=counters, **warm)
     r = time_rounds(step, sync, rounds=rounds, steps=steps, counters=counters)
     r["warmup"] = w
     return r
