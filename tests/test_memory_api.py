@@ -112,11 +112,163 @@ def test_cuda_shaped_namespaces():
     assert torch.tpu.ipc_collect() is None
 
 
-def test_utilization_is_a_percentage():
-    u = torch.tpu.utilization()
-    assert isinstance(u, int) and 0 <= u <= 100
+def test_utilization_bad_device_raises_like_cuda():
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.tpu.utilization(torch.tpu.device_count() + 3)
+
+
+class _FakePjrtDevice:
+    """A PJRT device as JAX presents it, with the figures the test chooses."""
+
+    def __init__(self, stats, local_hardware_id=0):
+        self.stats = stats
+        self.id = 0
+        self.local_hardware_id = local_hardware_id
+        self.device_kind = "fake"
+
+    def memory_stats(self):
+        return self.stats
+
+
+@pytest.fixture
+def fake_platform(monkeypatch):
+    """Make device 0 a fake PJRT device of a chosen platform: ``fake_platform(name,
+    stats)`` returns the device."""
+    from torchtpu._device import runtime
+
+    def use(name, stats=None, **kw):
+        dev = _FakePjrtDevice(stats, **kw)
+        monkeypatch.setattr(runtime, "platform", lambda: name)
+        monkeypatch.setattr(runtime, "jax_device", lambda index: dev)
+        return dev
+
+    return use
+
+
+def test_utilization_is_refused_on_tpu(fake_platform):
+    fake_platform("tpu")
+    with pytest.raises(NotImplementedError,
+                       match="not available on the tpu platform: PJRT reports no utilization"):
+        torch.tpu.utilization()
+
+
+def test_utilization_on_gpu_reads_nvml(fake_platform, monkeypatch):
+    import sys
+    import types
+
+    handles = []
+    nvml = types.ModuleType("pynvml")
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: handles.append(i) or ("handle", i)
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(
+        gpu=37 if h == ("handle", 5) else -1, memory=3)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    fake_platform("gpu", local_hardware_id=1)  # CUDA device 1 = the machine's GPU 5
+    assert torch.tpu.utilization() == 37 and handles == [5]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    with pytest.raises(NotImplementedError, match="on the gpu platform.*pynvml"):
+        torch.tpu.utilization()
+
+
+@cpu_platform
+def test_utilization_on_cpu_is_host_busy_percent(tmp_path, monkeypatch):
+    """The CPU platform's utilization is the host CPUs' busy share of the time between
+    two calls, from /proc/stat's aggregate line (here a file the test writes)."""
+    from torchtpu._device import memory
+
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(memory, "_PROC_STAT", str(stat), raising=False)
+    monkeypatch.setattr(memory, "_last_cpu_times", [])
+    #                 user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert torch.tpu.utilization() == 20  # since boot: 200 busy of 1000
+    stat.write_text("cpu  160 0 140 760 140 0 0 0 0 0\n")
+    assert torch.tpu.utilization() == 50  # 100 busy of 200 since the previous call
+    stat.write_text("cpu  360 0 140 760 140 0 0 0 0 0\n")
+    assert torch.tpu.utilization() == 100
+    monkeypatch.setattr(memory, "_PROC_STAT", str(tmp_path / "missing"))
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    with pytest.raises(NotImplementedError, match="cpu platform"):
+        torch.tpu.utilization()
+
+
+def _host_busy_jiffies():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+@cpu_platform
+def test_utilization_on_cpu_matches_proc_stat():
+    """On the real host: the value is the busy share of the interval between two calls,
+    as /proc/stat read around the same moments gives it (while this process keeps one CPU
+    busy)."""
+    import time
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    busy0, total0 = _host_busy_jiffies()
+    torch.tpu.utilization()
+    end = time.perf_counter() + 0.6
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    u = torch.tpu.utilization()
+    busy1, total1 = _host_busy_jiffies()
+    expected = 100 * (busy1 - busy0) / (total1 - total0)
+    assert isinstance(u, int) and 0 <= u <= 100
+    assert abs(u - expected) <= 10, (u, expected)
+
+
+@cpu_platform
+def test_reserved_memory_is_not_labelled_pjrt_on_cpu_platform():
+    """The CPU PJRT client reports no memory_stats(): the reserved figures are the live
+    tpu tensors' bytes and the summary says so, not "PJRT"."""
+    x = torch.ones(1000, device="tpu")  # noqa: F841
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() > 0
+    assert torch.tpu.max_memory_reserved() == torch.tpu.max_memory_allocated()
+    rows = [r for r in torch.tpu.memory_summary().splitlines() if "Reserved" in r]
+    assert len(rows) == 1 and "PJRT" not in rows[0] and "live tpu tensors" in rows[0], rows
+
+
+def test_reserved_memory_reads_pjrt_memory_stats(fake_platform):
+    """TPU/GPU: memory_reserved and its peak are the PJRT device's own figures."""
+    gib = 2**30
+    # TPU-like: buffers in use plus memory the runtime reserved for programs
+    fake_platform("tpu", {"bytes_in_use": 3 * gib, "peak_bytes_in_use": 5 * gib,
+                          "bytes_reserved": 2 * gib, "peak_bytes_reserved": 2 * gib,
+                          "bytes_limit": 16 * gib, "pool_bytes": -1})
+    assert torch.tpu.memory_reserved() == 5 * gib
+    assert torch.tpu.max_memory_reserved() == 7 * gib
+    stats = torch.tpu.memory_stats()
+    assert stats["reserved_bytes.all.current"] == 5 * gib
+    assert stats["pjrt.bytes_limit"] == 16 * gib
+    assert torch.tpu.mem_get_info() == (13 * gib, 16 * gib)
+    summary = torch.tpu.memory_summary()
+    row = [r for r in summary.splitlines() if "Reserved" in r][0]
+    assert "PJRT in use + reserved" in row and "5.00 GiB" in row and "7.00 GiB" in row
+    # GPU-like: the BFC allocator's pool, however much of it is in use
+    fake_platform("gpu", {"bytes_in_use": gib, "peak_bytes_in_use": 2 * gib,
+                          "pool_bytes": 8 * gib, "peak_pool_bytes": 9 * gib,
+                          "bytes_reserved": 0, "bytes_limit": 100 * gib})
+    assert torch.tpu.memory_reserved() == 8 * gib
+    assert torch.tpu.max_memory_reserved() == 9 * gib
+    assert "PJRT pool_bytes" in torch.tpu.memory_summary()
+
+
+def test_reserved_memory_unreported_on_tpu_raises(fake_platform):
+    """A TPU/GPU plugin without memory_stats(): no number is made up."""
+    fake_platform("tpu", None)
+    for f in (torch.tpu.memory_reserved, torch.tpu.max_memory_reserved):
+        with pytest.raises(NotImplementedError, match="on the tpu platform"):
+            f()
+    assert "reserved_bytes.all.current" not in torch.tpu.memory_stats()
+    row = [r for r in torch.tpu.memory_summary().splitlines() if "Reserved" in r][0]
+    assert "n/a" in row
 
 
 def test_peak_reset_like_cuda():

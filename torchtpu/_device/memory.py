@@ -1,14 +1,22 @@
 """``torch.tpu.memory``: memory queries shaped like ``torch.cuda.memory``.
 
-Where the numbers come from:
+Where the numbers come from (all in bytes):
 
-* bytes held by ``tpu`` tensors (``memory_allocated`` and friends): our own count of live
-  ``tpu`` storages (:data:`torchtpu._tensor.storage.ALLOCATOR`), the same on every platform;
+* bytes held by live ``tpu`` tensors (``memory_allocated``, ``max_memory_allocated``): our
+  own count of live ``tpu`` storages (:data:`torchtpu._tensor.storage.ALLOCATOR`), the
+  same on every platform;
+* bytes the device's allocator holds (``memory_reserved``, ``max_memory_reserved``): on
+  TPU and GPU the PJRT device's ``memory_stats()`` (:func:`memory_reserved` says which
+  keys); the CPU PJRT client keeps no pool and reports no ``memory_stats()``: each buffer
+  is a host allocation freed with its array, so there the reserved bytes *are* the live
+  ``tpu`` tensors' bytes, and are labelled so;
 * device capacity and free memory (``mem_get_info``, ``get_device_properties().total_memory``):
   the PJRT device's ``memory_stats()`` (``bytes_limit`` / ``bytes_in_use``) on TPU and GPU;
   the CPU PJRT platform reports none, and its device memory *is* the host's memory, so there
   the host's ``MemTotal`` / ``MemAvailable`` (``/proc/meminfo``; ``psutil`` or ``sysconf``
-  elsewhere) are returned, as ``torch.cuda`` does for integrated GPUs sharing host RAM.
+  elsewhere) are returned, as ``torch.cuda`` does for integrated GPUs sharing host RAM;
+* ``utilization``: see :func:`utilization` (host CPU busy percent on the CPU platform,
+  NVML on GPU, not available on TPU).
 
 The functions are defined here and re-exported by :mod:`torchtpu._device.tpu_module`, so
 ``torch.tpu.memory.X`` and ``torch.tpu.X`` are the same objects, as for
@@ -37,14 +45,27 @@ __all__ = [
 
 
 def _pjrt_memory_stats(index) -> dict:
+    """The PJRT device's ``memory_stats()`` (bytes), ``{}`` where the platform reports
+    none (the CPU client returns None)."""
     try:
         return runtime.jax_device(index).memory_stats() or {}
     except Exception:
         return {}
 
 
+def _stat(stats: dict, key: str):
+    """``stats[key]`` as an int, or None where PJRT did not set it (absent, or JAX's -1
+    for an unset optional field)."""
+    v = stats.get(key)
+    if v is None:
+        return None
+    v = int(v)
+    return v if v >= 0 else None
+
+
 def memory_allocated(device=None) -> int:
-    """Bytes held by live ``tpu`` storages on ``device`` (``torch.cuda.memory_allocated``)."""
+    """Bytes held by live ``tpu`` storages on ``device`` (``torch.cuda.memory_allocated``):
+    our own count, on every platform."""
     from torchtpu._tensor.storage import ALLOCATOR
 
     return ALLOCATOR.allocated.get(to_index(device), 0)
@@ -57,18 +78,71 @@ def max_memory_allocated(device=None) -> int:
     return ALLOCATOR.peak.get(to_index(device), 0)
 
 
+def _reserved(index: int) -> tuple[int, int, str]:
+    """(current, peak, source) of the bytes the device's allocator holds; ``source`` names
+    where the two numbers come from (the label of :func:`memory_summary`)."""
+    stats = _pjrt_memory_stats(index)
+    pool = _stat(stats, "pool_bytes")
+    if pool is not None:
+        peak = _stat(stats, "peak_pool_bytes")
+        return pool, pool if peak is None else peak, "PJRT pool_bytes"
+    used = _stat(stats, "bytes_in_use")
+    if used is not None:
+        res = _stat(stats, "bytes_reserved") or 0
+        peak_used = _stat(stats, "peak_bytes_in_use")
+        peak_res = _stat(stats, "peak_bytes_reserved")
+        peak = (used if peak_used is None else peak_used) + (res if peak_res is None else peak_res)
+        return used + res, peak, "PJRT in use + reserved"
+    plat = runtime.platform()
+    if plat == "cpu":
+        return memory_allocated(index), max_memory_allocated(index), "= live tpu tensors"
+    raise NotImplementedError(
+        f"torch.tpu.memory_reserved is not available on the {plat} platform: its PJRT "
+        f"device reports no memory_stats()")
+
+
 def memory_reserved(device=None) -> int:
-    """Bytes the PJRT allocator holds (platform-reported; else ``memory_allocated``)."""
-    stats = _pjrt_memory_stats(to_index(device))
-    return int(stats.get("bytes_reserved", stats.get("bytes_in_use", memory_allocated(device))))
+    """Bytes the device's allocator holds (``torch.cuda.memory_reserved``).
+
+    TPU/GPU: from the PJRT device's ``memory_stats()``: ``pool_bytes`` where the allocator
+    keeps a pool (GPU's BFC allocator: what it took from the device, used or not), else
+    ``bytes_in_use + bytes_reserved`` (TPU: buffers in use plus the memory the runtime
+    reserved for programs).  CPU platform: the CPU PJRT client keeps no pool and reports
+    no ``memory_stats()`` (a buffer is a host allocation freed with its array), so the
+    bytes of live ``tpu`` tensors, :func:`memory_allocated`.
+
+    Raises:
+        NotImplementedError: a TPU/GPU device whose PJRT plugin reports no
+            ``memory_stats()``.
+        RuntimeError: the device index is out of range.
+    """
+    idx = to_index(device)
+    runtime.jax_device(idx)  # range check, as torch.cuda does
+    return _reserved(idx)[0]
 
 
 def max_memory_reserved(device=None) -> int:
-    stats = _pjrt_memory_stats(to_index(device))
-    return int(stats.get("peak_bytes_in_use", max_memory_allocated(device)))
+    """Peak of :func:`memory_reserved` (bytes).
+
+    TPU/GPU: PJRT's ``peak_pool_bytes``, else ``peak_bytes_in_use + peak_bytes_reserved``
+    (an upper bound when the runtime reserved memory: the two peaks need not have been at
+    the same moment); PJRT keeps these since the process started, so
+    :func:`reset_peak_memory_stats` does not reset them.  CPU platform:
+    :func:`max_memory_allocated`.
+
+    Raises:
+        NotImplementedError: a TPU/GPU device whose PJRT plugin reports no
+            ``memory_stats()``.
+        RuntimeError: the device index is out of range.
+    """
+    idx = to_index(device)
+    runtime.jax_device(idx)
+    return _reserved(idx)[1]
 
 
 def reset_peak_memory_stats(device=None) -> None:
+    """Reset :func:`max_memory_allocated` to the current :func:`memory_allocated`.  PJRT's
+    own peaks (:func:`max_memory_reserved` on TPU/GPU) cannot be reset."""
     from torchtpu._tensor.storage import ALLOCATOR
 
     idx = to_index(device)
@@ -80,16 +154,19 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def memory_stats(device=None) -> dict:
-    """Allocator statistics with ``torch.cuda.memory_stats`` key names (bytes)."""
+    """Allocator statistics with ``torch.cuda.memory_stats`` key names (bytes):
+    ``allocated_bytes.all.*`` (:func:`memory_allocated` / its peak),
+    ``reserved_bytes.all.*`` (:func:`memory_reserved` / its peak; absent where the
+    platform reports none), and every PJRT ``memory_stats()`` figure as ``pjrt.<key>``."""
     idx = to_index(device)
-    cur = memory_allocated(idx)
-    peak = max_memory_allocated(idx)
     d = {
-        "allocated_bytes.all.current": cur,
-        "allocated_bytes.all.peak": peak,
-        "reserved_bytes.all.current": memory_reserved(idx),
-        "reserved_bytes.all.peak": max_memory_reserved(idx),
+        "allocated_bytes.all.current": memory_allocated(idx),
+        "allocated_bytes.all.peak": max_memory_allocated(idx),
     }
+    try:
+        d["reserved_bytes.all.current"], d["reserved_bytes.all.peak"], _ = _reserved(idx)
+    except NotImplementedError:
+        pass
     for k, v in _pjrt_memory_stats(idx).items():
         d[f"pjrt.{k}"] = v
     return d
@@ -175,40 +252,103 @@ def ipc_collect() -> None:
 # ---------------------------------------------------------------- utilization
 
 _last_cpu_times: list = []
+_PROC_STAT = "/proc/stat"
 
 
 def _host_cpu_busy_percent() -> int:
-    """Host CPU busy percentage since the previous call (since boot on the first call),
-    from ``/proc/stat``; 0 where it cannot be read."""
+    """Percent of the host CPUs' time spent busy (not idle, not waiting for I/O) since
+    the previous call (since boot on the first call), all processes together.
+
+    Linux: the aggregate ``cpu`` line of ``/proc/stat`` (busy = total jiffies minus
+    ``idle`` and ``iowait``); elsewhere ``psutil.cpu_percent()`` (also since its previous
+    call).
+
+    Raises:
+        NotImplementedError: neither ``/proc/stat`` nor ``psutil`` is available.
+    """
     try:
-        with open("/proc/stat") as f:
+        with open(_PROC_STAT) as f:
             fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
+        try:
+            import psutil
+        except ImportError:
+            raise NotImplementedError(
+                "torch.tpu.utilization is not available on the cpu platform here: it "
+                "reads the host's CPU time from /proc/stat or psutil, and neither is "
+                "available") from None
+        return int(round(psutil.cpu_percent(interval=None)))
     prev_idle, prev_total = _last_cpu_times or (0, 0)
     _last_cpu_times[:] = [idle, total]
     dt = total - prev_total
-    if dt <= 0:
+    if dt <= 0:  # two calls within one clock tick: nothing was measured in between
         return 0
     return int(round(100 * (dt - (idle - prev_idle)) / dt))
+
+
+def _nvml_handle(nvml, device):
+    """The NVML handle of a PJRT GPU device: its CUDA ordinal (``local_hardware_id``)
+    mapped through ``CUDA_VISIBLE_DEVICES`` as CUDA maps it (indices or UUIDs)."""
+    ordinal = getattr(device, "local_hardware_id", None)
+    if ordinal is None:
+        ordinal = device.id
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        entry = entries[ordinal]
+        if entry.isdigit():
+            return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    return nvml.nvmlDeviceGetHandleByIndex(ordinal)
+
+
+def _gpu_utilization(device) -> int:
+    """NVML's GPU utilization (percent of the last sample period, 1/6 s to 1 s depending
+    on the GPU, during which a kernel ran), read through ``pynvml`` as ``torch.cuda``
+    does."""
+    try:
+        import pynvml
+    except ImportError:
+        raise NotImplementedError(
+            "torch.tpu.utilization is not available on the gpu platform: PJRT reports no "
+            "utilization, and NVML is read through pynvml, which is not installed "
+            "(pip install nvidia-ml-py)") from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001  (no NVIDIA driver: a ROCm GPU...)
+        raise NotImplementedError(
+            f"torch.tpu.utilization is not available on the gpu platform: PJRT reports no "
+            f"utilization and NVML could not start ({e})") from None
+    return int(pynvml.nvmlDeviceGetUtilizationRates(_nvml_handle(pynvml, device)).gpu)
 
 
 def utilization(device=None) -> int:
     """Percent of time the device was busy (``torch.cuda.utilization``), an int 0..100.
 
-    CPU platform: the host CPUs' busy percentage since the previous call (the CPU PJRT
-    device runs on them).  TPU/GPU: PJRT exposes no utilization counter, so 0 (use the
-    vendor's tools, e.g. ``nvidia-smi`` or ``tpu-info``).
+    * GPU: NVML's utilization of the GPU behind the PJRT device (through ``pynvml``), the
+      number ``torch.cuda.utilization`` reports.
+    * CPU platform: the host CPUs' busy percentage since the previous call (since boot on
+      the first call), all processes together: the CPU PJRT device runs on them (see
+      :func:`_host_cpu_busy_percent`).
+    * TPU (and any other platform): not available.
 
     Raises:
+        NotImplementedError: TPU or another platform without a utilization counter
+            (PJRT reports none: use the vendor's tools, e.g. ``tpu-info``); GPU without
+            ``pynvml`` or NVML; the CPU platform without ``/proc/stat`` or ``psutil``.
         RuntimeError: the device index is out of range.
     """
-    runtime.jax_device(to_index(device))
-    if runtime.platform() == "cpu":
+    d = runtime.jax_device(to_index(device))
+    plat = runtime.platform()
+    if plat == "cpu":
         return max(0, min(100, _host_cpu_busy_percent()))
-    return 0
+    if plat == "gpu":
+        return _gpu_utilization(d)
+    raise NotImplementedError(
+        f"torch.tpu.utilization is not available on the {plat} platform: PJRT reports no "
+        f"utilization")
 
 
 # ------------------------------------------------------------ summary, snapshot
@@ -225,10 +365,12 @@ def _fmt(n: int) -> str:
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A printable table of the device's memory, like ``torch.cuda.memory_summary``.
 
-    Rows: bytes of live ``tpu`` tensors (current, peak), bytes the PJRT allocator holds
-    (current, peak), the number of live storages, and the device's free / total memory
-    (:func:`mem_get_info`).  ``abbreviated`` is accepted for compatibility (the table is
-    already short).
+    Rows: bytes of live ``tpu`` tensors (:func:`memory_allocated`, current and peak), bytes
+    the device's allocator holds (:func:`memory_reserved`, labelled with where they come
+    from: PJRT's ``pool_bytes`` or ``in use + reserved`` on TPU/GPU, ``= live tpu
+    tensors`` on the CPU platform, ``n/a`` where the platform reports none), the number of
+    live storages, and the device's free / total memory (:func:`mem_get_info`).
+    ``abbreviated`` is accepted for compatibility (the table is already short).
 
     Raises:
         RuntimeError: the device index is out of range.
@@ -236,6 +378,11 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     idx = to_index(device)
     free, total = mem_get_info(idx)
     stats = memory_stats(idx)
+    try:
+        res, res_peak, res_source = _reserved(idx)
+        res, res_peak = _fmt(res), _fmt(res_peak)
+    except NotImplementedError:
+        res, res_peak, res_source = "n/a", "n/a", "not reported"
     n_live = sum(1 for s in _live_storages() if s.index == idx)
     width = 75
     line = "|" + "=" * (width - 2) + "|"
@@ -251,10 +398,9 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         sep,
         row("Metric", "Cur Usage", "Peak Usage"),
         line,
-        row("Allocated memory (tpu tensors)", _fmt(stats["allocated_bytes.all.current"]),
+        row("Allocated memory (live tensors)", _fmt(stats["allocated_bytes.all.current"]),
             _fmt(stats["allocated_bytes.all.peak"])),
-        row("Reserved memory (PJRT)", _fmt(stats["reserved_bytes.all.current"]),
-            _fmt(stats["reserved_bytes.all.peak"])),
+        row(f"Reserved ({res_source})", res, res_peak),
         row("Live storages", str(n_live), ""),
         sep,
         row("Device memory free", _fmt(free), ""),
@@ -263,6 +409,9 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     ]
     if platform == "cpu":
         lines.insert(-1, f"| {'(CPU platform: device memory is host memory)':<{width - 4}} |")
+        if res_source.startswith("="):
+            note = "(no PJRT allocator pool: reserved = live tpu tensors)"
+            lines.insert(-1, f"| {note:<{width - 4}} |")
     return "\n".join(lines) + "\n"
 
 
