@@ -3,12 +3,21 @@
 PJRT runs a device's work in dispatch order, so every ``tpu`` stream is the one PJRT
 queue of its device: ``wait_stream``/``wait_event`` need no device work, and
 ``synchronize``/``query`` wait for (or check) every op dispatched so far.
+
+How ``query`` knows: the results of the most recently dispatched executable
+(``executor.LAST_OUTPUTS``, what ``torch.tpu.synchronize`` waits on) are ready only once
+everything dispatched before them has run too.  ``Event.record`` keeps (weak references
+to) those arrays; ``Event.query`` / ``Stream.query`` ask them ``is_ready()``, which never
+blocks.  In DEFER_AND_FUSE, ops recorded but not run yet are first dispatched (the pending
+segment is cut, asynchronously: ``metrics()["segment_cuts"]`` under ``"event_record"`` /
+``"stream_query"``), so that the event stands for them.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+import weakref
 
 import torch
 
@@ -49,8 +58,9 @@ class Stream:
         return event
 
     def query(self) -> bool:
-        self.synchronize()
-        return True
+        """Whether every op dispatched so far has finished (never blocks)."""
+        _dispatch_pending("stream_query")
+        return _all_ready(_last_outputs())
 
     def synchronize(self) -> None:
         from torchtpu.eager import sync
@@ -109,17 +119,59 @@ class stream:
         return False
 
 
+def _dispatch_pending(cause: str) -> None:
+    """DEFER_AND_FUSE: run the ops recorded so far (asynchronously, no host sync)."""
+    from torchtpu.eager import defer
+
+    if defer.pending_ops():
+        defer.flush(cause, sync=False)
+
+
+def _last_outputs() -> list:
+    """The arrays of the most recently dispatched executable."""
+    from torchtpu._device import runtime
+    from torchtpu.eager import executor
+
+    return [a for a in runtime.jax().tree_util.tree_leaves(executor.LAST_OUTPUTS)
+            if hasattr(a, "is_ready")]
+
+
+def _all_ready(arrays, deleted_means_later=True) -> bool:
+    """Whether every array in ``arrays`` is computed.  An array since deleted (donated to
+    a later executable, which only runs after it) cannot be asked; then the latest
+    dispatched work is asked instead: it being done implies this work is."""
+    for a in arrays:
+        if a.is_deleted():  # (is_ready() on a deleted array must not be called)
+            if deleted_means_later:
+                return _all_ready(_last_outputs(), deleted_means_later=False)
+            continue
+        if not a.is_ready():
+            return False
+    return True
+
+
 class Event:
-    """A ``tpu`` event (``torch.cuda.Event``); timing is host wall time at ``record``
-    after the device queue drained (so ``elapsed_time`` is in milliseconds, as CUDA's)."""
+    """A ``tpu`` event (``torch.cuda.Event``).
+
+    ``record`` marks the work dispatched so far; ``query`` says, without blocking, whether
+    that work has finished (its last executable's results are ready, see the module
+    docstring); ``synchronize`` waits for it.  Timing is host wall time at ``record`` after
+    the device queue drained (so ``elapsed_time`` is in milliseconds, as CUDA's)."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
         self._t = None
         self._stream = None
+        self._refs = []  # weak references to the recorded work's arrays
+        self._lost = False  # one of them died before query() saw it ready
 
     def record(self, stream=None) -> None:
         self._stream = stream or current_stream()
+        _dispatch_pending("event_record")
+        # weak references: an event must not keep the arrays alive (that would stop the
+        # next in-place op from donating their buffers to XLA)
+        self._refs = [weakref.ref(a) for a in _last_outputs()]
+        self._lost = False
         if self.enable_timing:
             self._stream.synchronize()
         self._t = time.perf_counter()
@@ -127,10 +179,34 @@ class Event:
     def wait(self, stream=None) -> None:
         pass
 
+    def _arrays(self):
+        """The recorded arrays still alive; None when one died unseen (its buffer freed:
+        whether its computation finished cannot be asked any more)."""
+        out = []
+        for r in self._refs:
+            a = r()
+            if a is None:
+                return None
+            out.append(a)
+        return out
+
     def query(self) -> bool:
-        return True
+        """Whether the work dispatched before :meth:`record` has finished (True for an
+        event never recorded, as CUDA's); never blocks."""
+        if self._lost:
+            return _all_ready(_last_outputs())
+        arrays = self._arrays()
+        if arrays is None:  # the latest work being done implies the recorded work is
+            self._lost = True
+            return _all_ready(_last_outputs())
+        if _all_ready(arrays):
+            self._refs = []  # done: nothing more to hold or ask
+            return True
+        return False
 
     def synchronize(self) -> None:
+        """Wait until the work dispatched before :meth:`record` has finished (waits for
+        the stream: every op dispatched so far, a sync point)."""
         if self._stream is not None:
             self._stream.synchronize()
 
