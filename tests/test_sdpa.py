@@ -21,14 +21,31 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(_sdpa, "BLOCK_K", 3)
 
 
-def _fused_count():
-    return torchtpu.metrics()["sdpa"]["fused"]
+def _count(kernel="xla_blockwise"):
+    return torchtpu.metrics()["sdpa"][kernel]
 
 
-def check(q, k, v, attn_mask=None, tol=2e-5, grads=True, expect="fused", backends=None, **kw):
+def _fused_kernel(q, k, v, attn_mask, kw) -> str:
+    """The fused kernel a call runs: the blockwise XLA kernel on the CPU platform; on
+    TPU/GPU the platform kernel when it takes the call."""
+    from torchtpu._device import runtime
+
+    if runtime.platform() == "cpu":
+        return "xla_blockwise"
+    scale = kw.get("scale") or 1.0 / q.shape[-1] ** 0.5
+    return _sdpa.kernel_for("fwd", q.shape, k.shape, v.shape, q.dtype, attn_mask is not None,
+                            kw.get("is_causal", False), scale,
+                            dropout=kw.get("dropout_p", 0.0) > 0)[0]
+
+
+def check(q, k, v, attn_mask=None, tol=2e-5, grads=True, expect=None, backends=None, **kw):
     """Run SDPA (forward, and backward of q, k, v and a float mask that requires grad) on
-    CPU and on tpu; compare.  ``expect``: the tpu path that must run; ``backends``: the
-    ``sdpa_kernel`` list the tpu call runs under."""
+    CPU and on tpu; compare.  ``expect``: the tpu kernel that must run (its
+    ``metrics()["sdpa"]`` key; default: the fused kernel of this platform, see
+    :func:`_fused_kernel`); ``backends``: the ``sdpa_kernel`` list the tpu call runs
+    under."""
+    if expect is None:
+        expect = _fused_kernel(q, k, v, attn_mask, kw)
     leaves = [q, k, v] + ([attn_mask] if attn_mask is not None and attn_mask.requires_grad
                           else [])
     cpu = [t.detach().clone().requires_grad_(grads and t.dtype.is_floating_point)
@@ -176,10 +193,10 @@ def test_compiled_matches_cpu_and_runs_fused(small_blocks):
     ref = f(qc, kc, vc, m)
     ref.backward()
     qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
-    n0 = _fused_count()
+    n0 = _count()
     out = cf(qt, kt, vt, m.to("tpu"))
     out.backward()
-    assert _fused_count() > n0
+    assert _count() > n0
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
     for a, b in ((qt, qc), (kt, kc), (vt, vc)):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-4)
@@ -188,9 +205,9 @@ def test_compiled_matches_cpu_and_runs_fused(small_blocks):
 
 @pytest.mark.parametrize("backends,path", [
     ([SDPBackend.MATH], "math"),
-    ([SDPBackend.FLASH_ATTENTION], "fused"),
-    ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "fused"),
-    ([SDPBackend.OVERRIDEABLE], "fused"),
+    ([SDPBackend.FLASH_ATTENTION], "xla_blockwise"),
+    ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH], "xla_blockwise"),
+    ([SDPBackend.OVERRIDEABLE], "xla_blockwise"),
 ])
 def test_sdpa_kernel_selects_path(backends, path):
     q, k, v = qkv(1, 2, 5, 6, 4)
@@ -216,7 +233,7 @@ def test_invalid_inputs_raise_as_cpu():
     assert str(tpu_err.value).replace("tpu:0", "cpu") == str(cpu_err.value)
 
 
-@pytest.mark.parametrize("path", ["fused", "math"])
+@pytest.mark.parametrize("path", ["xla_blockwise", "math"])
 def test_dropout_is_reproducible_with_manual_seed(path):
     q, k, v = (t.to("tpu") for t in qkv(2, 2, 6, 7, 4))
     backends = [SDPBackend.MATH] if path == "math" else [SDPBackend.FLASH_ATTENTION]
@@ -276,9 +293,9 @@ def test_fused_dropout_backward_uses_the_forward_mask():
         torch.manual_seed(5)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.3)
 
-    n = _fused_count()
+    n = _count()
     f(*xs).backward(g)
-    assert _fused_count() == n + 1
+    assert _count() == n + 1
     gen = torch.Generator().manual_seed(9)
     for _ in range(2):
         d = [torch.randn(x.shape, generator=gen, dtype=torch.float64).to("tpu") for x in xs]
@@ -316,12 +333,88 @@ def test_fused_kernel_does_not_materialize_scores():
     assert c.memory_analysis().temp_size_in_bytes < scores / 8
 
 
-def test_platform_kernel_refusal_falls_back_to_blockwise(monkeypatch, small_blocks):
+@pytest.fixture
+def fresh_refusals(monkeypatch):
+    """No kernel refusal seen yet in this process (nor its once-per-process warning)."""
+    monkeypatch.setattr(_sdpa, "_REFUSED", {}, raising=False)
+    monkeypatch.setattr(_sdpa, "_PROBED", set(), raising=False)
+    monkeypatch.setattr(_sdpa, "_warned", False, raising=False)
+
+
+def test_platform_kernel_refusal_falls_back_to_blockwise(monkeypatch, small_blocks,
+                                                         fresh_refusals):
     """On a platform whose fused kernel refuses the call (here: the "gpu" branch, whose
-    cuDNN attention is absent on this CPU machine), the blockwise kernel runs instead."""
+    cuDNN attention is absent on this CPU machine), the blockwise kernel runs instead,
+    counted as such and as a failure of the forward and of the backward, with a warning."""
     monkeypatch.setattr(_sdpa, "_platform", lambda: "gpu")
     q, k, v = qkv(2, 2, 7, 10, 8, dtype=torch.bfloat16, seed=4)
-    check(q, k, v, is_causal=True, tol=1e-2)
+    n = _count("fused_failures")
+    with pytest.warns(RuntimeWarning, match="the cudnn fused attention kernel raised"):
+        check(q, k, v, is_causal=True, tol=1e-2, expect="xla_blockwise")
+    assert _count("fused_failures") == n + 2
+
+
+def _attention_plus_one(q4, k4, v4, causal, scale):
+    """A stand-in for the Pallas kernel: attention + 1 (so its output is recognisable)."""
+    import jax
+
+    j = jax.numpy
+    hi = jax.lax.Precision.HIGHEST
+    s = j.einsum("bhqd,bhkd->bhqk", q4, k4, precision=hi) * scale
+    if causal:
+        L, S = s.shape[-2:]
+        s = j.where(j.tril(j.ones((L, S), bool)), s, -j.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return j.einsum("bhqk,bhkd->bhqd", p, v4, precision=hi) + 1.0
+
+
+def test_platform_kernel_is_counted_under_its_name(monkeypatch, fresh_refusals,
+                                                   no_stored_executables):
+    """A call the platform kernel takes (here: a stand-in for TPU's Pallas kernel) is
+    counted under "pallas", and its result is that kernel's."""
+    monkeypatch.setattr(_sdpa, "_platform", lambda: "tpu")
+    monkeypatch.setattr(_sdpa, "_tpu_attention", _attention_plus_one)
+    q, k, v = qkv(1, 2, 128, 128, 12, seed=11)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True) + 1.0
+    before = dict(torchtpu.metrics()["sdpa"])
+    out = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                         is_causal=True)
+    after = torchtpu.metrics()["sdpa"]
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    assert after["pallas"] == before["pallas"] + 1, (before, after)
+    assert after["xla_blockwise"] == before["xla_blockwise"]
+    assert after["fused_failures"] == before["fused_failures"]
+
+
+def test_refused_platform_kernel_counts_and_warns_once(monkeypatch, fresh_refusals,
+                                                       no_stored_executables):
+    """A platform kernel that raises (here: a stand-in for TPU's Pallas kernel): the
+    blockwise kernel computes the call (values as CPU's), ``fused_failures`` and
+    ``xla_blockwise`` count every such call, and one warning names the kernel and its
+    error, however many calls and signatures fail."""
+    import warnings
+
+    def refuse(*args, **kwargs):
+        raise ValueError("stand-in Pallas kernel refuses")
+
+    monkeypatch.setattr(_sdpa, "_platform", lambda: "tpu")
+    monkeypatch.setattr(_sdpa, "_tpu_attention", refuse)
+    before = dict(torchtpu.metrics()["sdpa"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for L, seed in ((128, 12), (256, 13), (128, 14)):  # two signatures, three calls
+            q, k, v = qkv(1, 2, L, L, 10, seed=seed)
+            out = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"),
+                                                 is_causal=True)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.testing.assert_close(out.cpu(), ref, rtol=2e-5, atol=2e-5)
+    after = torchtpu.metrics()["sdpa"]
+    assert after["fused_failures"] == before["fused_failures"] + 3, (before, after)
+    assert after["xla_blockwise"] == before["xla_blockwise"] + 3
+    assert after["pallas"] == before["pallas"]
+    ours = [str(w.message) for w in caught if "fused attention kernel" in str(w.message)]
+    assert len(ours) == 1, ours
+    assert "pallas" in ours[0] and "ValueError: stand-in Pallas kernel refuses" in ours[0]
 
 
 def test_transposed_views_match_cpu(small_blocks):

@@ -99,9 +99,15 @@ class Metrics:
             to gloo; "cpu": cpu tensors on gloo; "compiled": a functional collective
             run inside a torch.compile executable, counted per call of the graph by
             ``_c10d_functional`` op name).
-        sdpa: ``F.scaled_dot_product_attention`` calls on tpu by the path that ran them
-            (``{"fused": n, "math": n}``, ``torchtpu.ops.sdpa``; chosen when traced in a
-            compiled graph).
+        sdpa: ``F.scaled_dot_product_attention`` calls on tpu by the kernel that
+            computed them (``torchtpu.ops.sdpa``; counted when traced in a compiled
+            graph): ``pallas`` (JAX's Pallas flash attention, TPU), ``cudnn`` (cuDNN
+            through ``jax.nn.dot_product_attention``, GPU), ``xla_blockwise`` (the
+            blockwise XLA kernel: CPU, masks, dropout, shapes the platform kernel does
+            not take), ``math`` (PyTorch's composite kernel), and ``fused_failures``
+            (forward and backward calls whose platform kernel refused them -- raised
+            when traced -- and that ran the blockwise kernel instead, also counted
+            under ``xla_blockwise``).
     """
 
     def __init__(self):
@@ -150,7 +156,8 @@ class Metrics:
         self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,
                                 "structure_mismatches": 0}
         self.collectives = collections.Counter()
-        self.sdpa = {"fused": 0, "math": 0}
+        self.sdpa = {"pallas": 0, "cudnn": 0, "xla_blockwise": 0, "math": 0,
+                     "fused_failures": 0}
         self.shape_buckets = {"runs": 0, "hot_signatures": 0, "churning_ops": 0}
 
     def sync(self, cause: str):

@@ -31,6 +31,12 @@ The lowering per platform (``runtime.platform()``, fixed per process):
   FlashAttention does) instead of keeping the ``(L, S)`` matrix.  Causal attention skips
   the key blocks entirely above the diagonal.
 
+A platform kernel the shape rules admit may still refuse a call (raise when traced); the
+blockwise kernel then runs, a ``RuntimeWarning`` names the kernel and its error (once per
+process), and ``torchtpu.metrics()["sdpa"]["fused_failures"]`` counts the call.
+``metrics()["sdpa"]`` counts every call under the kernel that computed it: ``"pallas"``,
+``"cudnn"``, ``"xla_blockwise"`` or ``"math"`` (PyTorch's composite kernel).
+
 Semantics kept equal to CPU: the scale (``1/sqrt(E)`` by default), additive float masks
 and boolean masks (converted by PyTorch's rule: ``False`` -> ``-inf``), masks of any
 broadcastable shape, ``is_causal`` (top-left aligned ``tril`` for ``L != S``), grouped
@@ -267,12 +273,11 @@ def blockwise_bwd(do, q, k, v, bias, out, lse, causal, scale, prec, bias_grad,
 # ---------------------------------------------------------------- platform kernels
 
 
-def _tpu_pallas_ok(q5, k, bias, dt, causal):
+def _tpu_pallas_ok(L, S, has_bias, dt, causal):
     """Cases JAX's TPU flash-attention kernel takes as PyTorch defines them: no mask,
     float32/bfloat16, sequence lengths that its 128-blocks divide, and L == S when causal
     (PyTorch's causal mask is top-left aligned)."""
-    L, S = q5.shape[3], k.shape[2]
-    return (bias is None and dt in (torch.float32, torch.bfloat16)
+    return (not has_bias and dt in (torch.float32, torch.bfloat16)
             and L % 128 == 0 and S % 128 == 0 and (L == S or not causal))
 
 
@@ -299,13 +304,19 @@ def _platform() -> str:
     return runtime.platform()
 
 
-def _platform_kernel(q5, k, bias, dt, causal):
-    """The platform's fused kernel for this call, or None (the XLA blockwise path)."""
+# The kernel names ``metrics()["sdpa"]`` counts under (besides "math", PyTorch's
+# composite kernel) and ``fused_failures``.
+PALLAS, CUDNN, BLOCKWISE = "pallas", "cudnn", "xla_blockwise"
+
+
+def _platform_kernel(L, S, has_bias, dt, causal):
+    """The platform's fused kernel that the shape rules admit for this call ("pallas",
+    "cudnn"), or None (the XLA blockwise kernel)."""
     plat = _platform()
-    if plat == "tpu" and _tpu_pallas_ok(q5, k, bias, dt, causal):
-        return "tpu"
-    if plat == "gpu" and bias is None and dt in (torch.float16, torch.bfloat16):
-        return "gpu"
+    if plat == "tpu" and _tpu_pallas_ok(L, S, has_bias, dt, causal):
+        return PALLAS
+    if plat == "gpu" and not has_bias and dt in (torch.float16, torch.bfloat16):
+        return CUDNN
     return None
 
 
@@ -316,11 +327,118 @@ def _run_platform(kind, q5, k, v, causal, scale, dt):
     npd = _np_dtype(dt)
     q4 = q5.reshape(N, Hk * G, L, D).astype(npd)
     k4, v4 = k.astype(npd), v.astype(npd)
-    if kind == "tpu":
+    if kind == PALLAS:
         if G > 1:
             k4, v4 = j.repeat(k4, G, axis=1), j.repeat(v4, G, axis=1)
         return _tpu_attention(q4, k4, v4, causal, scale)
     return _gpu_attention(q4, k4, v4, causal, scale)
+
+
+def _platform_bwd(kind, q5, k4, v4, g, causal, scale, dt):
+    """Gradients (q5, k4, v4 shaped) of :func:`_run_platform` for the output gradient
+    ``g`` (N, Hq, L, Dv): the platform kernel's own VJP."""
+    _, vjp = _jax().vjp(lambda a, b, c: _run_platform(kind, a, b, c, causal, scale, dt),
+                        q5, k4, v4)
+    return vjp(g.astype(_np_dtype(dt)))
+
+
+# -------------------------------------------------- which kernel runs, and refusals
+#
+# A platform kernel can refuse a call its shape rules admit (it raises while being
+# traced: cuDNN rejecting a head dim, a Pallas block size...).  Whether it does depends
+# only on the signature, so it is found out once per signature and process by tracing the
+# kernel abstractly (``jax.eval_shape``, no compile, no device work) -- in the public entry
+# point, which counts the call under the kernel that runs, and in the lowering, which
+# then runs that kernel.  Both read the same answer; executables loaded from the on-disk
+# signature cache were built by the same rule in an earlier process.
+
+_REFUSED: dict = {}  # signature -> the exception text, for kernels that refused it
+_PROBED: set = set()
+_warned = False
+
+
+def _refusal(kind, exc, sig) -> None:
+    """Remember that ``kind`` refused ``sig``; warn the first time in the process."""
+    global _warned
+    _REFUSED[sig] = f"{type(exc).__name__}: {exc}"
+    if not _warned:
+        _warned = True
+        import warnings
+
+        warnings.warn(
+            f"torchtpu: the {kind} fused attention kernel raised {type(exc).__name__}: "
+            f"{exc} (scaled_dot_product_attention {sig[0]}, query {sig[2]}, key {sig[3]}, "
+            f"{sig[5]}); the XLA blockwise kernel runs instead.  Further refusals are not "
+            f"warned: torchtpu.metrics()['sdpa']['fused_failures'] counts them.",
+            RuntimeWarning, stacklevel=3)
+
+
+def _late_refusal(kind, exc, sig) -> None:
+    """A platform kernel that traced abstractly (:func:`_probe`) raised when the lowering
+    traced it for real: the blockwise kernel runs; counted now (once per trace, the call
+    itself was counted under ``kind``), remembered for the next calls, warned once."""
+    from torchtpu import _metrics
+
+    _metrics.METRICS.sdpa["fused_failures"] += 1
+    _refusal(kind, exc, sig)
+
+
+def _signature(direction, kind, q_shape, k_shape, v_shape, dt, causal, scale):
+    return (direction, kind, tuple(q_shape), tuple(k_shape), tuple(v_shape), dt,
+            bool(causal), scale)
+
+
+def _probe(sig) -> bool:
+    """Whether the platform kernel of ``sig`` traces (once per signature; a refusal is
+    remembered and warned about, see :func:`_refusal`)."""
+    if sig in _REFUSED:
+        return False
+    if sig in _PROBED:
+        return True
+    jax = _jax()
+    direction, kind, qs, ks, vs, dt, causal, scale = sig
+    npd = _np_dtype(dt)
+    spec = lambda shape: jax.ShapeDtypeStruct(shape, npd)  # noqa: E731
+
+    def run(q, k, v):
+        q5, k4, v4, _ = _to5(q, k, v, None)
+        if direction == "fwd":
+            return _run_platform(kind, q5, k4, v4, causal, scale, dt)
+        N, Hk, G, L, _ = q5.shape
+        g = _jax().numpy.zeros((N, Hk * G, L, v4.shape[-1]), npd)
+        return _platform_bwd(kind, q5, k4, v4, g, causal, scale, dt)
+
+    try:
+        jax.eval_shape(run, spec(qs), spec(ks), spec(vs))
+    except Exception as e:  # noqa: BLE001  (any refusal: the blockwise kernel runs)
+        _refusal(kind, e, sig)
+        return False
+    _PROBED.add(sig)
+    return True
+
+
+def _concrete(*shapes) -> bool:
+    return all(type(d) is int for s in shapes for d in s)
+
+
+def kernel_for(direction, q_shape, k_shape, v_shape, dt, has_bias, causal, scale,
+               dropout=False):
+    """``(kernel, refused)``: the kernel that computes this call's forward
+    (``direction="fwd"``) or backward (``"bwd"``) -- "pallas", "cudnn" or
+    "xla_blockwise" -- and whether a platform kernel refused it (the blockwise kernel then
+    runs).  ``scale`` is the effective one (``1/sqrt(E)`` when None was passed)."""
+    kind = None if dropout else _platform_kernel(q_shape[-2], k_shape[-2], has_bias, dt,
+                                                 causal)
+    if kind is None:
+        return BLOCKWISE, False
+    if not _concrete(q_shape, k_shape, v_shape):
+        # symbolic shapes (a dynamic-shape compiled graph being traced): the kernel the
+        # shape rules select; a refusal is found when the lowering traces concrete shapes
+        return kind, False
+    sig = _signature(direction, kind, q_shape, k_shape, v_shape, dt, causal, scale)
+    if _probe(sig):
+        return kind, False
+    return BLOCKWISE, True
 
 
 def _np_dtype(dt):
@@ -444,16 +562,18 @@ def flash_fwd(q, k, v, bias, is_causal, scale):
     sc = (1.0 / math.sqrt(D)) if scale is None else scale
     ct = _np_dtype(_compute_dtype(dt))
     q5, k4, v4, b5 = _to5(q, k, v, bias)
-    kind = _platform_kernel(q5, k4, b5, dt, is_causal)
     lse_shape = (q.shape[0], q.shape[1], q.shape[2]) if q.ndim == 4 else (1,) + tuple(q.shape[:2])
-    if kind is not None:
+    kind, _ = kernel_for("fwd", q.shape, k.shape, v.shape, dt, b5 is not None, is_causal, sc)
+    if kind != BLOCKWISE:
         try:
             out = _run_platform(kind, q5, k4, v4, is_causal, sc, dt)
+        except Exception as e:  # noqa: BLE001  (traced abstractly, it did not refuse)
+            _late_refusal(kind, e, _signature("fwd", kind, q.shape, k.shape, v.shape, dt,
+                                              is_causal, sc))
+        else:
             _, lse = blockwise_fwd(q5.astype(ct), k4.astype(ct), v4.astype(ct), None, is_causal,
                                    sc, _precision(dt), with_out=False)
             return out.reshape(q.shape[:-1] + (v.shape[-1],)), lse.reshape(lse_shape)
-        except Exception:  # the platform kernel refused the shapes: the XLA path
-            pass
     out, lse = blockwise_fwd(q5.astype(ct), k4.astype(ct), v4.astype(ct),
                              None if b5 is None else b5.astype(ct), is_causal, sc, _precision(dt))
     return out.reshape(q.shape[:-1] + (v.shape[-1],)), lse.reshape(lse_shape)
@@ -476,18 +596,19 @@ def flash_bwd(grad_out, q, k, v, bias, out, lse, is_causal, scale, bias_grad, dr
     drop = None
     if dropout_p > 0.0:
         drop = (_key_of(seed, offset), float(dropout_p))
-    kind = _platform_kernel(q5, k4, b5, dt, is_causal) if drop is None else None
-    if kind is not None:
+    kind, _ = kernel_for("bwd", q.shape, k.shape, v.shape, dt, b5 is not None, is_causal, sc,
+                         dropout=drop is not None)
+    if kind != BLOCKWISE:
+        N, Hk, G, L, _ = q5.shape
+        g = grad_out.reshape(N, Hk * G, L, v.shape[-1])
         try:
-            _, vjp = jax.vjp(lambda a, b, c: _run_platform(kind, a, b, c, is_causal, sc, dt),
-                             q5, k4, v4)
-            N, Hk, G, L, _ = q5.shape
-            g = grad_out.reshape(N, Hk * G, L, v.shape[-1]).astype(_np_dtype(dt))
-            dq, dk, dv = vjp(g)
+            dq, dk, dv = _platform_bwd(kind, q5, k4, v4, g, is_causal, sc, dt)
+        except Exception as e:  # noqa: BLE001  (traced abstractly, it did not refuse)
+            _late_refusal(kind, e, _signature("bwd", kind, q.shape, k.shape, v.shape, dt,
+                                              is_causal, sc))
+        else:
             return (dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape),
                     j.zeros((0,), q.dtype))
-        except Exception:  # the platform kernel refused the shapes: the XLA path
-            pass
     N, Hk, G, L, _ = q5.shape
     Dv = v.shape[-1]
     do5 = grad_out.reshape(N, Hk, G, L, Dv).astype(ct)
@@ -543,6 +664,13 @@ def _fused_overrideable_backward(grad_out, query, key, value, attn_bias, grad_in
                                  is_causal, philox_seed, philox_offset, scale=None):
     bias_grad = attn_bias is not None and bool(grad_input_mask[3])
     drop = dropout_p > 0.0
+    sc = (1.0 / math.sqrt(query.shape[-1])) if scale is None else scale
+    _, refused = kernel_for("bwd", query.shape, key.shape, value.shape, query.dtype,
+                            attn_bias is not None, is_causal, sc, dropout=drop)
+    if refused:  # the platform kernel's backward refused the call: blockwise backward
+        from torchtpu import _metrics
+
+        _metrics.METRICS.sdpa["fused_failures"] += 1
     gq, gk, gv, gb = _BWD(grad_out, query, key, value, attn_bias, out, logsumexp, is_causal,
                           scale, bias_grad, dropout_p, philox_seed if drop else None,
                           philox_offset if drop else None)
@@ -614,7 +742,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     composite kernel (the math decomposition, PyTorch's checks and error messages) when
     MATH is allowed; otherwise raises CPU's ``RuntimeError("No viable backend ...")``.
     Raises what PyTorch raises for invalid inputs (they take the composite kernel).
-    The choice is counted in ``torchtpu.metrics()["sdpa"]`` (``"fused"`` / ``"math"``).
+    Each call is counted in ``torchtpu.metrics()["sdpa"]`` under the kernel that computes
+    it: ``"pallas"`` (TPU), ``"cudnn"`` (GPU), ``"xla_blockwise"`` (the blockwise kernel:
+    CPU, masks, dropout, shapes the platform kernel does not take) or ``"math"``
+    (PyTorch's composite kernel); ``"fused_failures"`` counts calls whose platform kernel
+    refused them (it raised when traced: see :func:`kernel_for`), which then ran
+    ``"xla_blockwise"`` (a ``RuntimeWarning`` names the kernel and its error, once per
+    process).  In a compiled graph the count is made when the graph is traced.
     """
     from torchtpu import _compat, _metrics
 
@@ -626,7 +760,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     fused_on = (C._get_flash_sdp_enabled() or C._get_mem_efficient_sdp_enabled()
                 or C._get_overrideable_sdp_enabled())
     if fused_on and _fused_ok(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
-        _metrics.METRICS.sdpa["fused"] += 1
+        sc = (1.0 / math.sqrt(query.shape[-1])) if scale is None else scale
+        kernel, refused = kernel_for("fwd", query.shape, key.shape, value.shape, query.dtype,
+                                     attn_mask is not None, is_causal, sc,
+                                     dropout=dropout_p > 0.0)
+        counts = _metrics.METRICS.sdpa
+        counts[kernel] += 1
+        if refused:
+            counts["fused_failures"] += 1
         bias = attn_mask
         if bias is not None and bias.dtype == torch.bool:
             # PyTorch's convert_boolean_attn_mask: True keeps, False -> -inf
