@@ -37,11 +37,14 @@ test: setup
 test-full: setup
 	TORCHTPU_FULL_OPINFO=1 TORCHTPU_FULL_TESTS=1 $(PY) -m pytest tests $(XDIST) $(ARGS)
 
-# PyTorch's own device-generic test files (../shared/torch_tests) on tpu, against
+# PyTorch's own device-generic test files on tpu, against
 # tests/torch_upstream/expected_failures.txt (~40 min on 2 cores; `make test` runs only
-# the fast subset in tests/torch_upstream/fast_subset.txt)
+# the fast subset in tests/torch_upstream/fast_subset.txt).  The files are not in the
+# repository: copy them outside it and set TORCHTPU_TORCH_TESTS_DIR (or put them in
+# ../shared/torch_tests; docs/conformance/torch-tests.md).  -rs prints one line for each
+# file not found (it ran nothing); -rP the result line of each file that ran.
 test-upstream: setup
-	TORCHTPU_TORCH_TESTS=1 $(PY) -m pytest tests/torch_upstream $(ARGS)
+	TORCHTPU_TORCH_TESTS=1 $(PY) -m pytest tests/torch_upstream -rsP $(ARGS)
 
 # torchvision from PyPI does not import beside torch 2.13.0+cpu, so the vision sweep has
 # its own venv: torch 2.14.1 with its matching torchvision 0.29.1 (a CUDA build of torch,

@@ -1,18 +1,24 @@
 """PyTorch's own device-generic test files (test_view_ops.py, test_indexing.py,
 test_shape_ops.py, test_scatter_gather.py, test_sort_and_select.py,
 test_type_promotion.py, test_unary_ufuncs.py, test_reductions.py) run on ``tpu``, each in a
-child pytest, against an expected-failure list kept here (``expected_failures.txt``: test id
-+ reason).
+child pytest, against an expected-failure list kept here (``expected_failures.txt``: test id,
+the exception it raises on tpu, reason; see ``torchtpu_upstream_xfail.py``).
 
-The files are upstream PyTorch's, unmodified, in ``shared/torch_tests`` beside the clone
-(``<clone>/../shared/torch_tests``); ``TORCHTPU_TORCH_TESTS_DIR`` names other folders to look
-in first (``os.pathsep``-separated).  This repository carries no upstream code: a file found
-in none of these folders skips (today shared/ holds test_view_ops, test_indexing and
-test_shape_ops; the others were run from a local copy, see docs/conformance/torch-tests.md).  A child process keeps the upstream files' global state
-(default dtype, warnings filters, PyTorch's TestCase set-up) out of our suite.
+The files are upstream PyTorch's, unmodified, and are not in this repository nor shipped
+with it: copy them (``test/<file>`` of pytorch/pytorch at the revisions in
+docs/conformance/torch-tests.md) into a folder outside the repository and name it in
+``TORCHTPU_TORCH_TESTS_DIR`` (several folders: ``os.pathsep``-separated).  The runner also
+looks in ``shared/torch_tests`` beside the clone (the first such folder walking up from the
+repository).  A file found in none of these folders runs nothing: its test skips with one
+line saying so (``pytest -rs`` lists the reasons), so a checkout without the files, CI
+included, runs none of them.  A folder named in
+``TORCHTPU_TORCH_TESTS_DIR`` that does not exist is an error, not a skip.  A child process
+keeps the upstream files' global state (default dtype, warnings filters, PyTorch's TestCase
+set-up) out of our suite.
 
 A test here fails when an upstream test fails that is not on the list, when a listed test
-passes (``XPASS(strict)``: take it off the list), or when a listed id no longer exists.
+passes (``XPASS(strict)``: take it off the list) or raises another exception than its
+``raises=``, or when a listed id no longer exists.
 
 ``TORCHTPU_TORCH_TESTS`` picks what runs:
 
@@ -46,6 +52,10 @@ FILES = ["test_view_ops.py", "test_indexing.py", "test_shape_ops.py",
          "test_unary_ufuncs.py", "test_reductions.py"]
 TIMEOUT_S = int(os.environ.get("TORCHTPU_TORCH_TESTS_TIMEOUT", "3600"))
 FAST_SUBSET = HERE / "fast_subset.txt"
+ENV_DIR = "TORCHTPU_TORCH_TESTS_DIR"
+DOC = "docs/conformance/torch-tests.md"
+#: prefix of the lines this runner reports (skip reasons, the result line of each file)
+TAG = "torchtpu_upstream"
 
 
 def fast_subset(name: str) -> list[str]:
@@ -58,14 +68,18 @@ def fast_subset(name: str) -> list[str]:
     return ids
 
 
-def torch_tests_dirs() -> list[Path]:
-    """Folders that may hold the upstream files, in search order: each folder of
-    ``$TORCHTPU_TORCH_TESTS_DIR`` (``os.pathsep``-separated), then the first
-    ``shared/torch_tests`` found walking up from the repository (the clone's sibling
-    ``shared/`` on CI; ``/work/shared`` for a worktree under ``/work/wt``)."""
-    dirs = [Path(p) for p in os.environ.get("TORCHTPU_TORCH_TESTS_DIR", "").split(os.pathsep)
-            if p and Path(p).is_dir()]
-    for parent in REPO.parents:
+def env_dirs(environ=None) -> list[Path]:
+    """The folders named in ``$TORCHTPU_TORCH_TESTS_DIR`` (``os.pathsep``-separated)."""
+    environ = os.environ if environ is None else environ
+    return [Path(p) for p in environ.get(ENV_DIR, "").split(os.pathsep) if p]
+
+
+def torch_tests_dirs(environ=None, repo: Path | None = None) -> list[Path]:
+    """Folders that may hold the upstream files, in search order: each existing folder
+    of ``$TORCHTPU_TORCH_TESTS_DIR``, then the first ``shared/torch_tests`` found walking
+    up from the repository (the clone's sibling ``shared/``)."""
+    dirs = [d for d in env_dirs(environ) if d.is_dir()]
+    for parent in (REPO if repo is None else repo).parents:
         cand = parent / "shared" / "torch_tests"
         if cand.is_dir():
             dirs.append(cand)
@@ -73,34 +87,40 @@ def torch_tests_dirs() -> list[Path]:
     return dirs
 
 
-def find_file(name: str) -> Path | None:
+def find_file(name: str, environ=None, repo: Path | None = None) -> Path | None:
     """The folder of :func:`torch_tests_dirs` holding upstream file ``name``, or None."""
-    return next((d for d in torch_tests_dirs() if (d / name).is_file()), None)
+    return next((d for d in torch_tests_dirs(environ, repo) if (d / name).is_file()), None)
+
+
+def missing_dirs_error(environ=None) -> str | None:
+    """The error for ``$TORCHTPU_TORCH_TESTS_DIR`` naming a folder that does not exist."""
+    bad = [str(d) for d in env_dirs(environ) if not d.is_dir()]
+    if bad:
+        return (f"{TAG}: {ENV_DIR} names {', '.join(bad)}, not a folder: point it at the "
+                f"folder holding your copies of PyTorch's test files (see {DOC})")
+    return None
+
+
+def absent_line(name: str, environ=None, repo: Path | None = None) -> str:
+    """The one line saying that upstream file ``name`` was found nowhere, so nothing ran."""
+    dirs = torch_tests_dirs(environ, repo)
+    where = ("in " + " nor ".join(str(d) for d in dirs) if dirs
+             else f"({ENV_DIR} unset, no shared/torch_tests beside the clone)")
+    return (f"{TAG}: {name} not found {where}: ran nothing (set {ENV_DIR}=<folder> "
+            f"to a local copy of PyTorch's test/{name}, see {DOC})")
 
 
 def _summary(out: str) -> str:
     lines = out.strip().splitlines()
-    return lines[-1] if lines else ""
+    return lines[-1].strip("= ") if lines else ""
 
 
-@pytest.mark.parametrize("name", FILES)
-def test_upstream_file(name):
-    """Run one upstream file on tpu; every result must match the expected-failure list."""
-    mode = os.environ.get("TORCHTPU_TORCH_TESTS", "fast").strip().lower()
-    if mode == "0":
-        pytest.skip("TORCHTPU_TORCH_TESTS=0")
-    folder = find_file(name)
-    if folder is None:
-        pytest.skip(f"PyTorch's {name} not found in shared/torch_tests beside the clone "
-                    f"({REPO.parent / 'shared' / 'torch_tests'}) nor in "
-                    f"TORCHTPU_TORCH_TESTS_DIR")
-    selection = [name]
-    if mode == "fast":
-        selection = fast_subset(name)
-        if not selection:
-            pytest.skip(f"no test of {name} in fast_subset.txt (TORCHTPU_TORCH_TESTS=1 "
-                        f"runs the whole file)")
+def run_child(folder: Path, selection: list[str], extra_env=None, args=()):
+    """Run the child pytest on ``selection`` (file or node ids) in ``folder``.
+
+    Returns ``(returncode, output, stale ids, wall seconds)``."""
     env = dict(os.environ)
+    env.update(extra_env or {})
     env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = "privateuse1"
     # these files run most op signatures once (loops over shapes and dtypes): the quick
     # compile tier (torchtpu.eager.tiers) pays off there
@@ -112,18 +132,40 @@ def test_upstream_file(name):
         env["TORCHTPU_UPSTREAM_STALE"] = str(stale_file)
         cmd = [sys.executable, "-m", "pytest", "-c", str(HERE / "pytest.ini"),
                "--rootdir", str(folder), "-p", "torchtpu_upstream_xfail", "-q", "-rfEX",
-               "-k", "PRIVATEUSE1 or TPU", *selection,
-               *shlex.split(os.environ.get("TORCHTPU_TORCH_TESTS_ARGS", ""))]
+               "-k", "PRIVATEUSE1 or TPU", *selection, *args]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S)
         wall = time.perf_counter() - t0
         stale = stale_file.read_text().split() if stale_file.exists() else []
-    out = proc.stdout + proc.stderr
-    print(f"{name}: {_summary(out)} ({wall:.0f} s)")
+    return proc.returncode, proc.stdout + proc.stderr, stale, wall
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_upstream_file(name):
+    """Run one upstream file on tpu; every result must match the expected-failure list."""
+    mode = os.environ.get("TORCHTPU_TORCH_TESTS", "fast").strip().lower()
+    if mode == "0":
+        pytest.skip(f"{TAG}: {name}: TORCHTPU_TORCH_TESTS=0: ran nothing")
+    error = missing_dirs_error()
+    if error:
+        pytest.fail(error, pytrace=False)
+    folder = find_file(name)
+    if folder is None:
+        pytest.skip(absent_line(name))
+    selection = [name]
+    if mode == "fast":
+        selection = fast_subset(name)
+        if not selection:
+            pytest.skip(f"{TAG}: no test of {name} in fast_subset.txt: ran nothing "
+                        f"(TORCHTPU_TORCH_TESTS=1 runs the whole file)")
+    rc, out, stale, wall = run_child(
+        folder, selection, args=shlex.split(os.environ.get("TORCHTPU_TORCH_TESTS_ARGS", "")))
+    what = "the whole file" if mode != "fast" else f"{len(selection)} tests of fast_subset.txt"
+    print(f"{TAG}: {name} from {folder} ({what}): {_summary(out)} ({wall:.0f} s)")
     assert not stale, (f"{name}: expected_failures.txt lists tests that no longer exist: "
                        f"{stale}")
-    assert proc.returncode == 0, (
+    assert rc == 0, (
         f"{name}: upstream tests fail that are not in tests/torch_upstream/"
-        f"expected_failures.txt, or listed ones now pass (XPASS(strict): remove them):\n"
-        + out[-12000:])
+        f"expected_failures.txt, fail with another exception than its raises=, or "
+        f"listed ones now pass (XPASS(strict): remove them):\n" + out[-12000:])
