@@ -93,6 +93,19 @@ def _one(device: str, path: str, seq: int, batch: int, heads: int, dim: int, rep
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
+    # the timing rule of torchtpu.bench.timing: warm up until a step builds nothing
+    # (each step costs seconds here, so one quiet step, at most 4 warm-up steps)
+    from torchtpu.bench import timing
+
+    counters = timing.build_counters if tpu else (lambda: ())
+    warm = 1
+    while warm < 4:
+        c0 = counters()
+        step()
+        warm += 1
+        if counters() == c0:
+            break
+    c0 = counters()
     for t in (q, k, v):
         t.grad = None
     gc.collect()
@@ -108,7 +121,10 @@ def _one(device: str, path: str, seq: int, batch: int, heads: int, dim: int, rep
     peak = _status()["VmHWM"] - rss0 if rss0 is not None else None
     row = {"device": device, "path": path, "seq": seq, "batch": batch, "heads": heads,
            "head_dim": dim, "step_ms": statistics.median(times) * 1e3,
-           "first_step_ms": first * 1e3, "steps": len(times), "peak_rss_bytes": peak}
+           "step_ms_min": min(times) * 1e3, "step_ms_max": max(times) * 1e3,
+           "first_step_ms": first * 1e3, "steps": len(times), "warmup_steps": warm,
+           "built_while_timing": sum(b - a for a, b in zip(c0, counters())),
+           "peak_rss_bytes": peak, "loadavg": list(os.getloadavg())}
     if tpu:
         row["live_tensor_bytes"] = torch.tpu.max_memory_allocated() - base_alloc
         after = torchtpu.metrics()["sdpa"]
@@ -163,13 +179,18 @@ def _print_sdpa(rows):
     print("\nSDPA forward+backward, causal, float32 "
           f"(batch {rows[0]['batch']}, heads {rows[0]['heads']}, head dim {rows[0]['head_dim']})"
           if rows else "")
-    print("| seq | device | path | step ms | peak MiB (RSS) | live MiB | ran |")
-    print("|---|---|---|---|---|---|---|")
+    from torchtpu.bench import timing
+
+    print(timing.load_line())
+    print("| seq | device | path | step ms median (min..max) | built while timed | "
+          "peak MiB (RSS) | live MiB | ran |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['seq']} | {r['device']} | {r['path']} | {r['error']} | | | |")
+            print(f"| {r['seq']} | {r['device']} | {r['path']} | {r['error']} | | | | |")
             continue
-        print(f"| {r['seq']} | {r['device']} | {r['path']} | {r['step_ms']:.1f} | "
+        print(f"| {r['seq']} | {r['device']} | {r['path']} | {r['step_ms']:.1f} "
+              f"({r['step_ms_min']:.1f}..{r['step_ms_max']:.1f}) | {r['built_while_timing']} | "
               f"{_mib(r['peak_rss_bytes'])} | {_mib(r.get('live_tensor_bytes'))} | "
               f"{','.join(r.get('ran', [])) or '-'} |")
 
