@@ -107,8 +107,9 @@ def call_lowering(lowering, op, largs, out_meta, key=None, precision=None):
     for random lowerings.  ``precision``: the float32 matmul precision setting the
     lowering is traced under (``ops._util.matmul_precision``; None: the caller's scope).
     Returns ``(outputs, checks)``: one array per output, cast to
-    the meta dtype (raises ``RuntimeError`` if a lowering returns another shape: an
-    internal error, never a silently different result), and the device-side checks
+    the meta dtype (raises ``RuntimeError`` if a lowering returns another shape or
+    another number of outputs: an internal error, never a silently different or
+    truncated result), and the device-side checks
     ``[(flag, exc_type, message)]`` the lowering recorded (``ops._checks``).
     """
     kw = {"key": key} if lowering.random else {}
@@ -117,6 +118,14 @@ def call_lowering(lowering, op, largs, out_meta, key=None, precision=None):
     if not isinstance(res, (tuple, list)):
         res = (res,)
     res = flatten(res)
+    if len(res) != len(out_meta):
+        # (a lowering returns one entry per output of the meta kernel, including those
+        # PyTorch leaves undefined; a Tensor[] result one per element, as out_meta counts)
+        raise RuntimeError(
+            f"torchtpu internal error: the lowering of {op} returned {len(res)} "
+            f"output{'s' if len(res) != 1 else ''} where PyTorch's meta kernel gives "
+            f"{len(out_meta)}"
+        )
     fixed = []
     for meta, r in zip(out_meta, res):
         if meta is None:  # an output PyTorch does not produce (an optional result)
