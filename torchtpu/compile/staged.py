@@ -90,7 +90,8 @@ _MASKED_PUTS = {torch.ops.aten.index_put.default, torch.ops.aten._index_put_impl
 
 def _mask_count_decides(n) -> bool:
     """``index_put`` node ``n`` with a boolean mask whose value is right or wrong depending
-    on the mask's count (``ops.indexing.mask_count_decides``, on its fake tensors)."""
+    on the mask's count (``ops.indexing.mask_count_decides``, on its fake tensors); True
+    too when that cannot be decided on the fake tensors (eager is always right)."""
     from torchtpu.ops.indexing import mask_count_decides
 
     def fake(a):
@@ -101,8 +102,11 @@ def _mask_count_decides(n) -> bool:
         return False
     try:
         return mask_count_decides(fake(x), [fake(i) for i in indices], fake(values))
-    except Exception:  # noqa: BLE001 (symbolic sizes: leave the node compiled)
-        return False
+    except Exception:  # noqa: BLE001
+        # sizes it cannot compare (unbacked or symbolic ones): the count may decide, so
+        # the node runs eagerly, where the check is made on the actual count (compiled,
+        # a wrong count would write without CPU's "shape mismatch" error)
+        return True
 
 
 def _flexible(n) -> bool:
