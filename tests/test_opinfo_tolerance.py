@@ -77,3 +77,16 @@ def test_wrong_atanh_result_is_a_mismatch():
     assert r.status == "mismatch", (r.status, r.detail)
     # and the unmodified op passes the same sample
     assert run_sample(get_opinfo("atanh"), sample, torch.float32).status == "pass"
+
+
+def test_mps_overrides_without_a_device_type_do_not_apply():
+    """Overrides in PyTorch's MPS-vs-CPU class (TestConsistency) or in tests named
+    ``*_mps`` describe MPS even where they set no device_type: addbmm bfloat16 had
+    atol 0.2 / rtol 0.6 from TestConsistency."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    addbmm = next(o for o in op_db if o.name == "addbmm")
+    atol, rtol, source = tolerance(addbmm, torch.bfloat16)
+    assert (atol, rtol) == BASE_TOLERANCE[torch.bfloat16] and source == "default"
+    conv = next(o for o in op_db if o.name == "nn.functional.conv_transpose1d")
+    assert tolerance(conv, torch.float32)[2] == "default"
