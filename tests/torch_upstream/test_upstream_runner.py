@@ -185,3 +185,15 @@ def test_the_plugin_reports_listed_tests_and_sub_cases(tmp_path):
     assert rc != 0
     assert stale == [f"{t}test_removed_upstream_tpu"]
     assert "never reached its [quantized] sub-case on tpu" in out
+
+
+def test_named_reasons_resolve_and_must_be_defined(tmp_path):
+    ListError, load = plugin.ListError, plugin.load
+    good = tmp_path / "good.txt"
+    good.write_text("#@c32: complex32 unsupported\n"
+                    "test_a.py::TestA::test_x  raises=NotImplementedError  # @c32\n")
+    assert load(good)["test_a.py::TestA::test_x"].reason == "complex32 unsupported"
+    bad = tmp_path / "bad.txt"
+    bad.write_text("test_a.py::TestA::test_x  raises=NotImplementedError  # @c32\n")
+    with pytest.raises(ListError, match="not defined"):
+        load(bad)

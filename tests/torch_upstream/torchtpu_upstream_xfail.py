@@ -86,15 +86,24 @@ def load(path: Path | None = None) -> dict[str, Entry]:
 
         <file>::<Class>::<test>  raises=<ExceptionType>  # <reason>
 
-    ``#`` lines and blank lines are comments.  Every entry names one test (or one
+    ``#`` lines and blank lines are comments; ``#@<name>: <text>`` defines a reason that
+    entries below it cite as ``# @<name>``.  Every entry names one test (or one
     sub-case of :data:`SUBCASES`: ``<file>::<Class>::<test>[<sub-case>]``), says which
     exception it raises on tpu and why it fails; an entry without ``raises=``, without a
     reason, with a pattern (``*``, ``?``) or listed twice raises :class:`ListError`."""
     if path is None:
         path = Path(os.environ.get("TORCHTPU_UPSTREAM_LIST") or LIST)
     entries: dict[str, Entry] = {}
+    named: dict[str, str] = {}  # "#@name: text" lines: a reason many entries share
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
+        if line.startswith("#@"):
+            name, sep, text = line[2:].partition(":")
+            if not sep or not name.strip() or not text.strip() or name.strip() in named:
+                raise ListError(f"{path}:{n}: a named reason is `#@<name>: <text>`, "
+                                f"each name once")
+            named[name.strip()] = text.strip()
+            continue
         if not line or line.startswith("#"):
             continue
         where = f"{path}:{n}"
@@ -102,6 +111,12 @@ def load(path: Path | None = None) -> dict[str, Entry]:
         if not sep or not reason.strip():
             raise ListError(f"{where}: entry without a reason "
                             f"(`<id>  raises=<ExceptionType>  # <reason>`)")
+        if reason.strip().startswith("@"):
+            key = reason.strip()[1:]
+            if key not in named:
+                raise ListError(f"{where}: reason @{key} is not defined above it "
+                                f"(`#@{key}: <text>`)")
+            reason = named[key]
         test_id, *fields = head.split()
         if any(c in test_id for c in "*?"):
             raise ListError(f"{where}: {test_id} is a pattern; an entry names a single "
