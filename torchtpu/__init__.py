@@ -24,7 +24,15 @@ import torch  # noqa: E402,F401
 
 from torchtpu._device import register as _register  # noqa: E402
 
-_register()
+try:
+    _register()
+except ValueError as _e:
+    # under `import torch`, PyTorch's autoload wraps this in a generic "Failed to load
+    # the backend extension" RuntimeError, printed last: say what is wrong where it is seen
+    import sys as _sys
+
+    print(f"torchtpu: {_e}", file=_sys.stderr)
+    raise
 
 from torchtpu._public import *  # noqa: E402,F401,F403
 from torchtpu._public import __all__  # noqa: E402,F401

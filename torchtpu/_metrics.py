@@ -28,7 +28,9 @@ class Metrics:
             These count the compiles torchtpu times itself (per-op tiers, fused
             segments, compiled graphs); ``xla`` below counts every executable.
         xla: every XLA executable built in this process, whoever asked for it, from
-            JAX's own compile events (``/jax/core/compile/backend_compile_duration``):
+            JAX's own compile events (``/jax/core/compile/backend_compile_duration``;
+            per-op executables deserialized from torchtpu's own signature cache are
+            counted in ``signature_cache["hits"]`` instead):
             ``compiled`` / ``compile_seconds`` (compiled by XLA), ``loaded`` /
             ``load_seconds`` (taken from JAX's persistent cache instead), and
             ``by_kind`` (dict kind -> count of both): ``op`` (a per-op executable's

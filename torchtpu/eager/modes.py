@@ -62,7 +62,7 @@ def parse(value: str, *, source: str = ENV) -> EagerMode:
     except KeyError:
         raise ValueError(
             f"{source}={value!r} is not an eager mode: expected one of "
-            f"{', '.join(SPELLINGS)} (any case)"
+            f"{', '.join(SPELLINGS)} (any case; '-' or '_')"
         ) from None
 
 
