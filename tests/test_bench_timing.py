@@ -11,7 +11,9 @@ pytestmark = pytest.mark.usefixtures("strict_mode")  # donating variants are STR
 
 
 def _inplace_step(n):
-    x = torch.zeros(n, device="tpu")  # >= 64 KiB: a hot in-place signature donates
+    # >= 64 KiB: a hot in-place signature donates; more than buckets.MAX_NUMEL elements:
+    # never shape-bucketed, whatever ops earlier tests made churn through shapes
+    x = torch.zeros(n, device="tpu")
 
     def step():
         x.add_(1.0)
@@ -27,7 +29,7 @@ def test_donating_variants_are_counted_as_executables():
     # the donating variant of a hot in-place signature is compiled lazily at its 5th
     # call; metrics()["compiles"] never saw it, so benchmarks timed its compile
     torchtpu.reset_metrics()
-    x, step, sync = _inplace_step(1 << 15 | 7)
+    x, step, sync = _inplace_step(1 << 17 | 7)
     for _ in range(8):
         step()
     assert sync(x) == 8.0
@@ -36,7 +38,7 @@ def test_donating_variants_are_counted_as_executables():
 
 
 def test_warm_up_runs_until_nothing_is_built():
-    x, step, sync = _inplace_step(1 << 15 | 11)
+    x, step, sync = _inplace_step(1 << 17 | 11)
     w = timing.warm_up(step, sync, min_steps=3, steps=4)
     assert w["settled"] and w["steps"] >= 5  # past the 5th call, when the variant builds
     assert w["values"][:3] == [1.0, 2.0, 3.0]
@@ -48,7 +50,7 @@ def test_warm_up_runs_until_nothing_is_built():
 
 def test_a_fixed_three_step_warm_up_times_a_build():
     # what the old `--warmup 3` did: the donating variant was built inside the timing
-    x, step, sync = _inplace_step(1 << 15 | 13)
+    x, step, sync = _inplace_step(1 << 17 | 13)
     for _ in range(3):
         sync(step())
     r = timing.time_rounds(step, sync, rounds=2, steps=3)
