@@ -263,15 +263,28 @@ def _replay(seg, inputs, live):
     from torchtpu.eager import executor
 
     dyn = seg.dyn
+    nodes = seg.nodes
+    keep = set(live)
+    last = {}  # node output -> the last node reading it: dropped after that node runs,
+    for n, (_, refs, _, _) in enumerate(nodes):  # as STRICT drops dead intermediates
+        for r in refs:
+            if r.__class__ is tuple:
+                last[r] = n
     vals = {}
     d = 0
-    for n, (_, refs, ndyn, ex) in enumerate(seg.nodes):
+    for n, (_, refs, ndyn, ex) in enumerate(nodes):
         arrays = [None if r is None else (inputs[r] if r.__class__ is int else vals[r])
                   for r in refs]
         outs = executor.run_executable(ex, arrays, dyn[d:d + ndyn])
         d += ndyn
+        del arrays
         for i, o in enumerate(outs):
-            vals[(n, i)] = o
+            k = (n, i)
+            if k in keep or k in last:
+                vals[k] = o
+        for r in refs:
+            if r.__class__ is tuple and last.get(r) == n and r not in keep:
+                vals.pop(r, None)
     return tuple(vals[k] for k in live)
 
 
