@@ -443,11 +443,21 @@ def run_executable(ex, arrays, dyn):
     try:
         return ex.call(arrays, dyn)
     except TypeError:
-        if ex.jitted is None or ex.call is ex.jitted:
-            raise
-        M.signature_cache["structure_mismatches"] += 1
-        ex.call = ex.jitted
-        return ex.call(arrays, dyn)
+        return _through_jit(ex, arrays, dyn)
+
+
+def _through_jit(ex, arrays, dyn):
+    """Called while handling a TypeError of ``ex.call``: a call whose inputs' structure
+    the signature does not capture (``jax.jit`` traces such a call again; a ``Compiled``
+    from the signature cache refuses it).  Run it, and the signature's later calls,
+    through ``jax.jit`` (``ex.jitted``), and count it
+    (``metrics()["signature_cache"]["structure_mismatches"]``: a key that should name
+    more); re-raise when ``ex.call`` is ``jax.jit`` already."""
+    if ex.jitted is None or ex.call is ex.jitted:
+        raise
+    M.signature_cache["structure_mismatches"] += 1
+    ex.call = ex.jitted
+    return ex.call(arrays, dyn)
 
 
 class LoweredPlan:
@@ -549,16 +559,8 @@ class LoweredPlan:
             ) from e
 
     def _other_structure(self, ex, c):
-        """A call whose inputs' structure the signature does not capture (``jax.jit``
-        traces such a call again; a ``Compiled`` from the signature cache refuses it): run
-        it, and the signature's later calls, through ``jax.jit`` (``ex.jitted``), and
-        count it (``metrics()["signature_cache"]["structure_mismatches"]``: a key that
-        should name more)."""
-        if ex.jitted is None or ex.call is ex.jitted:
-            raise
-        M.signature_cache["structure_mismatches"] += 1
-        ex.call = ex.jitted
-        return ex.call(c.arrays, c.dyn)
+        """See :func:`_through_jit` (called while handling ``ex.call``'s TypeError)."""
+        return _through_jit(ex, c.arrays, c.dyn)
 
     def _resize_outs(self, vals, shapes):
         inputs = {x.untyped_storage()._cdata for j in self.sig.tensor_idx
