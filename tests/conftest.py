@@ -36,3 +36,14 @@ def no_stored_executables(monkeypatch):
     monkeypatch.setenv("TORCHTPU_GRAPH_CACHE", "0")
     yield
     signature_cache.set_enabled(signature_cache._enabled_at_start)
+
+
+@pytest.fixture
+def capture_data_dependent_ops():
+    """Dynamo captures ``item()`` and data-dependent output shapes (``nonzero``, boolean
+    masks) into the graph, with a fresh Dynamo state before and after the test."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True,
+                                    capture_dynamic_output_shape_ops=True):
+        yield
+    torch._dynamo.reset()

@@ -11,13 +11,7 @@ import torchtpu
 TPU = "tpu"
 
 
-@pytest.fixture(autouse=True)
-def capture_data_dependent_ops():
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(capture_scalar_outputs=True,
-                                    capture_dynamic_output_shape_ops=True):
-        yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("capture_data_dependent_ops")
 
 
 def _f(x):
