@@ -17,6 +17,8 @@ class Metrics:
     Attributes:
         ops_dispatched: ATen ops that reached the tpu backend.
         lowered_ops: ops run through a compiled per-op executable.
+        hot_path_calls: of those, calls that took strict eager's hot path
+            (``torchtpu.eager.hotpath``: executable known from the call's hot key).
         decomposed_ops: ops run through a PyTorch decomposition.
         view_ops: view ops (metadata only, no device work) that went through Python;
             ``as_strided``/``view`` run in C++ once the native helper is loaded
@@ -118,6 +120,7 @@ class Metrics:
     def reset(self):
         self.ops_dispatched = 0
         self.lowered_ops = 0
+        self.hot_path_calls = 0
         self.decomposed_ops = 0
         self.view_ops = 0
         self.cache_hits = 0

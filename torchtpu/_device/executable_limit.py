@@ -49,6 +49,14 @@ class LRUCache(OrderedDict):
     def __init__(self, share: float = 1.0):
         super().__init__()
         self.share = share
+        # called after entries were evicted or the cache cleared (tables that point
+        # at these executables forget them: eager.hotpath)
+        self.on_drop = None
+
+    def clear(self):
+        super().clear()
+        if self.on_drop is not None:
+            self.on_drop()
 
     def limit(self) -> int:
         """The bound: ``share`` of ``MAX_EXECUTABLES``, at least 1."""
@@ -62,4 +70,6 @@ class LRUCache(OrderedDict):
             while len(self) > limit:
                 self.popitem(last=False)
                 M.executable_evictions += 1
+            if self.on_drop is not None:
+                self.on_drop()
         return value

@@ -31,6 +31,7 @@ import torch
 
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
+from torchtpu._tensor import native as _native
 
 _CPU_KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -274,11 +275,12 @@ def resize_bytes(st, nbytes: int) -> None:
 
 def tensor_on(storage, size, stride, offset, dtype) -> torch.Tensor:
     """A ``tpu`` tensor viewing ``storage`` with the given geometry."""
+    mod = _native.LOADED
+    if mod is not None:  # one C++ call (the C++ helper is loaded in this process)
+        return mod.make_on_storage(storage, size, stride, offset, dtype)
     if storage.device.index:
         # tpu:N>0: PyTorch's Python backend API only makes index-0 tensors
-        from torchtpu._tensor import native
-
-        return native.make_on_storage(storage, size, stride, offset, dtype)
+        return _native.make_on_storage(storage, size, stride, offset, dtype)
     return _set_storage_boxed(_CPU_KEYSET, _create_empty(_EMPTY, dtype), storage, offset, size,
                               stride)
 
@@ -326,6 +328,24 @@ def wrap(arr, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     size = tuple(arr.shape)
     st = new_storage(size, dtype, index, arr)
     return tensor_on(st, size, contiguous_strides(size), 0, dtype)
+
+
+def new_tensor(arr, index: int, dtype: torch.dtype, size: tuple, stride: tuple) -> torch.Tensor:
+    """A new ``tpu:index`` tensor of ``size``/``stride`` (contiguous) owning the JAX array
+    ``arr`` of shape ``size``: :func:`wrap` without reading the array's shape (the
+    executor's per-op results, whose geometry the signature fixes)."""
+    nbytes = math.prod(size) * dtype.itemsize
+    addr = _next_addr[0]
+    _next_addr[0] = addr + (nbytes // _ADDR_ALIGN + 1) * _ADDR_ALIGN
+    dev = _DEVICES.get(index)
+    if dev is None:
+        dev = _DEVICES[index] = torch.device("tpu", index)
+    st = _storage_from_ptr(addr, dev, nbytes)
+    st._tpu = StorageData(arr, size, dtype, index, nbytes)
+    mod = _native.LOADED
+    if mod is not None:
+        return mod.make_on_storage(st, size, stride, 0, dtype)
+    return tensor_on(st, size, stride, 0, dtype)
 
 
 def data(t: torch.Tensor) -> StorageData:

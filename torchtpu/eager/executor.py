@@ -35,10 +35,12 @@ import torch
 from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime, state
+from torchtpu._tensor import native as _native
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
+from torchtpu.eager import hotpath as _hot
 from torchtpu.eager import modes as _modes
 from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
@@ -135,6 +137,11 @@ class Executable:
 
 
 _CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
+_CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
+_hot.set_array_class(runtime.jax())
+# the C++ helper, when an earlier process built it (~1 ms): C++ view kernels, and result
+# tensors made in one C++ call (storage.new_tensor); otherwise loaded at its first build
+_native.view_kernels_if_built()
 LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
 
 
@@ -476,19 +483,62 @@ class LoweredPlan:
         self.fsig = functional_sig or sig  # schema of the lowered functional op
         self.writeonly = set(sig.out_args)
         self._groups = None  # set by _functional_meta for Tensor[] results
+        # the hot path (eager.hotpath): argument codes and hot key -> Executable
+        self.hot_codes = _hot.codes_for(self)
+        self.hot = _hot.new_table() if self.hot_codes is not None else None
 
     def __call__(self, args, kwargs):
         vals = self.sig.normalize(args, kwargs)
         M.lowered_ops += 1
-        if self.lowering.prepare is not None:
+        if self.lowering.prepare is not None:  # host-side checks (they may convert)
             vals = self.lowering.prepare(vals)
+        hot = None
+        if self.hot is not None and _hot.ENABLED[0] and not (CONFIG.defer or
+                                                             CONFIG.debug_sync):
+            hot = _hot.gather(self.hot_codes, self.lowering.precision, vals)
+            if hot is not None:
+                try:
+                    ex = self.hot.get(hot[0])
+                except TypeError:  # an unhashable constant argument
+                    ex = hot = None
+                if ex is not None:
+                    return self._run_hot(ex[0], ex[1], hot, vals)
         if self.lowering.dynamic_shape:
             return self._run_dynamic(vals)
-        return self._run(vals, args, kwargs)
+        return self._run(vals, args, kwargs, hot)
 
-    def _run(self, vals, args=None, kwargs=None):
+    def _run_hot(self, ex, offs, hot, vals):
+        """A call whose executable the hot path knows (``eager.hotpath``): run it on the
+        storages' arrays and the call's numbers, as :meth:`_run` would after its
+        cache hit."""
+        global LAST_OUTPUTS
+        M.cache_hits += 1
+        M.hot_path_calls += 1
+        _CACHE.move_to_end(ex.key)
+        _, arrays, sdatas, dyn = hot
+        if offs is not None:  # the views' storage offsets (fixed by the hot key)
+            dyn.append(offs)
+        ex.calls += 1
+        try:
+            if ex.writes and ex.calls > _DONATE_AFTER:
+                outs = _call_donating(ex, arrays, dyn)
+            else:
+                outs = ex.call(arrays, dyn)
+        except TypeError:
+            outs = _through_jit(ex, arrays, dyn)
+        LAST_OUTPUTS = outs
+        if ex.check_info:
+            PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+            result = self._finish(ex, sdatas, vals, outs[:-1])
+            if len(PENDING_CHECKS) > 256:
+                check_pending()
+            return result
+        return self._finish(ex, sdatas, vals, outs)
+
+    def _run(self, vals, args=None, kwargs=None, hot=None):
         """Run on normalized, prepared ``vals`` (``args``/``kwargs``: the call as made,
-        for the CPU fallback and ``out=`` resizing; None for a bucketed run's own call)."""
+        for the CPU fallback and ``out=`` resizing; None for a bucketed run's own call;
+        ``hot``: the call's hot-path gather, to remember the executable under)."""
         c = gather(self, vals)
         key = tuple(c.key)
         ex = _CACHE.get(key)
@@ -522,12 +572,18 @@ class LoweredPlan:
             if ex.check_info:
                 PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
                 outs = outs[:-1]
-            return self._finish(ex, c, vals, outs)
+            return self._finish(ex, c.sdatas, vals, outs)
+        if hot is not None:
+            e = _hot.entry(hot, c, ex)
+            if e is not None:  # the next such call takes the hot path
+                if len(self.hot) >= _hot.TABLE_LIMIT:
+                    self.hot.clear()
+                self.hot[hot[0]] = e
         if ex.compiled:
             ex.calls += 1
             try:
                 if ex.writes and ex.calls > _DONATE_AFTER:
-                    outs = _call_donating(ex, c)
+                    outs = _call_donating(ex, c.arrays, c.dyn)
                 else:
                     outs = ex.call(c.arrays, c.dyn)
             except TypeError:
@@ -543,7 +599,7 @@ class LoweredPlan:
             check = CONFIG.debug_sync or len(PENDING_CHECKS) > 256
         # the written storages take their new arrays before any check can raise: a
         # donated old array is gone, and the tensors must stay usable after the error
-        result = self._finish(ex, c, vals, outs)
+        result = self._finish(ex, c.sdatas, vals, outs)
         if check:
             check_pending()
         if CONFIG.debug_sync:
@@ -585,10 +641,10 @@ class LoweredPlan:
                 o.resize_(shape)
 
     # -- results
-    def _finish(self, ex, c, vals, outs):
+    def _finish(self, ex, sdatas, vals, outs):
         nw = len(ex.writes)
         for j, arr in zip(ex.writes, outs[:nw]):
-            sd = c.sdatas[j]
+            sd = sdatas[j]
             sd.arr = arr
             if arr.__class__ is _st.Lazy:
                 arr.owner = _weakref(sd)
@@ -600,7 +656,7 @@ class LoweredPlan:
         results = []
         for (size, stride, dtype, perm), arr in zip(ex.out_meta, outs[nw:]):
             if perm is None:
-                results.append(_st.wrap(arr, ex.device_index, dtype))
+                results.append(_st.new_tensor(arr, ex.device_index, dtype, size, stride))
             else:
                 st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
                 results.append(_st.tensor_on(st, size, stride, 0, dtype))
@@ -908,32 +964,31 @@ _DONATE_MIN_BYTES = 64 * 1024
 _REFS_IF_ONLY_STORAGE = 4
 
 
-def _call_donating(ex, c):
+def _call_donating(ex, arrays, dyn):
     """Run ``ex`` handing XLA the old arrays of the storages it writes, when nothing but
     those storages references them (no other storage sharing the array, no array handed
     out by ``to_jax``, no host view of it): the array is then dead once the op returns,
     as after an in-place kernel on CUDA.  Otherwise the ordinary, copying executable runs.
     Donated arrays are counted in ``metrics()["donated_buffers"]``."""
     global LAST_OUTPUTS
-    arrays = c.arrays
     d = ex.donating
     if d is False:
-        return ex.call(arrays, c.dyn)
+        return ex.call(arrays, dyn)
     LAST_OUTPUTS = ()  # the previous op's results: replaced after this call anyway
     for j in ex.writes:
         a = arrays[j]
         if a is None or a.__class__ is _st.Lazy or _getrefcount(a) > _REFS_IF_ONLY_STORAGE:
-            return ex.call(arrays, c.dyn)
+            return ex.call(arrays, dyn)
     if d is None:
         if sum(arrays[j].nbytes for j in ex.writes) < _DONATE_MIN_BYTES:
             ex.donating = False  # too small to be worth a second executable
-            return ex.call(arrays, c.dyn)
+            return ex.call(arrays, dyn)
         d = ex.donating = _donating_variant(ex, len(arrays))
         M.donated_buffers += len(ex.writes)
         with _metrics.compile_kind("op_donating"):  # its first call compiles it
-            return d(*arrays, c.dyn)
+            return d(*arrays, dyn)
     M.donated_buffers += len(ex.writes)
-    return d(*arrays, c.dyn)
+    return d(*arrays, dyn)
 
 
 def _donating_variant(ex, n_arrays):

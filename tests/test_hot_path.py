@@ -1,0 +1,315 @@
+"""Strict eager's per-op hot path (``torchtpu.eager.hotpath``): a call whose executable is
+known from its hot key runs without the general path.  Each test checks that the hot path
+really ran (``metrics()["hot_path_calls"]``) and that its values equal CPU PyTorch's, on
+the cases where a wrong hot key would pick a wrong executable or wrong inputs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu.eager import hotpath
+
+pytestmark = pytest.mark.usefixtures("strict_mode")
+
+
+def _hot_calls() -> int:
+    return torchtpu.metrics()["hot_path_calls"]
+
+
+def _twice_then_hot(fn, *cpu_args):
+    """Run ``fn`` on tpu copies of ``cpu_args`` three times (the first call builds, the
+    second writes the hot entry, the third takes the hot path); return the third result
+    and assert it took the hot path."""
+    dev = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    fn(*dev)
+    fn(*dev)
+    h0 = _hot_calls()
+    out = fn(*dev)
+    assert _hot_calls() > h0, "the call did not take the hot path"
+    return out
+
+
+def test_repeated_op_takes_the_hot_path_and_matches_cpu():
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    out = _twice_then_hot(torch.add, a, b)
+    torch.testing.assert_close(out.cpu(), a + b)
+    assert out.device.type == "tpu" and out.shape == (5, 7) and out.is_contiguous()
+
+
+def test_hot_path_is_bypassed_when_switched_off():
+    prev = hotpath.set_enabled(False)
+    try:
+        a = torch.randn(4, 4, device="tpu")
+        for _ in range(3):
+            a + a
+        h0 = _hot_calls()
+        out = a + a
+        assert _hot_calls() == h0
+    finally:
+        hotpath.set_enabled(prev)
+    torch.testing.assert_close(out.cpu(), a.cpu() * 2)
+
+
+def test_python_numbers_are_runtime_inputs_not_part_of_the_entry():
+    x = torch.randn(6)
+    t = x.to("tpu")
+    for _ in range(2):
+        t * 2.0
+    h0 = _hot_calls()
+    for s in (3.0, -1.5, 0.25, 7.0):
+        torch.testing.assert_close((t * s).cpu(), x * s)
+    assert _hot_calls() - h0 == 4
+    # an int scalar is another signature (integer tensors stay integer)
+    i = torch.arange(6)
+    ti = i.to("tpu")
+    for s in (2, 3, 5):
+        assert torch.equal((ti * s).cpu(), i * s)
+    # and a float scalar on an int tensor promotes, as on CPU
+    torch.testing.assert_close((ti * 0.5).cpu(), i * 0.5)
+
+
+def test_aliasing_is_part_of_the_hot_key():
+    x, y = torch.randn(8), torch.randn(8)
+    tx, ty = x.to("tpu"), y.to("tpu")
+    for _ in range(3):
+        tx + ty
+    h0 = _hot_calls()
+    # the same shapes, but one storage read twice: another executable's inputs
+    torch.testing.assert_close((tx + tx).cpu(), x + x)
+    torch.testing.assert_close((tx - tx).cpu(), x - x)
+    for _ in range(3):
+        r = tx - tx
+        torch.testing.assert_close(r.cpu(), torch.zeros(8))
+    torch.testing.assert_close((tx - ty).cpu(), x - y)
+    assert _hot_calls() > h0
+
+
+def test_signed_zero_and_nan_constants_stay_apart():
+    x = torch.tensor([float("nan"), -0.0, 0.0, 2.0])
+    t = x.to("tpu")
+    for v in (0.0, -0.0, 0.0, -0.0, 0.0, -0.0):
+        # a constant argument: -0.0 == 0.0 in Python, but not as the executable's constant
+        got = torch.nan_to_num(t, nan=v).cpu()
+        want = torch.nan_to_num(x, nan=v)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), (v, got, want)
+        # a runtime number: -0.0 + 0.0 is +0.0, -0.0 + -0.0 is -0.0
+        got = (t + v).cpu()
+        assert torch.equal(torch.signbit(got), torch.signbit(x + v)), (v, got)
+    for v in (float("nan"), float("nan"), float("nan")):
+        got = torch.nan_to_num(t, posinf=v).cpu()
+        torch.testing.assert_close(got, torch.nan_to_num(x, posinf=v), equal_nan=True)
+
+
+def test_views_are_keyed_by_their_geometry_and_offset():
+    x = torch.randn(6, 8)
+    t = x.to("tpu")
+    for _ in range(3):
+        t + 1
+    # a transposed, an offset, a strided and a reshaped view of the same storage: each
+    # its own entry, never the whole-storage one
+    for _ in range(3):
+        torch.testing.assert_close((t.t() + 1).cpu(), x.t() + 1)
+        torch.testing.assert_close((t[2:] + 1).cpu(), x[2:] + 1)
+        torch.testing.assert_close((t[:, ::2] + 1).cpu(), x[:, ::2] + 1)
+        torch.testing.assert_close((t.view(8, 6) + 1).cpu(), x.view(8, 6) + 1)
+        torch.testing.assert_close(t.view(-1).neg().cpu(), x.view(-1).neg())
+    # rows at each offset: one executable (the offset is a runtime input), one entry per
+    # offset, each reading its own row
+    h0 = _hot_calls()
+    for _ in range(2):
+        for i in range(6):
+            torch.testing.assert_close((t[i] * 2).cpu(), x[i] * 2)
+            torch.testing.assert_close((t[i, 1:] * 2).cpu(), x[i, 1:] * 2)
+    assert _hot_calls() - h0 >= 12
+    # in place through a view at each offset
+    y = x.clone()
+    ty = y.to("tpu")
+    for _ in range(2):
+        for i in range(6):
+            ty[i].mul_(3.0)
+            y[i].mul_(3.0)
+    torch.testing.assert_close(ty.cpu(), y)
+
+
+def test_in_place_ops_and_donation_on_the_hot_path():
+    x = torch.randn(300, 300)  # large enough that hot in-place signatures donate
+    y = torch.randn(300, 300)
+    tx, ty = x.clone().to("tpu"), y.to("tpu")
+    alias = tx.view(-1)  # another view of the written storage sees every update
+    h0 = _hot_calls()
+    d0 = torchtpu.metrics()["donated_buffers"]
+    for _ in range(12):
+        tx.add_(ty, alpha=0.5)
+        x.add_(y, alpha=0.5)
+        tx.mul_(0.9)
+        x.mul_(0.9)
+    torch.testing.assert_close(tx.cpu(), x)
+    torch.testing.assert_close(alias.cpu(), x.view(-1))
+    assert _hot_calls() - h0 >= 12
+    assert torchtpu.metrics()["donated_buffers"] > d0
+
+
+def test_out_arguments_on_the_hot_path():
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    out = torch.empty(4, 3, device="tpu")
+    h0 = _hot_calls()
+    for _ in range(4):
+        torch.mul(ta, tb, out=out)
+    torch.testing.assert_close(out.cpu(), a * b)
+    assert _hot_calls() > h0
+
+
+def test_default_dtype_and_matmul_precision_are_part_of_the_hot_key():
+    i = torch.arange(5)
+    ti = i.to("tpu")
+    for _ in range(3):
+        assert (ti / 2).dtype == torch.float32
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        r = ti / 2
+        assert r.dtype == torch.float64
+        torch.testing.assert_close(r.cpu(), i / 2)
+    finally:
+        torch.set_default_dtype(saved)
+    assert (ti / 2).dtype == torch.float32
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    for _ in range(3):
+        torch.testing.assert_close((ta @ tb).cpu(), a @ b)
+    # another precision is another executable (XLA:CPU may compute the same values, so
+    # the test watches the executable cache: the call must not reuse the hot entry)
+    torch.set_float32_matmul_precision("medium")
+    try:
+        m0 = torchtpu.metrics()["cache_misses"]
+        torch.testing.assert_close((ta @ tb).cpu(), a @ b, atol=5e-2, rtol=5e-2)
+        assert torchtpu.metrics()["cache_misses"] == m0 + 1
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+def test_device_checks_still_raise_on_the_hot_path():
+    x = torch.randn(5, 3)
+    t = x.to("tpu")
+    good = torch.tensor([0, 4, 1], device="tpu")
+    for _ in range(3):
+        torch.testing.assert_close(torch.index_select(t, 0, good).cpu(), x[[0, 4, 1]])
+    bad = torch.tensor([0, 9, 1], device="tpu")  # same signature as ``good``
+    with pytest.raises(IndexError):
+        torch.index_select(t, 0, bad).cpu()
+    torch.testing.assert_close(torch.index_select(t, 0, good).cpu(), x[[0, 4, 1]])
+
+
+def test_eviction_drops_the_hot_tables(monkeypatch):
+    from torchtpu._device import executable_limit
+    from torchtpu.eager import executor
+
+    a = torch.randn(3, 3)
+    ta = a.to("tpu")
+    for _ in range(3):
+        ta.sin()
+    plan = executor._PLANS[torch.ops.aten.sin.default]
+    assert plan.hot
+    monkeypatch.setattr(executable_limit, "MAX_EXECUTABLES", len(executor._CACHE))
+    ta.cos()  # a new executable: the cache evicts, and every hot table is dropped
+    assert not plan.hot
+    torch.testing.assert_close(ta.sin().cpu(), a.sin())
+    executor.clear_cache()
+    assert not any(hotpath._TABLES)
+
+
+def test_tensor_list_ops_on_the_hot_path():
+    xs = [torch.randn(2, 3), torch.randn(4, 3)]
+    txs = [x.to("tpu") for x in xs]
+    for _ in range(2):
+        torch.cat(txs)
+    h0 = _hot_calls()
+    torch.testing.assert_close(torch.cat(txs).cpu(), torch.cat(xs))
+    torch.testing.assert_close(torch.cat([txs[1], txs[0]]).cpu(), torch.cat([xs[1], xs[0]]))
+    torch.testing.assert_close(torch.cat([txs[0], txs[0]]).cpu(), torch.cat([xs[0], xs[0]]))
+    assert _hot_calls() > h0
+
+
+def test_training_loop_runs_on_the_hot_path():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 3))
+    dev_model.load_state_dict(model.state_dict())
+    dev_model.to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    dopt = torch.optim.AdamW(dev_model.parameters(), lr=1e-2)
+    x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    dx, dy = x.to("tpu"), y.to("tpu")
+    h0 = _hot_calls()
+    for _ in range(6):
+        for m, o, xx, yy in ((model, opt, x, y), (dev_model, dopt, dx, dy)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(xx), yy).backward()
+            o.step()
+    for p, q in zip(model.parameters(), dev_model.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-5)
+    assert _hot_calls() - h0 > 50
+
+
+def test_environment_switch_turns_it_off():
+    code = ("import torch, torchtpu\n"
+            "a = torch.ones(3, device='tpu')\n"
+            "for _ in range(5): b = a + a\n"
+            "print(torchtpu.metrics()['hot_path_calls'], b.cpu().tolist())\n")
+    env = dict(os.environ, TORCHTPU_EAGER_MODE="strict")
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        check=True).stdout.split(maxsplit=1)
+    env["TORCHTPU_HOT_PATH"] = "0"
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split(maxsplit=1)
+    assert int(on[0]) > 0 and int(off[0]) == 0
+    assert on[1] == off[1] == "[2.0, 2.0, 2.0]\n"
+
+
+def _default_ops():
+    from torchtpu.conformance.opinfo import op_id, select_opinfos
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    try:
+        from test_opinfo import DEFAULT_OPS
+    finally:
+        sys.path.pop(0)
+    by_id = {op_id(op): op for op in select_opinfos()}
+    return [pytest.param(by_id[n], id=n) for n in DEFAULT_OPS
+            if torch.float32 in by_id[n].supported_dtypes("cpu")]
+
+
+_SWEEP_HOT = []  # hot-path calls of each op's second run
+
+
+@pytest.mark.parametrize("op", _default_ops())
+def test_opinfo_samples_again_on_the_hot_path(op):
+    """The OpInfo sweep's samples (the default subset, 2 per op), run twice in STRICT: the
+    second run's calls find their executables through the hot path, and must still equal
+    CPU on every sample."""
+    from torchtpu.conformance.opinfo import check_op
+
+    (first,) = check_op(op, [torch.float32], 2, compiled=False)
+    if first.status != "pass":
+        pytest.skip(f"first run: {first.status} (the sweep itself reports it)")
+    h0 = _hot_calls()
+    (again,) = check_op(op, [torch.float32], 2, compiled=False)
+    _SWEEP_HOT.append(_hot_calls() - h0)
+    bad = [(r["index"], r["sample"], r["detail"]) for r in again.samples
+           if r["status"] not in ("pass", "skipped")]
+    assert again.status == "pass", bad
+
+
+def test_opinfo_sweep_used_the_hot_path():
+    """(after the sweep above, in the same process) most ops' second runs took it."""
+    if len(_SWEEP_HOT) < 20:
+        pytest.skip("the sweep did not run in this process")
+    assert sum(1 for n in _SWEEP_HOT if n > 0) > len(_SWEEP_HOT) // 2, _SWEEP_HOT
