@@ -15,7 +15,23 @@ import torch
 import torchtpu
 from torchtpu.eager import hotpath
 
-pytestmark = pytest.mark.usefixtures("strict_mode")
+pytestmark = pytest.mark.usefixtures("strict_mode", "hot_impl")
+
+
+@pytest.fixture(params=["native", "python"], autouse=False)
+def hot_impl(request):
+    """Each test with the C++ form of the hot path (built here if need be; skipped where
+    the C++ helper cannot be built) and with its Python form."""
+    if request.param == "native":
+        from torchtpu._tensor import native
+
+        try:
+            native.module()
+        except NotImplementedError as e:
+            pytest.skip(f"no C++ helper here: {e}")
+    prev = hotpath.set_native(request.param == "native")
+    yield request.param
+    hotpath.set_native(prev)
 
 
 def _hot_calls() -> int:
@@ -166,7 +182,7 @@ def test_out_arguments_on_the_hot_path():
     assert _hot_calls() > h0
 
 
-def test_default_dtype_and_matmul_precision_are_part_of_the_hot_key():
+def test_default_dtype_and_matmul_precision_are_part_of_the_hot_key(hot_impl):
     i = torch.arange(5)
     ti = i.to("tpu")
     for _ in range(3):
@@ -180,7 +196,8 @@ def test_default_dtype_and_matmul_precision_are_part_of_the_hot_key():
     finally:
         torch.set_default_dtype(saved)
     assert (ti / 2).dtype == torch.float32
-    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    n = 8 if hot_impl == "native" else 9  # (shapes no other test compiled)
+    a, b = torch.randn(n, n), torch.randn(n, n)
     ta, tb = a.to("tpu"), b.to("tpu")
     for _ in range(3):
         torch.testing.assert_close((ta @ tb).cpu(), a @ b)

@@ -18,6 +18,9 @@
 //    PrivateUse1 hooks' resizePrivateUse1Bytes, which the Python hooks cannot provide;
 //    the device data lives on the storage's Python object, so only the StorageImpl's
 //    byte size (and, when it grows, its never-dereferenced address) changes here.
+// 5. HotPlan: strict eager's per-op hot path in C++ (torchtpu/eager/hotpath.py says what
+//    it does; this is the same hot key, lookup, executable call and result wrapping,
+//    without per-op Python).
 // 4. register_view_kernels: PrivateUse1 kernels for as_strided and view that are PyTorch's
 //    own CPU ones (metadata only: a TensorImpl on the same storage).  Without them each
 //    view op (x[i], x.view(...)) went C++ -> Python fallback -> CPU kernel, ~13 us; here
@@ -29,8 +32,13 @@
 #include <torch/csrc/Storage.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
+#include <vector>
 
 at::Tensor make_on_storage(py::object storage_obj, std::vector<int64_t> size,
                            std::vector<int64_t> stride, int64_t offset,
@@ -162,7 +170,458 @@ bool register_view_kernels() {
   return true;
 }
 
+
+// ------------------------------------------------------------------------ hot path
+// See torchtpu/eager/hotpath.py: HotPlan(...)(args, kwargs) runs one call of a lowered op
+// whose executable the plan's table knows; otherwise it returns (MISS, vals, hot) with the
+// normalized, prepared arguments and the call's hot gather (or None), for the Python
+// general path.  The hot key it builds is exactly hotpath.gather's (one table, filled by
+// either).
+namespace hot {
+
+enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4 };
+
+struct Globals {
+  py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex;
+  py::object default_marker, miss, metrics, executor, cache, call_donating, call_other,
+      wrap_other, group_results, check_pending, next_addr, storage_from_ptr, devices,
+      matmul_precision, float_tag;
+  int64_t donate_after = 0, addr_align = 512, check_limit = 256;
+};
+Globals* G = nullptr;  // set once by setup(); lives as long as the process
+
+PyObject *s_tpu, *s_arr, *s_dtype, *s_shape, *s_key, *s_calls, *s_writes, *s_call,
+    *s_check_info, *s_out_meta, *s_groups, *s_device_index, *s_move_to_end, *s_last_outputs,
+    *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops;
+
+py::object steal(PyObject* o) {
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(o);
+}
+
+void bump(PyObject* obj, PyObject* name) {
+  py::object v = steal(PyObject_GetAttr(obj, name));
+  py::object one = steal(PyLong_FromLong(1));
+  py::object n = steal(PyNumber_Add(v.ptr(), one.ptr()));
+  if (PyObject_SetAttr(obj, name, n.ptr()) < 0) throw py::error_already_set();
+}
+
+void setup(py::dict g) {
+  if (G == nullptr) G = new Globals();
+  G->array_cls = g["array_cls"];
+  G->storage_data_cls = g["storage_data_cls"];
+  G->asarray = g["asarray"];
+  G->np_bool = g["np_bool"];
+  G->np_int = g["np_int"];
+  G->np_float = g["np_float"];
+  G->np_complex = g["np_complex"];
+  G->default_marker = g["default_marker"];
+  G->miss = g["miss"];
+  G->metrics = g["metrics"];
+  G->executor = g["executor"];
+  G->cache = g["cache"];
+  G->call_donating = g["call_donating"];
+  G->call_other = g["call_other"];
+  G->wrap_other = g["wrap_other"];
+  G->group_results = g["group_results"];
+  G->check_pending = g["check_pending"];
+  G->next_addr = g["next_addr"];
+  G->storage_from_ptr = g["storage_from_ptr"];
+  G->devices = g["devices"];
+  G->matmul_precision = g["matmul_precision"];
+  G->float_tag = py::str("float");
+  G->donate_after = g["donate_after"].cast<int64_t>();
+  G->addr_align = g["addr_align"].cast<int64_t>();
+  G->check_limit = g["check_limit"].cast<int64_t>();
+#define INTERN(var, text) var = PyUnicode_InternFromString(text)
+  INTERN(s_tpu, "_tpu");
+  INTERN(s_arr, "arr");
+  INTERN(s_dtype, "dtype");
+  INTERN(s_shape, "shape");
+  INTERN(s_key, "key");
+  INTERN(s_calls, "calls");
+  INTERN(s_writes, "writes");
+  INTERN(s_call, "call");
+  INTERN(s_check_info, "check_info");
+  INTERN(s_out_meta, "out_meta");
+  INTERN(s_groups, "groups");
+  INTERN(s_device_index, "device_index");
+  INTERN(s_move_to_end, "move_to_end");
+  INTERN(s_last_outputs, "LAST_OUTPUTS");
+  INTERN(s_pending_checks, "PENDING_CHECKS");
+  INTERN(s_cache_hits, "cache_hits");
+  INTERN(s_hot_path_calls, "hot_path_calls");
+  INTERN(s_lowered_ops, "lowered_ops");
+#undef INTERN
+}
+
+py::object tuple_of(c10::IntArrayRef xs) {
+  py::object t = steal(PyTuple_New(static_cast<Py_ssize_t>(xs.size())));
+  for (size_t i = 0; i < xs.size(); ++i)
+    PyTuple_SET_ITEM(t.ptr(), i, PyLong_FromLongLong(xs[i]));
+  return t;
+}
+
+// A constant as hotpath._const makes it (lists as tuples; -0.0 and NaN by their text).
+py::object const_of(PyObject* v) {
+  if (PyList_CheckExact(v)) return steal(PySequence_Tuple(v));
+  if (PyFloat_CheckExact(v)) {
+    double d = PyFloat_AS_DOUBLE(v);
+    if (d == 0 || d != d) {
+      py::object r = steal(PyObject_Repr(v));
+      return py::make_tuple(G->float_tag, r);
+    }
+  }
+  return py::reinterpret_borrow<py::object>(v);
+}
+
+// The numpy dtype of an exact Python number class, or nullptr.
+PyObject* number_np(PyObject* v) {
+  PyTypeObject* t = Py_TYPE(v);
+  if (t == &PyBool_Type) return G->np_bool.ptr();
+  if (t == &PyLong_Type) return G->np_int.ptr();
+  if (t == &PyFloat_Type) return G->np_float.ptr();
+  if (t == &PyComplex_Type) return G->np_complex.ptr();
+  return nullptr;
+}
+
+struct Gather {
+  py::list key, arrays, sds, dyn;
+  int64_t index = -1;
+};
+
+// One tensor of the call into the gather; false: not a hot-path call.
+bool add_tensor(Gather& g, PyObject* x) {
+  if (!THPVariable_Check(x)) return false;
+  const at::Tensor& t = THPVariable_Unpack(x);
+  if (!t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1) return false;
+  py::object st = steal(THPStorage_Wrap(t.storage()));
+  PyObject* sd_raw = PyObject_GetAttr(st.ptr(), s_tpu);
+  if (sd_raw == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  py::object sd = steal(sd_raw);
+  py::object arr = steal(PyObject_GetAttr(sd.ptr(), s_arr));
+  if (reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr())) != G->array_cls.ptr()) return false;
+  py::object sdtype = steal(PyObject_GetAttr(sd.ptr(), s_dtype));
+  py::object sshape = steal(PyObject_GetAttr(sd.ptr(), s_shape));
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+  auto sizes = t.sizes();
+  int64_t off = t.storage_offset();
+  bool neg = t.is_neg(), conj = t.is_conj();
+  bool same_shape = PyTuple_Check(sshape.ptr()) &&
+                    PyTuple_GET_SIZE(sshape.ptr()) == static_cast<Py_ssize_t>(sizes.size());
+  if (same_shape) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      PyObject* d = PyTuple_GET_ITEM(sshape.ptr(), i);
+      if (!PyLong_Check(d) || PyLong_AsLongLong(d) != sizes[i]) {
+        same_shape = false;
+        break;
+      }
+    }
+  }
+  bool whole = dtype == sdtype.ptr() && same_shape && off == 0 && !neg && !conj &&
+               t.is_contiguous();
+  int64_t index = t.device().index();
+  if (g.index < 0) {
+    g.index = index;
+  } else if (index != g.index) {
+    return false;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(g.sds.ptr()), j = 0;
+  for (; j < n; ++j)
+    if (PyList_GET_ITEM(g.sds.ptr(), j) == sd.ptr()) break;
+  if (j == n) {
+    g.sds.append(sd);
+    g.arrays.append(arr);
+  }
+  py::object shape = tuple_of(sizes);
+  py::object jj = steal(PyLong_FromSsize_t(j));
+  if (whole) {
+    g.key.append(py::make_tuple(jj, shape, py::handle(dtype)));
+  } else {
+    g.key.append(py::make_tuple(jj, shape, py::handle(dtype), tuple_of(t.strides()),
+                                steal(PyLong_FromLongLong(off)), sshape, sdtype,
+                                py::bool_(neg), py::bool_(conj)));
+  }
+  return true;
+}
+
+py::object np_value(PyObject* v, PyObject* npdt) {
+  return steal(PyObject_CallFunctionObjArgs(G->asarray.ptr(), v, npdt, nullptr));
+}
+
+struct HotPlan {
+  std::vector<int> codes;
+  py::list defaults, names;
+  py::dict table;
+  py::object prepare, op;
+  bool precision = false, mutated = false;
+  std::vector<int> mutated_returns;
+  int nret = 1;
+
+  HotPlan(std::vector<int> codes_, py::list defaults_, py::list names_, py::dict table_,
+          py::object prepare_, py::object op_, bool precision_, bool mutated_,
+          std::vector<int> mutated_returns_, int nret_)
+      : codes(std::move(codes_)), defaults(defaults_), names(names_), table(table_),
+        prepare(prepare_), op(op_), precision(precision_), mutated(mutated_),
+        mutated_returns(std::move(mutated_returns_)), nret(nret_) {}
+
+  // (key, arrays, storages, dyn), or None when the call is not a hot-path one.
+  py::object gather(py::list vals) {
+    Gather g;
+    size_t n = codes.size();
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v = PyList_GET_ITEM(vals.ptr(), i);
+      int code = codes[i];
+      if (code == TENSOR) {
+        if (v == Py_None) {
+          g.key.append(py::none());
+          continue;
+        }
+        PyObject* npdt = number_np(v);
+        if (npdt != nullptr) {  // a wrapped number: a runtime input
+          g.key.append(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
+          g.dyn.append(np_value(v, npdt));
+          continue;
+        }
+        if (!add_tensor(g, v)) return py::none();
+      } else if (code == LIST) {
+        if (v == Py_None) {
+          g.key.append(py::none());
+          continue;
+        }
+        if (!PyList_Check(v) && !PyTuple_Check(v)) return py::none();
+        py::object seq = steal(PySequence_Fast(v, "list"));
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
+        g.key.append(steal(PyLong_FromSsize_t(m)));
+        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+        for (Py_ssize_t k = 0; k < m; ++k) {
+          if (items[k] == Py_None) {
+            g.key.append(py::none());
+          } else if (!add_tensor(g, items[k])) {
+            return py::none();
+          }
+        }
+      } else if (code == DYN_SCALAR) {
+        if (v == Py_None) {
+          g.key.append(py::none());
+        } else if (v == PyList_GET_ITEM(defaults.ptr(), i)) {
+          g.key.append(G->default_marker);
+        } else {
+          PyObject* npdt = number_np(v);
+          if (npdt == nullptr) return py::none();
+          g.key.append(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
+          g.dyn.append(np_value(v, npdt));
+        }
+      } else if (code == CONST_SCALAR) {
+        if (v == Py_None) {
+          g.key.append(py::none());
+        } else if (number_np(v) != nullptr) {
+          g.key.append(py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))),
+                                      const_of(v)));
+        } else {
+          return py::none();
+        }
+      } else {
+        g.key.append(const_of(v));
+      }
+    }
+    if (g.index < 0) return py::none();
+    g.key.append(steal(PyLong_FromLongLong(g.index)));
+    g.key.append(py::handle(reinterpret_cast<PyObject*>(torch::getTHPDtype(
+        c10::typeMetaToScalarType(c10::get_default_dtype())))));
+    if (precision) g.key.append(G->matmul_precision());
+    py::object key = steal(PyList_AsTuple(g.key.ptr()));
+    return py::make_tuple(key, g.arrays, g.sds, g.dyn);
+  }
+
+  py::object miss(py::object vals, py::object hot) {
+    return py::make_tuple(G->miss, vals, hot);
+  }
+
+  py::object operator()(py::tuple args, py::dict kwargs) {
+    size_t n = codes.size();
+    Py_ssize_t na = PyTuple_GET_SIZE(args.ptr());
+    if (static_cast<size_t>(na) > n) return miss(py::none(), py::none());
+    py::list vals(n);
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* v;
+      if (static_cast<Py_ssize_t>(i) < na) {
+        v = PyTuple_GET_ITEM(args.ptr(), i);
+      } else {
+        v = PyDict_GetItemWithError(kwargs.ptr(), PyList_GET_ITEM(names.ptr(), i));
+        if (v == nullptr) {
+          if (PyErr_Occurred()) throw py::error_already_set();
+          v = PyList_GET_ITEM(defaults.ptr(), i);
+        }
+      }
+      Py_INCREF(v);
+      PyList_SET_ITEM(vals.ptr(), i, v);
+    }
+    if (!prepare.is_none()) {
+      py::object r = prepare(vals);
+      if (!PyList_Check(r.ptr())) return miss(py::none(), py::none());
+      vals = py::reinterpret_borrow<py::list>(r);
+    }
+    py::object hot = gather(vals);
+    if (hot.is_none()) return miss(vals, hot);
+    PyObject* key = PyTuple_GET_ITEM(hot.ptr(), 0);
+    PyObject* entry = PyDict_GetItemWithError(table.ptr(), key);
+    if (entry == nullptr) {
+      if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+        PyErr_Clear();  // an unhashable constant argument
+        return miss(vals, py::none());
+      }
+      return miss(vals, hot);
+    }
+    return run(py::reinterpret_borrow<py::object>(entry), hot, vals);
+  }
+
+  py::object run(py::object entry, py::object hot, py::list vals) {
+    PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
+    PyObject* offs = PyTuple_GET_ITEM(entry.ptr(), 1);
+    py::list arrays = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 1));
+    py::list sds = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2));
+    py::list dyn = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3));
+    if (offs != Py_None) dyn.append(py::handle(offs));
+    PyObject* M = G->metrics.ptr();
+    bump(M, s_lowered_ops);
+    bump(M, s_cache_hits);
+    bump(M, s_hot_path_calls);
+    py::object exkey = steal(PyObject_GetAttr(ex, s_key));
+    steal(PyObject_CallMethodObjArgs(G->cache.ptr(), s_move_to_end, exkey.ptr(), nullptr));
+    bump(ex, s_calls);
+    int64_t calls = py::cast<int64_t>(steal(PyObject_GetAttr(ex, s_calls)));
+    py::object writes = steal(PyObject_GetAttr(ex, s_writes));
+    Py_ssize_t nw = PyList_Check(writes.ptr()) ? PyList_GET_SIZE(writes.ptr()) : 0;
+    py::object outs;
+    if (nw > 0 && calls > G->donate_after) {
+      outs = G->call_donating(py::handle(ex), arrays, dyn);
+    } else {
+      py::object fn = steal(PyObject_GetAttr(ex, s_call));
+      PyObject* r = PyObject_CallFunctionObjArgs(fn.ptr(), arrays.ptr(), dyn.ptr(), nullptr);
+      if (r == nullptr) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
+        PyErr_Clear();  // another input structure: through jax.jit (executor)
+        outs = G->call_other(py::handle(ex), arrays, dyn);
+      } else {
+        outs = steal(r);
+      }
+    }
+    if (PyObject_SetAttr(G->executor.ptr(), s_last_outputs, outs.ptr()) < 0)
+      throw py::error_already_set();
+    py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
+    bool check = false;
+    if (PyObject_IsTrue(check_info.ptr())) {
+      py::object pending = steal(PyObject_GetAttr(G->executor.ptr(), s_pending_checks));
+      Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
+      py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
+      py::list(pending).append(py::make_tuple(last, check_info, op));
+      outs = steal(PyTuple_GetSlice(outs.ptr(), 0, no - 1));
+      check = PyList_GET_SIZE(pending.ptr()) > G->check_limit;
+    }
+    py::object result = finish(ex, sds, vals, outs, writes, nw);
+    if (check) G->check_pending();
+    return result;
+  }
+
+  py::object finish(PyObject* ex, py::list sds, py::list vals, py::object outs,
+                    py::object writes, Py_ssize_t nw) {
+    PyObject* o = outs.ptr();
+    for (Py_ssize_t k = 0; k < nw; ++k) {
+      Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(writes.ptr(), k));
+      if (PyObject_SetAttr(PyList_GET_ITEM(sds.ptr(), j), s_arr, PyTuple_GET_ITEM(o, k)) < 0)
+        throw py::error_already_set();
+    }
+    if (mutated) {
+      if (mutated_returns.size() == 1) return vals[mutated_returns[0]];
+      if (mutated_returns.empty()) return py::none();
+      py::tuple r(mutated_returns.size());
+      for (size_t i = 0; i < mutated_returns.size(); ++i) r[i] = vals[mutated_returns[i]];
+      return r;
+    }
+    py::object meta = steal(PyObject_GetAttr(ex, s_out_meta));
+    int64_t index = py::cast<int64_t>(steal(PyObject_GetAttr(ex, s_device_index)));
+    py::object seq = steal(PySequence_Fast(meta.ptr(), "out_meta"));
+    Py_ssize_t nm = PySequence_Fast_GET_SIZE(seq.ptr());
+    py::list results;
+    for (Py_ssize_t i = 0; i < nm; ++i) {
+      PyObject* m = PySequence_Fast_GET_ITEM(seq.ptr(), i);
+      PyObject* arr = PyTuple_GET_ITEM(o, nw + i);
+      if (PyTuple_GET_ITEM(m, 3) != Py_None) {  // a permuted layout: Python wraps it
+        results.append(G->wrap_other(py::handle(ex), py::handle(arr), py::handle(m)));
+      } else {
+        results.append(new_tensor(arr, index, PyTuple_GET_ITEM(m, 0), PyTuple_GET_ITEM(m, 1),
+                                  PyTuple_GET_ITEM(m, 2)));
+      }
+    }
+    py::object groups = steal(PyObject_GetAttr(ex, s_groups));
+    py::object res = results;
+    if (!groups.is_none()) res = G->group_results(results, groups);
+    if (nret == 1) return py::reinterpret_borrow<py::list>(res)[0];
+    return steal(PySequence_Tuple(res.ptr()));
+  }
+
+  static std::vector<int64_t> ints(PyObject* seq_obj) {
+    py::object seq = steal(PySequence_Fast(seq_obj, "ints"));
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    std::vector<int64_t> out(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq.ptr(), i));
+      if (out[i] == -1 && PyErr_Occurred()) throw py::error_already_set();
+    }
+    return out;
+  }
+
+  // storage.new_tensor in C++: a new storage (fake address) holding arr, and its tensor.
+  static py::object new_tensor(PyObject* arr, int64_t index, PyObject* size, PyObject* stride,
+                               PyObject* dtype) {
+    at::ScalarType st = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+    std::vector<int64_t> sz = ints(size), sd = ints(stride);
+    int64_t numel = 1;
+    for (int64_t d : sz) numel *= d;
+    int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(st));
+    PyObject* na = G->next_addr.ptr();
+    int64_t addr = PyLong_AsLongLong(PyList_GET_ITEM(na, 0));
+    py::object next = steal(PyLong_FromLongLong(
+        addr + (nbytes / G->addr_align + 1) * G->addr_align));
+    if (PyList_SetItem(na, 0, next.release().ptr()) < 0) throw py::error_already_set();
+    py::object idx = steal(PyLong_FromLongLong(index));
+    PyObject* dev = PyDict_GetItemWithError(G->devices.ptr(), idx.ptr());
+    py::object devo;
+    if (dev == nullptr) {
+      if (PyErr_Occurred()) throw py::error_already_set();
+      devo = steal(THPDevice_New(c10::Device(c10::DeviceType::PrivateUse1,
+                                             static_cast<c10::DeviceIndex>(index))));
+    } else {
+      devo = py::reinterpret_borrow<py::object>(dev);
+    }
+    py::object nb = steal(PyLong_FromLongLong(nbytes));
+    py::object storage_obj = G->storage_from_ptr(steal(PyLong_FromLongLong(addr)), devo, nb);
+    py::object shape = steal(PySequence_Tuple(size));
+    py::object sdata = G->storage_data_cls(py::handle(arr), shape, py::handle(dtype), idx, nb);
+    if (PyObject_SetAttr(storage_obj.ptr(), s_tpu, sdata.ptr()) < 0) throw py::error_already_set();
+    c10::Storage storage = THPStorage_Unpack(storage_obj.ptr());
+    auto t = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+        c10::scalarTypeToTypeMeta(st));
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(sz, sd, 0);
+    return steal(THPVariable_Wrap(std::move(t)));
+  }
+};
+
+}  // namespace hot
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("hot_setup", &hot::setup, "Hand the hot path the Python objects it works with.");
+  py::class_<hot::HotPlan>(m, "HotPlan")
+      .def(py::init<std::vector<int>, py::list, py::list, py::dict, py::object, py::object,
+                    bool, bool, std::vector<int>, int>())
+      .def("gather", &hot::HotPlan::gather)
+      .def("__call__", &hot::HotPlan::operator());
   m.def("register_view_kernels", &register_view_kernels,
         "Register C++ PrivateUse1 kernels for as_strided and view (PyTorch's CPU ones).");
   m.def("make_on_storage", &make_on_storage,

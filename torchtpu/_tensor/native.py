@@ -42,19 +42,18 @@ def module():
     """
     from torch.utils.cpp_extension import load
 
-    global LOADED
     src, name = _source_and_name()
     try:
         mod = load(name, [src], extra_cflags=["-O1"], verbose=False)
         mod.register_view_kernels()
         _write_built_for(mod)
-        LOADED = mod
     except Exception as e:  # pragma: no cover - depends on the machine's toolchain
         raise NotImplementedError(
             f"torchtpu: tensors on tpu:N>0 and UntypedStorage.resize_ on tpu need a "
             f"small C++ helper that could not be built here ({type(e).__name__}: {e})"
         ) from e
     _install_guard(mod)
+    _loaded(mod)
     return mod
 
 
@@ -73,6 +72,16 @@ _view_kernels_tried = False
 # the extension module once loaded in this process (by module() or
 # view_kernels_if_built()), else None: storage.tensor_on makes tensors through it
 LOADED = None
+# called with the module once it is loaded (eager's hot path moves to C++ then)
+ON_LOAD: list = []
+
+
+def _loaded(mod) -> None:
+    global LOADED
+    if LOADED is None:
+        LOADED = mod
+        for fn in ON_LOAD:
+            fn(mod)
 
 
 def view_kernels_if_built() -> bool:
@@ -94,8 +103,7 @@ def view_kernels_if_built() -> bool:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         mod.register_view_kernels()
-        global LOADED
-        LOADED = mod
+        _loaded(mod)
         return True
     except Exception:  # a stale or foreign build: the Python path stays
         return False

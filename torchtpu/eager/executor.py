@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 import warnings
 from sys import getrefcount as _getrefcount
@@ -139,9 +140,6 @@ class Executable:
 _CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
 _CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
 _hot.set_array_class(runtime.jax())
-# the C++ helper, when an earlier process built it (~1 ms): C++ view kernels, and result
-# tensors made in one C++ call (storage.new_tensor); otherwise loaded at its first build
-_native.view_kernels_if_built()
 LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
 
 
@@ -467,6 +465,63 @@ def _through_jit(ex, arrays, dyn):
     return ex.call(arrays, dyn)
 
 
+_HOT_PLANS: list = []  # LoweredPlans with a hot-path table (their C++ form comes later)
+
+
+def _native_plan(plan, mod):
+    """The C++ hot path of ``plan`` (``_native.cpp``'s ``HotPlan``)."""
+    return mod.HotPlan([c for c, _ in plan.hot_codes],
+                       list(plan.sig.defaults), list(plan.sig.names), plan.hot,
+                       plan.lowering.prepare, plan.op, bool(plan.lowering.precision),
+                       bool(plan.sig.mutated), list(plan.sig.mutated_returns),
+                       plan.sig.nret)
+
+
+def _hot_donating(ex, arrays, dyn):
+    try:
+        return _call_donating(ex, arrays, dyn)
+    except TypeError:
+        return _through_jit(ex, arrays, dyn)
+
+
+def _hot_other_structure(ex, arrays, dyn):
+    try:
+        return ex.call(arrays, dyn)
+    except TypeError:
+        return _through_jit(ex, arrays, dyn)
+
+
+def _hot_wrap_permuted(ex, arr, meta):
+    size, stride, dtype, _ = meta
+    st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
+    return _st.tensor_on(st, size, stride, 0, dtype)
+
+
+def _group_results(results, groups):
+    it = iter(results)
+    return [list(itertools.islice(it, n)) if n is not None else next(it) for n in groups]
+
+
+def _native_loaded(mod):
+    """The C++ helper is loaded: hand its hot path our objects, and give every plan with
+    a hot-path table its C++ form."""
+    mod.hot_setup({
+        "array_cls": _hot._ARRAY[0], "storage_data_cls": _st.StorageData,
+        "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
+        "np_float": np.float64, "np_complex": np.complex128,
+        "default_marker": _hot._DEFAULT, "miss": _hot.MISS, "metrics": M,
+        "executor": sys.modules[__name__], "cache": _CACHE,
+        "call_donating": _hot_donating, "call_other": _hot_other_structure,
+        "wrap_other": _hot_wrap_permuted, "group_results": _group_results,
+        "check_pending": check_pending, "next_addr": _st._next_addr,
+        "storage_from_ptr": _st._storage_from_ptr, "devices": _st._DEVICES,
+        "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
+        "addr_align": _st._ADDR_ALIGN, "check_limit": 256,
+    })
+    for plan in _HOT_PLANS:
+        plan.native = _native_plan(plan, mod)
+
+
 class LoweredPlan:
     """Runs a lowered op (functional, in-place or ``out=``) through the executable cache.
 
@@ -483,11 +538,28 @@ class LoweredPlan:
         self.fsig = functional_sig or sig  # schema of the lowered functional op
         self.writeonly = set(sig.out_args)
         self._groups = None  # set by _functional_meta for Tensor[] results
-        # the hot path (eager.hotpath): argument codes and hot key -> Executable
+        # the hot path (eager.hotpath): argument codes, hot key -> (Executable, offsets),
+        # and its C++ form once the C++ helper is loaded
         self.hot_codes = _hot.codes_for(self)
         self.hot = _hot.new_table() if self.hot_codes is not None else None
+        self.native = None
+        if self.hot is not None:
+            _HOT_PLANS.append(self)
+            if _native.LOADED is not None:
+                self.native = _native_plan(self, _native.LOADED)
 
     def __call__(self, args, kwargs):
+        if self.hot is not None and _hot.ENABLED[0] and not (CONFIG.defer or
+                                                             CONFIG.debug_sync):
+            nat = self.native
+            if nat is not None and _hot.NATIVE[0]:  # the C++ hot path
+                r = nat(args, kwargs)
+                if r.__class__ is not tuple or len(r) != 3 or r[0] is not _hot.MISS:
+                    return r
+                vals = r[1]
+                if vals is not None:  # normalized and prepared; r[2]: the hot gather
+                    M.lowered_ops += 1
+                    return self._run(vals, args, kwargs, r[2])
         vals = self.sig.normalize(args, kwargs)
         M.lowered_ops += 1
         if self.lowering.prepare is not None:  # host-side checks (they may convert)
@@ -1516,3 +1588,13 @@ def dispatch(keyset, op, *args, **kwargs):
     if plan is None:
         plan = plan_for(op)
     return plan(args, kwargs)
+
+
+# the C++ helper, when an earlier process built it (~1 ms): C++ view kernels, result
+# tensors made in one C++ call (storage.new_tensor) and the C++ hot path; otherwise all
+# three come when the helper is first built (native.module(), e.g. at the first backward)
+if _hot._ARRAY[0] is not None:
+    _native.ON_LOAD.append(_native_loaded)
+    if _native.LOADED is not None:
+        _native_loaded(_native.LOADED)
+_native.view_kernels_if_built()

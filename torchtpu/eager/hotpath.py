@@ -45,10 +45,13 @@ import torch
 from torchtpu.ops._schema import GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, T, T_LIST
 
 ENABLED = [os.environ.get("TORCHTPU_HOT_PATH", "1").strip() not in ("0", "")]
+# its C++ form (``_native.cpp``'s HotPlan) once the C++ helper is loaded; off: Python
+NATIVE = [os.environ.get("TORCHTPU_HOT_PATH_NATIVE", "1").strip() not in ("0", "")]
 
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 _TENSOR, _LIST, _DYN_SCALAR, _CONST_SCALAR, _CONST = range(5)
 _DEFAULT = ("default",)  # key item of a Scalar argument left at its schema default
+MISS = object()  # the C++ hot path's answer when the general path must run the call
 _Tensor = torch.Tensor
 _default_dtype = torch.get_default_dtype
 _matmul_precision = torch._C._get_float32_matmul_precision
@@ -63,6 +66,15 @@ def set_enabled(on: bool) -> bool:
     returns the previous setting.  Off, every call takes the general path."""
     prev = ENABLED[0]
     ENABLED[0] = bool(on)
+    return prev
+
+
+def set_native(on: bool) -> bool:
+    """Use the C++ form of the hot path (when the C++ helper is loaded) or the Python
+    form (``TORCHTPU_HOT_PATH_NATIVE`` sets the start-up value; both build the same hot
+    keys and share one table per op); returns the previous setting."""
+    prev = NATIVE[0]
+    NATIVE[0] = bool(on)
     return prev
 
 
