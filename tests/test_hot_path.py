@@ -330,3 +330,31 @@ def test_opinfo_sweep_used_the_hot_path():
     if len(_SWEEP_HOT) < 20:
         pytest.skip("the sweep did not run in this process")
     assert sum(1 for n in _SWEEP_HOT if n > 0) > len(_SWEEP_HOT) // 2, _SWEEP_HOT
+
+
+def test_defer_and_fuse_records_through_the_hot_path():
+    """DEFER_AND_FUSE finds the executable to record through the same tables (pending
+    values are admitted inputs); the fused results equal CPU, and a later STRICT call of
+    a signature only ever recorded compiles it first (no uncompiled executable called)."""
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    tx, tw = x.to("tpu"), w.to("tpu")
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        h0 = _hot_calls()
+        y = tx
+        for _ in range(6):
+            y = torch.tanh(y @ tw) * 0.5 + y
+        got = y.cpu()
+        assert _hot_calls() - h0 >= 10
+    want = x
+    for _ in range(6):
+        want = torch.tanh(want @ w) * 0.5 + want
+    torch.testing.assert_close(got, want)
+    # recorded only: a signature first met in DEFER_AND_FUSE (a new shape), then STRICT
+    z, tz = torch.randn(7, 5), None
+    tz = z.to("tpu")
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        for _ in range(3):
+            r = torch.sinh(tz)
+        r.cpu()
+    torch.testing.assert_close(torch.sinh(tz).cpu(), torch.sinh(z))
+    torch.testing.assert_close(torch.sinh(tz).cpu(), torch.sinh(z))

@@ -192,7 +192,7 @@ Globals* G = nullptr;  // set once by setup(); lives as long as the process
 
 PyObject *s_tpu, *s_arr, *s_dtype, *s_shape, *s_key, *s_calls, *s_writes, *s_call,
     *s_check_info, *s_out_meta, *s_groups, *s_device_index, *s_move_to_end, *s_last_outputs,
-    *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops;
+    *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops, *s_compiled;
 
 py::object steal(PyObject* o) {
   if (o == nullptr) throw py::error_already_set();
@@ -252,6 +252,7 @@ void setup(py::dict g) {
   INTERN(s_cache_hits, "cache_hits");
   INTERN(s_hot_path_calls, "hot_path_calls");
   INTERN(s_lowered_ops, "lowered_ops");
+  INTERN(s_compiled, "compiled");
 #undef INTERN
 }
 
@@ -483,6 +484,10 @@ struct HotPlan {
   py::object run(py::object entry, py::object hot, py::list vals) {
     PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
     PyObject* offs = PyTuple_GET_ITEM(entry.ptr(), 1);
+    {  // recorded by DeferAndFuse only so far: the general path makes its first call
+      py::object compiled = steal(PyObject_GetAttr(ex, s_compiled));
+      if (!PyObject_IsTrue(compiled.ptr())) return miss(vals, hot);
+    }
     py::list arrays = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 1));
     py::list sds = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2));
     py::list dyn = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3));

@@ -1,6 +1,6 @@
 """A small C++ helper (``_native.cpp``), compiled on first use (``torch.utils.cpp_extension``).
 
-It provides three things PyTorch 2.13's Python backend API cannot:
+It provides what PyTorch 2.13's Python backend API cannot:
 
 * tensors on ``tpu:N`` with N > 0 (the Python API creates every tensor on index 0);
 * a C++ device guard for PrivateUse1 (:func:`install_device_guard`), installed on the
@@ -12,6 +12,8 @@ It provides three things PyTorch 2.13's Python backend API cannot:
   used by FSDP2): the StorageImpl's byte size set from Python;
 * tensors made in one C++ call once the module is loaded (:data:`LOADED`,
   ``storage.tensor_on``: ~0.8 us against ~2.6 us through PyTorch's boxed ``set_``);
+* ``HotPlan``: the C++ form of strict eager's per-op hot path (``torchtpu.eager.hotpath``;
+  the executor gives every plan one through :data:`ON_LOAD` once the module is loaded);
 * C++ PrivateUse1 kernels for ``as_strided`` and ``view`` (PyTorch's own CPU kernels:
   metadata only), so a view op does not go through Python (~13 us each otherwise).
   Registered when the module loads, and at a process's first view op when an earlier

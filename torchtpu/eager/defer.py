@@ -228,6 +228,15 @@ _FAMILIES: dict = {}  # family (op names) -> signature tuples compiled fused (bo
 _recent: list = []  # cache keys of the last _RECENT replayed segments
 
 
+def forget_families() -> None:
+    """Forget the segment families seen so far (their shape variants and the recently
+    replayed structures): the next segment of any family is compiled fused, as in a fresh
+    process.  (A model whose ops, in order, match a family another model already compiled
+    with other shapes has its first steps replayed until its structure repeats.)"""
+    _FAMILIES.clear()
+    _recent.clear()
+
+
 def _churning(seg, key) -> bool:
     """Whether the missed segment ``seg`` (cache key ``key``) is one more shape variant
     of a family that already compiled ``CHURN_VARIANTS - 1`` others, and not a repeat of

@@ -465,6 +465,18 @@ def _through_jit(ex, arrays, dyn):
     return ex.call(arrays, dyn)
 
 
+class _Recorded:
+    """What ``defer.record`` reads of a call (``index``, ``arrays``, ``dyn``): the hot
+    path's form of a gathered ``_Call``."""
+
+    __slots__ = ("index", "arrays", "dyn")
+
+    def __init__(self, index, arrays, dyn):
+        self.index = index
+        self.arrays = arrays
+        self.dyn = dyn
+
+
 _HOT_PLANS: list = []  # LoweredPlans with a hot-path table (their C++ form comes later)
 
 
@@ -565,9 +577,9 @@ class LoweredPlan:
         if self.lowering.prepare is not None:  # host-side checks (they may convert)
             vals = self.lowering.prepare(vals)
         hot = None
-        if self.hot is not None and _hot.ENABLED[0] and not (CONFIG.defer or
-                                                             CONFIG.debug_sync):
-            hot = _hot.gather(self.hot_codes, self.lowering.precision, vals)
+        if self.hot is not None and _hot.ENABLED[0] and not CONFIG.debug_sync:
+            hot = _hot.gather(self.hot_codes, self.lowering.precision, vals,
+                              _st.Lazy if CONFIG.defer else None)
             if hot is not None:
                 try:
                     ex = self.hot.get(hot[0])
@@ -590,14 +602,23 @@ class LoweredPlan:
         _, arrays, sdatas, dyn = hot
         if offs is not None:  # the views' storage offsets (fixed by the hot key)
             dyn.append(offs)
-        ex.calls += 1
-        try:
-            if ex.writes and ex.calls > _DONATE_AFTER:
-                outs = _call_donating(ex, arrays, dyn)
-            else:
-                outs = ex.call(arrays, dyn)
-        except TypeError:
-            outs = _through_jit(ex, arrays, dyn)
+        if CONFIG.defer:  # record it (eager.defer), as the general path would
+            outs = _defer.record(ex, _Recorded(ex.device_index, arrays, dyn))
+            if ex.check_info:
+                PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+                outs = outs[:-1]
+            return self._finish(ex, sdatas, vals, outs)
+        if not ex.compiled:  # recorded by DeferAndFuse only so far: its first call
+            outs = self._first_call(ex, _Recorded(ex.device_index, arrays, dyn), vals)
+        else:
+            ex.calls += 1
+            try:
+                if ex.writes and ex.calls > _DONATE_AFTER:
+                    outs = _call_donating(ex, arrays, dyn)
+                else:
+                    outs = ex.call(arrays, dyn)
+            except TypeError:
+                outs = _through_jit(ex, arrays, dyn)
         LAST_OUTPUTS = outs
         if ex.check_info:
             PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
@@ -639,18 +660,18 @@ class LoweredPlan:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
             return self(args, kwargs)
-        if CONFIG.defer:
-            outs = _defer.record(ex, c)
-            if ex.check_info:
-                PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
-                outs = outs[:-1]
-            return self._finish(ex, c.sdatas, vals, outs)
         if hot is not None:
             e = _hot.entry(hot, c, ex)
             if e is not None:  # the next such call takes the hot path
                 if len(self.hot) >= _hot.TABLE_LIMIT:
                     self.hot.clear()
                 self.hot[hot[0]] = e
+        if CONFIG.defer:
+            outs = _defer.record(ex, c)
+            if ex.check_info:
+                PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+                outs = outs[:-1]
+            return self._finish(ex, c.sdatas, vals, outs)
         if ex.compiled:
             ex.calls += 1
             try:

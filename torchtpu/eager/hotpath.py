@@ -27,9 +27,10 @@ A table entry is written by the general path after a call it ran with that execu
 (so the first call of a signature, its compile and PyTorch's meta checks, and every
 unusual call stay there); it is read before the general path by every later call.  Tables
 are dropped whenever the executable cache evicts or is cleared
-(``executable_limit.LRUCache.on_drop``).  Not used in DEBUG or DEFER_AND_FUSE mode, for
-random ops or ops with a data-dependent result shape, nor for calls with CPU scalar
-tensors.
+(``executable_limit.LRUCache.on_drop``).  In DEFER_AND_FUSE mode the same tables serve the
+recording (the entry gives the executable to record; a pending value is an admitted
+input).  Not used in DEBUG mode, for random ops or ops with a data-dependent result
+shape, nor for calls with CPU scalar tensors.  The C++ form serves STRICT only.
 
 Counted in ``torchtpu.metrics()["hot_path_calls"]`` (each also counts as a cache hit).
 ``TORCHTPU_HOT_PATH=0`` switches it off (every call takes the general path).
@@ -137,12 +138,15 @@ def _const(v):
     return v
 
 
-def gather(codes, precision, vals):
+def gather(codes, precision, vals, lazy=None):
     """``(hot key, arrays, storages, dyn)`` of a call with normalized ``vals``, or None
     when the call is not one the hot path takes (see the module docstring).
 
     ``arrays`` / ``storages``: one per distinct storage, in first-use order (the general
     path's slots); ``dyn``: the Python numbers as 0-d numpy values, in argument order.
+    ``lazy``: DeferAndFuse's pending-value class (``storage.Lazy``), admitted as an input
+    (a pending value whose segment ran is replaced by its array first, as the general
+    path does); None in STRICT.
     """
     key = []
     arrays = []
@@ -176,7 +180,11 @@ def gather(codes, precision, vals):
                     return None  # a CPU scalar tensor, a fake tensor, another device
                 a = sd.arr
                 if a.__class__ is not array_cls:
-                    return None
+                    if a.__class__ is not lazy or lazy is None:
+                        return None
+                    if a.value is not None:
+                        sd.resolve(a.value)
+                        a = sd.arr
                 dtype = x.dtype
                 shape = x.shape
                 off = x.storage_offset()
