@@ -139,7 +139,7 @@ class Executable:
 
 _CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
 _CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
-_hot.set_array_class(runtime.jax())
+_hot.set_array_class()  # (imports JAX; configuring it waits for runtime.jax())
 LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
 
 

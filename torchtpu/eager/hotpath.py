@@ -79,10 +79,11 @@ def set_native(on: bool) -> bool:
     return prev
 
 
-def set_array_class(jax) -> None:
+def set_array_class() -> None:
     """Learn the class of a concrete JAX array (``jax.Array`` is an abstract base; the
     hot path admits exactly the concrete class).  Without it the hot path stays off."""
     try:
+        import jax
         from jax._src.array import ArrayImpl
     except ImportError:  # pragma: no cover - another JAX layout: hot path off
         return
