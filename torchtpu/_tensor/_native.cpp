@@ -182,7 +182,8 @@ namespace hot {
 enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4 };
 
 struct Globals {
-  py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex;
+  py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex,
+      lazy_cls;
   py::object default_marker, miss, metrics, executor, cache, call_donating, call_other,
       wrap_other, group_results, check_pending, next_addr, storage_from_ptr, devices,
       matmul_precision, float_tag;
@@ -192,7 +193,8 @@ Globals* G = nullptr;  // set once by setup(); lives as long as the process
 
 PyObject *s_tpu, *s_arr, *s_dtype, *s_shape, *s_key, *s_calls, *s_writes, *s_call,
     *s_check_info, *s_out_meta, *s_groups, *s_device_index, *s_move_to_end, *s_last_outputs,
-    *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops, *s_compiled;
+    *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops, *s_compiled,
+    *s_value, *s_resolve;
 
 py::object steal(PyObject* o) {
   if (o == nullptr) throw py::error_already_set();
@@ -210,6 +212,7 @@ void setup(py::dict g) {
   if (G == nullptr) G = new Globals();
   G->array_cls = g["array_cls"];
   G->storage_data_cls = g["storage_data_cls"];
+  G->lazy_cls = g["lazy_cls"];
   G->asarray = g["asarray"];
   G->np_bool = g["np_bool"];
   G->np_int = g["np_int"];
@@ -253,6 +256,8 @@ void setup(py::dict g) {
   INTERN(s_hot_path_calls, "hot_path_calls");
   INTERN(s_lowered_ops, "lowered_ops");
   INTERN(s_compiled, "compiled");
+  INTERN(s_value, "value");
+  INTERN(s_resolve, "resolve");
 #undef INTERN
 }
 
@@ -291,8 +296,9 @@ struct Gather {
   int64_t index = -1;
 };
 
-// One tensor of the call into the gather; false: not a hot-path call.
-bool add_tensor(Gather& g, PyObject* x) {
+// One tensor of the call into the gather; false: not a hot-path call.  lazy: admit
+// DeferAndFuse's pending values (one whose segment ran is replaced by its array first).
+bool add_tensor(Gather& g, PyObject* x, bool lazy) {
   if (!THPVariable_Check(x)) return false;
   const at::Tensor& t = THPVariable_Unpack(x);
   if (!t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1) return false;
@@ -304,7 +310,15 @@ bool add_tensor(Gather& g, PyObject* x) {
   }
   py::object sd = steal(sd_raw);
   py::object arr = steal(PyObject_GetAttr(sd.ptr(), s_arr));
-  if (reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr())) != G->array_cls.ptr()) return false;
+  if (reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr())) != G->array_cls.ptr()) {
+    if (!lazy || reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr())) != G->lazy_cls.ptr())
+      return false;
+    py::object value = steal(PyObject_GetAttr(arr.ptr(), s_value));
+    if (!value.is_none()) {
+      steal(PyObject_CallMethodObjArgs(sd.ptr(), s_resolve, value.ptr(), nullptr));
+      arr = steal(PyObject_GetAttr(sd.ptr(), s_arr));
+    }
+  }
   py::object sdtype = steal(PyObject_GetAttr(sd.ptr(), s_dtype));
   py::object sshape = steal(PyObject_GetAttr(sd.ptr(), s_shape));
   PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
@@ -370,7 +384,7 @@ struct HotPlan {
         mutated_returns(std::move(mutated_returns_)), nret(nret_) {}
 
   // (key, arrays, storages, dyn), or None when the call is not a hot-path one.
-  py::object gather(py::list vals) {
+  py::object gather(py::list vals, bool lazy) {
     Gather g;
     size_t n = codes.size();
     for (size_t i = 0; i < n; ++i) {
@@ -387,7 +401,7 @@ struct HotPlan {
           g.dyn.append(np_value(v, npdt));
           continue;
         }
-        if (!add_tensor(g, v)) return py::none();
+        if (!add_tensor(g, v, lazy)) return py::none();
       } else if (code == LIST) {
         if (v == Py_None) {
           g.key.append(py::none());
@@ -401,7 +415,7 @@ struct HotPlan {
         for (Py_ssize_t k = 0; k < m; ++k) {
           if (items[k] == Py_None) {
             g.key.append(py::none());
-          } else if (!add_tensor(g, items[k])) {
+          } else if (!add_tensor(g, items[k], lazy)) {
             return py::none();
           }
         }
@@ -466,7 +480,7 @@ struct HotPlan {
       if (!PyList_Check(r.ptr())) return miss(py::none(), py::none());
       vals = py::reinterpret_borrow<py::list>(r);
     }
-    py::object hot = gather(vals);
+    py::object hot = gather(vals, false);
     if (hot.is_none()) return miss(vals, hot);
     PyObject* key = PyTuple_GET_ITEM(hot.ptr(), 0);
     PyObject* entry = PyDict_GetItemWithError(table.ptr(), key);
@@ -625,7 +639,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<hot::HotPlan>(m, "HotPlan")
       .def(py::init<std::vector<int>, py::list, py::list, py::dict, py::object, py::object,
                     bool, bool, std::vector<int>, int>())
-      .def("gather", &hot::HotPlan::gather)
+      .def("gather", &hot::HotPlan::gather, py::arg("vals"), py::arg("lazy") = false)
       .def("__call__", &hot::HotPlan::operator());
   m.def("register_view_kernels", &register_view_kernels,
         "Register C++ PrivateUse1 kernels for as_strided and view (PyTorch's CPU ones).");

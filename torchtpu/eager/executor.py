@@ -519,6 +519,7 @@ def _native_loaded(mod):
     a hot-path table its C++ form."""
     mod.hot_setup({
         "array_cls": _hot._ARRAY[0], "storage_data_cls": _st.StorageData,
+        "lazy_cls": _st.Lazy,
         "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
         "np_float": np.float64, "np_complex": np.complex128,
         "default_marker": _hot._DEFAULT, "miss": _hot.MISS, "metrics": M,
@@ -578,8 +579,12 @@ class LoweredPlan:
             vals = self.lowering.prepare(vals)
         hot = None
         if self.hot is not None and _hot.ENABLED[0] and not CONFIG.debug_sync:
-            hot = _hot.gather(self.hot_codes, self.lowering.precision, vals,
-                              _st.Lazy if CONFIG.defer else None)
+            nat = self.native
+            if CONFIG.defer and nat is not None and _hot.NATIVE[0]:
+                hot = nat.gather(vals, True)  # (the same hot key, built in C++)
+            else:
+                hot = _hot.gather(self.hot_codes, self.lowering.precision, vals,
+                                  _st.Lazy if CONFIG.defer else None)
             if hot is not None:
                 try:
                     ex = self.hot.get(hot[0])
