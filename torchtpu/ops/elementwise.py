@@ -174,10 +174,8 @@ binary(aten.rsub.Scalar, lambda x, y: y - x, has_alpha=True, alpha_on_self=True,
        check=lambda a, b: _sub_check(b, a))
 binary(aten.mul.Tensor, lambda x, y: x * y)
 binary(aten.mul.Scalar, lambda x, y: x * y)
-binary(aten.maximum.default, lambda x, y: _nan_propagating(jnp().maximum, x, y))
-binary(aten.minimum.default, lambda x, y: _nan_propagating(jnp().minimum, x, y))
-binary(aten.fmax.default, lambda x, y: jnp().fmax(x, y))
-binary(aten.fmin.default, lambda x, y: jnp().fmin(x, y))
+binary(aten.maximum.default, lambda x, y: _nan_propagating(cpu_max, x, y))
+binary(aten.minimum.default, lambda x, y: _nan_propagating(cpu_min, x, y))
 binary(aten.atan2.default, lambda x, y: jnp().arctan2(x, y), float_math=True)
 binary(aten.hypot.default, lambda x, y: jnp().hypot(x, y))
 binary(aten.copysign.Tensor, lambda x, y: jnp().copysign(x, y), float_math=True)
@@ -200,6 +198,50 @@ def _nan_propagating(f, x, y):
     if jnp().issubdtype(x.dtype, jnp().floating):
         return jnp().where(jnp().isnan(x) | jnp().isnan(y), jnp().nan, f(x, y)).astype(x.dtype)
     return f(x, y)
+
+
+# Signed zeros.  XLA's max/min return +0.0 for max(-0.0, 0.0) (-0.0 for min) whatever the
+# operand order; PyTorch's CPU kernels are comparisons: std::max(x, y) is
+# ``x < y ? y : x``, so a tie keeps ``x``, sign included (clamp(-0.0, min=0.0) and
+# relu(-0.0) are -0.0).  A select after a comparison is exact on every backend.
+#
+# For a tensor ``y`` (maximum, minimum, clamp.Tensor, clamp_min.Tensor...) CPU's answer on
+# a ±0.0 tie depends on the element's position: the SIMD body (_mm256/_mm512_max_ps(x, y)
+# returns y on a tie) keeps y, the scalar kernel (tensors shorter than a vector, the tail
+# of a longer one, strided operands) keeps x.  Which positions take which path depends on
+# the CPU's vector width; these lowerings follow the scalar kernel everywhere, the rule
+# of the scalar-bound clamp (whose SIMD body, max_ps(lo, x), also keeps x).
+
+def cpu_max(x, y):
+    """``std::max(x, y)``: ``y`` where ``x < y``, else ``x`` (NaN ``x`` stays)."""
+    return jnp().where(x < y, y, x)
+
+
+def cpu_min(x, y):
+    """``std::min(x, y)``: ``y`` where ``y < x``, else ``x`` (NaN ``x`` stays)."""
+    return jnp().where(y < x, y, x)
+
+
+def _fmax_fmin(op, is_max):
+    """``fmax``/``fmin``: the non-NaN operand when one is NaN.  On a ±0.0 tie CPU's kernel
+    (the same at every position) gives the first operand for float16, float32 and
+    float64, and the second for bfloat16."""
+
+    def lowering(a, b):
+        dt = promote(a, b)
+        x, y = cast(a, dt), cast(b, dt)  # a selection: exact in bfloat16/half too
+        j = jnp()
+        if not dt.is_floating_point:
+            return (j.fmax if is_max else j.fmin)(x, y)
+        lo, hi = (x, y) if is_max else (y, x)
+        take_y = (lo <= hi) if dt is torch.bfloat16 else (lo < hi)
+        return j.where(take_y | j.isnan(x), y, x)
+
+    lower(op)(lowering)
+
+
+_fmax_fmin(aten.fmax.default, True)
+_fmax_fmin(aten.fmin.default, False)
 
 
 def _xlogy(x, y):
@@ -883,12 +925,14 @@ def clamp(x, min=None, max=None):
     r = cast(x, ct)
     j = jnp()
     isf = dt.is_floating_point
+    # CPU's comparisons (``x < lo ? lo : x``, then ``> hi``): a ±0.0 tie keeps x's sign
+    # (cpu_max); a NaN bound gives NaN
     if min is not None:
         m = cast(min, ct)
-        r = j.where(j.isnan(m), m, j.maximum(r, m)) if isf else j.maximum(r, m)
+        r = j.where(j.isnan(m), m, cpu_max(r, m)) if isf else cpu_max(r, m)
     if max is not None:
         m = cast(max, ct)
-        r = j.where(j.isnan(m), m, j.minimum(r, m)) if isf else j.minimum(r, m)
+        r = j.where(j.isnan(m), m, cpu_min(r, m)) if isf else cpu_min(r, m)
     if isf:
         r = j.where(j.isnan(cast(x, ct)), cast(x, ct), r)
     return r

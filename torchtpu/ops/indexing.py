@@ -462,7 +462,29 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True, sum_in_dtype=F
             if include_self:
                 nan_hit = nan_hit | j.isnan(x)
             r = j.where(nan_hit, j.nan, r)
+            r = _first_zero_sign(r, x, key, _src_like(src, index, dt), dim, include_self)
     return r.reshape(()) if zero_d else r
+
+
+def _first_zero_sign(r, x, key, v, dim, include_self):
+    """Signed zeros of a scatter amax/amin: CPU folds each target's contributors in order
+    (``self`` first when included, then ``src`` along ``dim``) with ``std::max``, a tie
+    keeping the earlier one, so a zero result has the sign of the first zero contributor;
+    XLA's scatter-max gives +0.0 whatever the order (``index_reduce`` comes through here
+    with ``src`` along ``dim`` in ``index`` order, CPU's order too).  Each zero
+    contributor's key is 2 * position + sign bit; the smallest key per target wins."""
+    j = jnp()
+    i32 = npdt(torch.int32)
+    big = j.iinfo(i32).max
+    along = [1] * v.ndim
+    along[dim] = v.shape[dim]
+    pos = j.arange(1, v.shape[dim] + 1, dtype=i32).reshape(along)
+    keys = j.where(v == 0, 2 * pos + j.signbit(v).astype(i32), big)
+    first = j.full(r.shape, big, i32).at[key].min(keys)
+    if include_self:
+        first = j.where(x == 0, j.signbit(x).astype(i32), first)
+    neg = j.where(first % 2 == 1, j.asarray(-0.0, r.dtype), j.asarray(0.0, r.dtype))
+    return j.where((r == 0) & (first != big), neg, r)
 
 
 _INDEX_REDUCE_WARNED = []

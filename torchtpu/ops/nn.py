@@ -533,6 +533,12 @@ def _adaptive_max(x, nd, output_size):
         first = j.where(last_nan >= 0, last_nan, first)
         mx = j.where(j.any(isn, axis=-1, keepdims=True), j.nan, mx)
     first = j.minimum(first, K - 1)
+    if j.issubdtype(y.dtype, j.floating):
+        # the value is the element at that index (CPU's): XLA's max of -0.0 and 0.0 is
+        # +0.0 whatever comes first.  A zero maximum takes the sign of that element (a
+        # max over it and -inf: no tie left)
+        at = j.max(j.where(pos == first[..., None], ym, low), axis=-1, keepdims=True)
+        mx = j.where(mx == 0, at, mx)
     ind = j.take_along_axis(j.broadcast_to(j.asarray(flat), y.shape), first[..., None], axis=-1)
     return mx[..., 0], ind[..., 0].astype(npdt(torch.int64))
 
@@ -852,7 +858,8 @@ _masked_op(aten.native_batch_norm_backward.default, native_batch_norm_backward)
 def relu(x):
     if x.dtype == jnp().bool_:
         return x
-    return jnp().maximum(x, jnp().zeros((), x.dtype))
+    # CPU: clamp_min(x, 0), ``x < 0 ? 0 : x``: relu(-0.0) is -0.0 (XLA's max gives +0.0)
+    return jnp().where(x < 0, jnp().zeros((), x.dtype), x)
 
 
 @lower(aten.gelu.default)

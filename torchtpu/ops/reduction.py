@@ -271,6 +271,14 @@ def _ext_with_index(x, axis: int, keepdim: bool, is_max: bool):
         hit = hit | (j.isnan(x) & j.isnan(m))
     iota = lax().broadcasted_iota(npdt(torch.int64), x.shape, axis)
     idx = j.min(j.where(hit, iota, j.asarray(n, iota.dtype)), axis=axis, keepdims=True)
+    if j.issubdtype(x.dtype, j.floating):
+        # CPU returns the element at the first index: XLA's max of -0.0 and 0.0 is +0.0
+        # whatever the order.  A zero extreme takes the sign of that element (a max over
+        # it and infinities of the other sign: no tie left)
+        low = j.asarray(-j.inf if is_max else j.inf, x.dtype)
+        at = (j.max if is_max else j.min)(j.where(iota == idx, x, low), axis=axis,
+                                          keepdims=True)
+        m = j.where(m == 0, at, m)
     if not keepdim:
         m = j.squeeze(m, axis)
         idx = j.squeeze(idx, axis)
@@ -500,14 +508,21 @@ def _cum_ext(x, dim, is_max):
     iota = lax().broadcasted_iota(npdt(torch.int64), x.shape, axis)
 
     def combine(a, b):
-        va, ia = a
-        vb, ib = b
+        va, ia = a[0], a[1]
+        vb, ib = b[0], b[1]
         take_b = (vb >= va) if is_max else (vb <= va)
         if is_f:
             take_b = (take_b & ~j.isnan(va)) | j.isnan(vb)
-        return j.where(take_b, vb, va), j.where(take_b, ib, ia)
+        return tuple(j.where(take_b, eb, ea) for ea, eb in zip(a, b))
 
-    v, i = lax().associative_scan(combine, (xv, iota), axis=axis)
+    if not is_f:
+        v, i = lax().associative_scan(combine, (xv, iota), axis=axis)
+        return v.astype(x.dtype), i
+    # the value is x at the index (CPU's): associative_scan interleaves its partial
+    # results with pad + add, and -0.0 + 0.0 is +0.0; the sign rides along as an int
+    v, i, neg = lax().associative_scan(combine, (xv, iota, j.signbit(xv).astype(j.int8)),
+                                       axis=axis)
+    v = j.where((v == 0) & (neg != 0), j.asarray(-0.0, v.dtype), v)
     return v.astype(x.dtype), i
 
 
