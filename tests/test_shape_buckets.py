@@ -22,7 +22,7 @@ def bucketed():
     executor._CACHE.clear()
     buckets.set_policy(enabled=True, after=0)
     yield
-    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
+    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER, buckets.DEFAULT_RECUR)
 
 
 def _runs():
@@ -255,6 +255,9 @@ def test_seeded_draws_equal_exact_path(bucketed, draw):
 
 
 def test_hot_signature_gets_its_exact_executable(bucketed):
+    """With the recurrence rule off (``recur=0``: as for an op past ``RECUR`` distinct
+    shapes), a signature runs bucketed ``HOT`` times, then compiles its exact one."""
+    buckets.set_policy(after=0, recur=0)
     x = torch.randn(11, device="tpu")
     h0 = torchtpu.metrics()["shape_buckets"]["hot_signatures"]
     r0 = _runs()
@@ -263,6 +266,114 @@ def test_hot_signature_gets_its_exact_executable(bucketed):
     assert _runs() - r0 == buckets.HOT
     assert torchtpu.metrics()["shape_buckets"]["hot_signatures"] == h0 + 1
     torch.testing.assert_close(y.cpu(), torch.special.expit(x.cpu()))
+
+
+def _sb(name):
+    return torchtpu.metrics()["shape_buckets"][name]
+
+
+def _bucket_syncs():
+    hs = torchtpu.metrics()["host_syncs"]
+    return hs.get("shape_bucket", 0) + hs.get("shape_bucket_unpad", 0)
+
+
+def test_recurring_signature_compiles_exact_on_its_second_run(bucketed):
+    """Few distinct signatures (<= RECUR): one met again compiles its exact executable at
+    once; its values stay those of CPU."""
+    x = torch.randn(11)
+    xt = x.to("tpu")
+    r0, c0 = _runs(), _sb("recurring_signatures")
+    y1 = torch.special.expit(xt)
+    assert _runs() == r0 + 1  # first call: bucketed (after=0)
+    misses = torchtpu.metrics()["cache_misses"]
+    y2 = torch.special.expit(xt)
+    assert _runs() == r0 + 1  # second: exact
+    assert torchtpu.metrics()["cache_misses"] == misses + 1  # (its exact compile)
+    assert _sb("recurring_signatures") == c0 + 1
+    for _ in range(5):
+        y3 = torch.special.expit(xt)
+    assert _runs() == r0 + 1 and _sb("recurring_signatures") == c0 + 1
+    want = torch.special.expit(x)
+    for y in (y1, y2, y3):
+        torch.testing.assert_close(y.cpu(), want)
+
+
+def test_recurrence_bound_and_policy(bucketed):
+    """Past ``recur`` distinct bucketed signatures an op's signatures stay bucketed when
+    met again; ``set_policy`` forgets them and refuses a negative bound."""
+    buckets.set_policy(after=0, recur=3)
+    xs = [torch.randn(n) for n in (5, 6, 7, 8)]
+    for x in xs:
+        x.to("tpu").cosh()
+    r0 = _runs()
+    for x in xs:
+        torch.testing.assert_close(x.to("tpu").cosh().cpu(), x.cosh())
+    assert _runs() == r0 + 4  # 4 distinct > 3: still bucketed
+    buckets.set_policy(after=0, recur=4)  # (forgets the signatures seen)
+    for x in xs:
+        x.to("tpu").cosh()
+    r1 = _runs()
+    for x in xs:
+        torch.testing.assert_close(x.to("tpu").cosh().cpu(), x.cosh())
+    assert _runs() == r1  # 4 <= 4: each compiled its exact executable
+    with pytest.raises(ValueError):
+        buckets.set_policy(recur=-1)
+
+
+def test_adamw_training_leaves_buckets_after_the_first_steps():
+    """AdamW's per-parameter ops (one shape per parameter) churn past ``after`` in the
+    first step; their signatures recur every step, so from step 3 no op runs bucketed
+    and no bucket pads or unpads through the host.  Parameters equal CPU AdamW's."""
+    executor._CACHE.clear()
+    buckets.set_policy(enabled=True, after=4, recur=32)  # the defaults, pinned
+
+    def train(dev, steps, per_step=None):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(),
+                                torch.nn.Linear(24, 20), torch.nn.ReLU(),
+                                torch.nn.Linear(20, 5)).to(dev)  # 6 parameter shapes
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(8, 12, generator=g).to(dev), torch.randint(0, 5, (8,),
+                                                                     generator=g).to(dev)
+        for _ in range(steps):
+            before = (_runs(), _bucket_syncs())
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+            if per_step is not None:
+                per_step.append((_runs() - before[0], _bucket_syncs() - before[1]))
+        return [p.detach().cpu() for p in m.parameters()]
+
+    per_step = []
+    try:
+        got = train("tpu", 8, per_step)
+    finally:
+        buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER, buckets.DEFAULT_RECUR)
+    assert per_step[0][0] > 0, per_step  # the first step did bucket (the case tested)
+    assert all(r == 0 and s == 0 for r, s in per_step[2:]), per_step
+    for g, w in zip(got, train("cpu", 8)):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_many_distinct_lengths_stay_bucketed(bucketed):
+    """An op meeting hundreds of lengths keeps bucketing them, also when the lengths come
+    round again (more than ``recur`` distinct): compiles bounded by the buckets, not the
+    lengths, and every value equals CPU's."""
+    buckets.set_policy(after=4, recur=32)
+    lengths = list(range(1, 301)) + list(range(1, 41))
+    r0, c0 = _runs(), _sb("recurring_signatures")
+    m0 = torchtpu.metrics()["cache_misses"]
+    for n in lengths:
+        x = torch.linspace(-3, 3, n, dtype=torch.float64)
+        got = x.to("tpu").abs().sinh()
+        torch.testing.assert_close(got.cpu(), x.abs().sinh())
+    # abs and sinh: their first 4 lengths exact (compiled once, then cache hits), every
+    # other call bucketed, the second round included
+    assert _runs() - r0 == 2 * (len(lengths) - 2 * 4)
+    assert _sb("recurring_signatures") == c0
+    # 4 exact executables per op and one per bucket (every length here fits 512)
+    assert torchtpu.metrics()["cache_misses"] - m0 < 20
 
 
 def test_policy_default_and_off():
@@ -280,7 +391,7 @@ def test_policy_default_and_off():
     for n in range(310, 315):
         torch.ones(n, device="tpu").cosh()
     assert _runs() == r1
-    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
+    buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER, buckets.DEFAULT_RECUR)
     with pytest.raises(ValueError):
         buckets.set_policy(after=-1)
 

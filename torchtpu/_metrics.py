@@ -163,7 +163,8 @@ class Metrics:
         self.collectives = collections.Counter()
         self.sdpa = {"pallas": 0, "cudnn": 0, "xla_blockwise": 0, "math": 0,
                      "fused_failures": 0}
-        self.shape_buckets = {"runs": 0, "hot_signatures": 0, "churning_ops": 0}
+        self.shape_buckets = {"runs": 0, "hot_signatures": 0, "recurring_signatures": 0,
+                              "churning_ops": 0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

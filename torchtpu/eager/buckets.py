@@ -15,9 +15,19 @@ of bucketed ops never goes through the host; a tensor that is not padded yet is 
 through the host (a sync point, ``host_syncs["shape_bucket"]``), and anything else that
 reads a padded storage gets its exact array through the host
 (``host_syncs["shape_bucket_unpad"]``; ``.cpu()``/``.tolist()`` read the padded array's
-front directly).  A signature that runs bucketed ``HOT`` (128,
-``TORCHTPU_SHAPE_BUCKETS_HOT``) times compiles its exact executable on its next call, so
-steady loops (training, decoding) end up on the exact executables.
+front directly).
+
+When a bucketed signature gets its exact executable: a signature that *recurs* is not
+churn.  While an op has run at most ``RECUR`` (32, ``TORCHTPU_SHAPE_BUCKETS_RECUR``)
+distinct signatures bucketed, a bucketed signature met again compiles its exact
+executable on that second call (an optimizer's per-parameter ops -- AdamW's ``mul``,
+``add``, ``sqrt``, ``div``, ``addcdiv``, ``lerp`` see one shape per parameter -- run
+bucketed in the first step only, then exact).  An op that has met more distinct shapes
+than that (a loop over hundreds of lengths, a growing sequence) keeps bucketing its
+signatures until one has run bucketed ``HOT`` (128, ``TORCHTPU_SHAPE_BUCKETS_HOT``)
+times: that one compiles its exact executable on its next call, so steady loops
+(training, decoding) end up on the exact executables either way.  Both decisions are
+per op for the whole process (``set_policy`` forgets them).
 
 Rules (the padding never changes a value: the result is the one the exact executable
 gives, bit for bit, which ``tests/test_shape_buckets.py`` checks against both the exact
@@ -46,8 +56,9 @@ ways or is also read through another view (``x / x[0]``).
 
 Counters (``torchtpu.metrics()["shape_buckets"]``): ``runs`` (calls run bucketed; a
 call of a bucket's existing executable also counts as a cache hit),
-``hot_signatures`` (signatures that then got their exact executable), ``churning_ops``.
-``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
+``hot_signatures`` (signatures that got their exact executable after ``HOT`` bucketed
+runs), ``recurring_signatures`` (signatures that got it on their second call, by the
+``RECUR`` rule), ``churning_ops``.  ``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
 """
 
 from __future__ import annotations
@@ -81,6 +92,9 @@ def _env_count(name: str, default: int) -> int:
 # bucketed runs of one signature before it compiles its exact executable: a compile costs
 # ~30-300 ms, a bucketed run ~0.1-0.4 ms more than an exact one (CPU platform)
 HOT = _env_count("TORCHTPU_SHAPE_BUCKETS_HOT", 128)
+# distinct bucketed signatures of one op up to which a signature met again compiles its
+# exact executable at once (0: never; a signature then waits for HOT bucketed runs)
+DEFAULT_RECUR = _env_count("TORCHTPU_SHAPE_BUCKETS_RECUR", 32)
 MIN_BUCKET = 512  # elements
 MAX_NUMEL = 1 << 16  # larger tensors always compile exact executables
 _PREFIX_PLATFORMS = frozenset({"cpu"})  # see the module docstring
@@ -93,27 +107,38 @@ DEFAULT_ON = os.environ.get("TORCHTPU_SHAPE_BUCKETS", "1") not in ("0", "")
 DEFAULT_AFTER = _env_count("TORCHTPU_SHAPE_BUCKETS_AFTER", 4)
 ON = [DEFAULT_ON]  # switched on
 _after = DEFAULT_AFTER
+_recur = DEFAULT_RECUR
 _churn: dict = {}  # op -> misses of calls a rule fits
-_uses: dict = {}  # exact signature -> bucketed runs
+_uses: dict = {}  # exact signature -> bucketed runs (HOT: it compiles exact)
+_distinct: dict = {}  # op -> distinct signatures run bucketed
 _active = [False]  # inside a bucketed run: its own misses compile normally
 _RULES: dict = {}
 
 
-def set_policy(enabled: bool | None = None, after: int | None = None) -> None:
-    """Switch buckets on or off, and set after how many exact compiles of an op its new
-    shapes are bucketed (0: from the first call).  Forgets the ops seen so far.
-    ``set_policy(DEFAULT_ON, DEFAULT_AFTER)`` restores the start-up policy.
+def set_policy(enabled: bool | None = None, after: int | None = None,
+               recur: int | None = None) -> None:
+    """Switch buckets on or off, set after how many exact compiles of an op its new
+    shapes are bucketed (0: from the first call), and up to how many distinct bucketed
+    signatures of an op a signature met again compiles its exact executable at once
+    (``recur``; 0: never, each waits for ``HOT`` bucketed runs).  Forgets the ops and
+    signatures seen so far.  ``set_policy(DEFAULT_ON, DEFAULT_AFTER, DEFAULT_RECUR)``
+    restores the start-up policy.
 
-    Raises ``ValueError`` for a negative ``after``."""
-    global _after
+    Raises ``ValueError`` for a negative ``after`` or ``recur``."""
+    global _after, _recur
+    if after is not None and after < 0:
+        raise ValueError(f"shape buckets: after must be >= 0, got {after}")
+    if recur is not None and recur < 0:
+        raise ValueError(f"shape buckets: recur must be >= 0, got {recur}")
     if enabled is not None:
         ON[0] = bool(enabled)
     if after is not None:
-        if after < 0:
-            raise ValueError(f"shape buckets: after must be >= 0, got {after}")
         _after = int(after)
+    if recur is not None:
+        _recur = int(recur)
     _churn.clear()
     _uses.clear()
+    _distinct.clear()
 
 
 def enabled() -> bool:
@@ -374,6 +399,11 @@ def run(plan, vals, c):
     used = _uses.get(key, 0)
     if used >= HOT:
         return NO
+    if used and _distinct.get(plan.op, 0) <= _recur:
+        # a signature met again, among few: not churn, it gets its exact executable
+        _uses[key] = HOT
+        M.shape_buckets["recurring_signatures"] += 1
+        return NO
     # padded arrays, one per storage (x.add_(x) stays aliased); arrays that are not
     # padded yet are padded through the host (a sync point)
     n_x = pads[0][0].numel()
@@ -416,6 +446,8 @@ def run(plan, vals, c):
     if len(_uses) > 100_000:
         _uses.clear()
     _uses[key] = used + 1
+    if not used:
+        _distinct[plan.op] = _distinct.get(plan.op, 0) + 1
     if used + 1 == HOT:
         M.shape_buckets["hot_signatures"] += 1
     if seen == _after:
