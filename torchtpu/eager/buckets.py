@@ -18,9 +18,9 @@ reads a padded storage gets its exact array through the host
 front directly).
 
 When a bucketed signature gets its exact executable: a signature that *recurs* is not
-churn.  While an op has run at most ``RECUR`` (32, ``TORCHTPU_SHAPE_BUCKETS_RECUR``)
-distinct signatures bucketed, a bucketed signature met again compiles its exact
-executable on that second call (an optimizer's per-parameter ops -- AdamW's ``mul``,
+churn.  While an op has run at most ``recur`` (default 32,
+``TORCHTPU_SHAPE_BUCKETS_RECUR``) distinct signatures bucketed, a bucketed signature met
+again compiles its exact executable on that second call (an optimizer's per-parameter ops -- AdamW's ``mul``,
 ``add``, ``sqrt``, ``div``, ``addcdiv``, ``lerp`` see one shape per parameter -- run
 bucketed in the first step only, then exact).  An op that has met more distinct shapes
 than that (a loop over hundreds of lengths, a growing sequence) keeps bucketing its
@@ -58,7 +58,7 @@ Counters (``torchtpu.metrics()["shape_buckets"]``): ``runs`` (calls run bucketed
 call of a bucket's existing executable also counts as a cache hit),
 ``hot_signatures`` (signatures that got their exact executable after ``HOT`` bucketed
 runs), ``recurring_signatures`` (signatures that got it on their second call, by the
-``RECUR`` rule), ``churning_ops``.  ``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
+``recur`` rule), ``churning_ops``.  ``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
 """
 
 from __future__ import annotations
