@@ -139,7 +139,6 @@ class Executable:
 
 _CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
 _CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
-_hot.set_array_class()  # (imports JAX; configuring it waits for runtime.jax())
 LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
 
 
@@ -478,6 +477,7 @@ class _Recorded:
 
 
 _HOT_PLANS: list = []  # LoweredPlans with a hot-path table (their C++ form comes later)
+_NATIVE_READY = [False]  # the C++ hot path has its objects (_native_loaded ran)
 
 
 def _native_plan(plan, mod):
@@ -531,8 +531,23 @@ def _native_loaded(mod):
         "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
         "addr_align": _st._ADDR_ALIGN, "check_limit": 256,
     })
+    _NATIVE_READY[0] = True
     for plan in _HOT_PLANS:
         plan.native = _native_plan(plan, mod)
+
+
+def _on_native_load(mod):
+    if _hot._ARRAY[0] is not None:  # else _hot_start hands it over
+        _native_loaded(mod)
+
+
+def _hot_start():
+    """The first op run: the hot path learns JAX's array class (imported by now; not at
+    this module's import, which ``import torch`` reaches through the op table) and takes
+    the C++ helper if it is loaded."""
+    _hot.set_array_class()
+    if _hot._ARRAY[0] is not None and _native.LOADED is not None:
+        _native_loaded(_native.LOADED)
 
 
 class LoweredPlan:
@@ -558,7 +573,7 @@ class LoweredPlan:
         self.native = None
         if self.hot is not None:
             _HOT_PLANS.append(self)
-            if _native.LOADED is not None:
+            if _NATIVE_READY[0]:
                 self.native = _native_plan(self, _native.LOADED)
 
     def __call__(self, args, kwargs):
@@ -637,6 +652,8 @@ class LoweredPlan:
         """Run on normalized, prepared ``vals`` (``args``/``kwargs``: the call as made,
         for the CPU fallback and ``out=`` resizing; None for a bucketed run's own call;
         ``hot``: the call's hot-path gather, to remember the executable under)."""
+        if _hot._ARRAY[0] is None:
+            _hot_start()
         c = gather(self, vals)
         key = tuple(c.key)
         ex = _CACHE.get(key)
@@ -1619,8 +1636,5 @@ def dispatch(keyset, op, *args, **kwargs):
 # the C++ helper, when an earlier process built it (~1 ms): C++ view kernels, result
 # tensors made in one C++ call (storage.new_tensor) and the C++ hot path; otherwise all
 # three come when the helper is first built (native.module(), e.g. at the first backward)
-if _hot._ARRAY[0] is not None:
-    _native.ON_LOAD.append(_native_loaded)
-    if _native.LOADED is not None:
-        _native_loaded(_native.LOADED)
+_native.ON_LOAD.append(_on_native_load)
 _native.view_kernels_if_built()
