@@ -334,14 +334,7 @@ def new_tensor(arr, index: int, dtype: torch.dtype, size: tuple, stride: tuple) 
     """A new ``tpu:index`` tensor of ``size``/``stride`` (contiguous) owning the JAX array
     ``arr`` of shape ``size``: :func:`wrap` without reading the array's shape (the
     executor's per-op results, whose geometry the signature fixes)."""
-    nbytes = math.prod(size) * dtype.itemsize
-    addr = _next_addr[0]
-    _next_addr[0] = addr + (nbytes // _ADDR_ALIGN + 1) * _ADDR_ALIGN
-    dev = _DEVICES.get(index)
-    if dev is None:
-        dev = _DEVICES[index] = torch.device("tpu", index)
-    st = _storage_from_ptr(addr, dev, nbytes)
-    st._tpu = StorageData(arr, size, dtype, index, nbytes)
+    st = new_storage(size, dtype, index, arr)
     mod = _native.LOADED
     if mod is not None:
         return mod.make_on_storage(st, size, stride, 0, dtype)
