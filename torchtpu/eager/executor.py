@@ -773,12 +773,9 @@ class LoweredPlan:
             if perm is None:
                 results.append(_st.new_tensor(arr, ex.device_index, dtype, size, stride))
             else:
-                st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
-                results.append(_st.tensor_on(st, size, stride, 0, dtype))
+                results.append(_hot_wrap_permuted(ex, arr, (size, stride, dtype, perm)))
         if ex.groups is not None:
-            it = iter(results)
-            results = [list(itertools.islice(it, n)) if n is not None else next(it)
-                       for n in ex.groups]
+            results = _group_results(results, ex.groups)
         if self.sig.nret == 1:
             return results[0]
         return tuple(results)
