@@ -25,6 +25,20 @@ def strict_mode(monkeypatch):
 
 
 @pytest.fixture
+def fresh_shape_buckets():
+    """Forget which ops the shape buckets saw churning (``buckets.set_policy()``), before
+    and after the test body: for tests that count compiles or cache hits of one op.  The
+    churn decision is per op for the whole process, so an op that an earlier test in the
+    same worker ran at many shapes runs a new signature bucketed first (one more compile
+    and a host sync), which those counts do not describe."""
+    from torchtpu.eager import buckets
+
+    buckets.set_policy()
+    yield
+    buckets.set_policy()
+
+
+@pytest.fixture
 def no_stored_executables(monkeypatch):
     """Compile every executable in the test body instead of loading it from the on-disk
     caches that an earlier run of the same sources filled (the eager signature cache and

@@ -436,7 +436,7 @@ def test_cpu_fallback_opt_in(monkeypatch):
     assert torchtpu.metrics()["fallbacks"]
 
 
-def test_metrics_count_cache_and_syncs():
+def test_metrics_count_cache_and_syncs(fresh_shape_buckets):
     torchtpu.reset_metrics()
     x = torch.randn(7, 3, device=TPU)
     for _ in range(5):

@@ -795,7 +795,7 @@ def test_argmax_argmin_over_a_dim_of_more_than_64_dims_raises_as_cpu(op):
 # found by the session-6 fresh-clone break attempts (executor cache key)
 
 
-def test_constant_float_arguments_signed_zero_and_nan_as_cpu(eager_mode):
+def test_constant_float_arguments_signed_zero_and_nan_as_cpu(eager_mode, fresh_shape_buckets):
     """A float argument compiled into the executable is keyed by its value: -0.0 and 0.0
     compare equal, so ``nan_to_num(x, nan=0.0)`` after ``nan=-0.0`` reused the -0.0
     executable (CPU: +0.0); NaN compares unequal to itself, so every call with
