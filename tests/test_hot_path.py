@@ -358,3 +358,47 @@ def test_defer_and_fuse_records_through_the_hot_path():
         r.cpu()
     torch.testing.assert_close(torch.sinh(tz).cpu(), torch.sinh(z))
     torch.testing.assert_close(torch.sinh(tz).cpu(), torch.sinh(z))
+
+
+def test_cpp_kernels_finish_hot_calls_without_the_python_plan(hot_impl, monkeypatch):
+    """Once the C++ helper is loaded, each lowered op's PrivateUse1 kernel is C++: a hot
+    call runs its HotPlan without entering ``LoweredPlan.__call__``; with the Python form
+    selected every call goes through it.  Arguments equal to their defaults (``alpha=1``),
+    keyword-only arguments (``dtype=``) and memory formats reach the plan as the Python
+    kernels gave them: the values match CPU and the calls stay on the hot path."""
+    from torchtpu.eager import executor
+
+    a, b = torch.randn(6, 5), torch.randn(6, 5)
+    x = torch.randn(2, 3, 4, 5)
+    ta, tb, tx = a.to("tpu"), b.to("tpu"), x.to("tpu")
+    calls = [
+        (lambda p, q, r: torch.add(p, q), lambda: a + b),
+        (lambda p, q, r: torch.add(p, q, alpha=1), lambda: a + b),
+        (lambda p, q, r: torch.add(p, q, alpha=2.5), lambda: a + 2.5 * b),
+        (lambda p, q, r: torch.sum(p, dim=1, dtype=torch.float64),
+         lambda: a.sum(dim=1, dtype=torch.float64)),
+        (lambda p, q, r: r.clone(memory_format=torch.channels_last),
+         lambda: x.clone(memory_format=torch.channels_last)),
+        (lambda p, q, r: p * 3.0, lambda: a * 3.0),
+    ]
+    for fn, _ in calls:  # build, then write the hot entries
+        fn(ta, tb, tx)
+        fn(ta, tb, tx)
+    entered = []
+    real = executor.LoweredPlan.__call__
+
+    def counting(self, args, kwargs):
+        entered.append(self.op)
+        return real(self, args, kwargs)
+
+    monkeypatch.setattr(executor.LoweredPlan, "__call__", counting)
+    h0 = _hot_calls()
+    for fn, want in calls:
+        got = fn(ta, tb, tx)
+        torch.testing.assert_close(got.cpu(), want())
+        assert got.stride() == want().stride()
+    assert _hot_calls() - h0 == len(calls)
+    if hot_impl == "native":
+        assert entered == [], f"went through the Python plan: {entered}"
+    else:
+        assert len(entered) == len(calls)

@@ -115,6 +115,20 @@ def _kernel_for(op):
     return kernel
 
 
+# (name, OpOverload) of each op with its own PrivateUse1 kernel (_register_direct_kernels);
+# the eager executor registers C++ kernels for the same ops once the C++ helper is loaded
+DIRECT_KERNELS: list = []
+
+
+def kernel_name(op) -> str:
+    """The name an ATen ``OpOverload`` is registered under in an ``aten`` library
+    (``"add.Tensor"``, ``"sum"`` for ``sum.default``)."""
+    name = op._schema.name.split("::")[1]
+    if op._overloadname != "default":
+        name += "." + op._overloadname
+    return name
+
+
 def _register_direct_kernels() -> None:
     """Register each lowered op as its own PrivateUse1 kernel.
 
@@ -138,10 +152,9 @@ def _register_direct_kernels() -> None:
             op.name(), "CompositeImplicitAutograd"
         ):
             continue  # never reaches a backend kernel
-        name = op._schema.name.split("::")[1]
-        if op._overloadname != "default":
-            name += "." + op._overloadname
+        name = kernel_name(op)
         lib.impl(name, _kernel_for(op), "PrivateUse1", with_keyset=True)
+        DIRECT_KERNELS.append((name, op))
         # No direct kernel for its in-place twin (mul_ for mul): PyTorch's structured
         # in-place path (CompositeExplicitAutogradNonFunctional -> mul.out with self as
         # out) checks memory overlap between self and the inputs, as on CPU; a direct
@@ -153,3 +166,4 @@ def _register_direct_kernels() -> None:
     # copy_ kernel sees the view with its bits and writes through them.
     lib.impl("copy_", _kernel_for(torch.ops.aten.copy_.default), "PrivateUse1",
              with_keyset=True)
+    DIRECT_KERNELS.append(("copy_", torch.ops.aten.copy_.default))

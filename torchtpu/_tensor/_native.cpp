@@ -21,6 +21,8 @@
 // 5. HotPlan: strict eager's per-op hot path in C++ (torchtpu/eager/hotpath.py says what
 //    it does; this is the same hot key, lookup, executable call and result wrapping,
 //    without per-op Python).
+// 6. register_kernels: the C++ PrivateUse1 kernel of every lowered ATen op (see "C++ op
+//    kernels" below): the hot path's hits run without a Python frame.
 // 4. register_view_kernels: PrivateUse1 kernels for as_strided and view that are PyTorch's
 //    own CPU ones (metadata only: a TensorImpl on the same storage).  Without them each
 //    view op (x[i], x.view(...)) went C++ -> Python fallback -> CPU kernel, ~13 us; here
@@ -36,8 +38,12 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <atomic>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 at::Tensor make_on_storage(py::object storage_obj, std::vector<int64_t> size,
@@ -475,6 +481,11 @@ struct HotPlan {
       Py_INCREF(v);
       PyList_SET_ITEM(vals.ptr(), i, v);
     }
+    return call_vals(vals);
+  }
+
+  // The call on its arguments in schema order with defaults filled (Signature.normalize).
+  py::object call_vals(py::list vals) {
     if (!prepare.is_none()) {
       py::object r = prepare(vals);
       if (!PyList_Check(r.ptr())) return miss(py::none(), py::none());
@@ -632,6 +643,231 @@ struct HotPlan {
   }
 };
 
+// ------------------------------------------------------------- C++ op kernels
+// The PrivateUse1 kernel of each lowered ATen op once this module is loaded (in place of
+// the Python kernels torchtpu._device registers at import): it converts the boxed
+// arguments to Python objects as PyTorch's Python kernels get them
+// (parseIValuesToPyArgsKwargs), runs the op's HotPlan when strict eager's hot path
+// applies, and calls the op's Python runner (its executor plan) otherwise or on a miss.
+// This saves the Python frames of the kernel and of LoweredPlan.__call__ on every hit.
+struct KernelState {
+  py::object runner;  // runner(args, kwargs) -> result: the executor plan of the op
+  py::object hot;     // the op's HotPlan, or None (not lowered, or no hot-path table)
+  // schema facts, computed at the first call
+  bool ready = false;
+  std::vector<int> kinds;  // per argument: ARG_* below
+  size_t kwarg_only_start = 0;
+};
+enum ArgKind { ARG_OTHER = 0, ARG_TENSOR, ARG_DTYPE, ARG_LAYOUT, ARG_MEMFMT };
+std::unordered_map<std::string, KernelState*>* g_kernels = nullptr;  // leaked: see below
+torch::Library* g_kernel_lib = nullptr;
+PyObject *s_ops_dispatched, *s_defer, *s_debug_sync;
+py::object* g_config = nullptr;       // eager.modes.CONFIG
+py::object* g_hot_switches = nullptr;  // (hotpath.ENABLED, hotpath.NATIVE): one-item lists
+
+KernelState* kernel_state(const std::string& name) {
+  if (g_kernels == nullptr) g_kernels = new std::unordered_map<std::string, KernelState*>();
+  auto it = g_kernels->find(name);
+  if (it != g_kernels->end()) return it->second;
+  auto* st = new KernelState{py::none(), py::none()};
+  (*g_kernels)[name] = st;
+  return st;
+}
+
+bool hot_allowed() {
+  if (G == nullptr || g_config == nullptr) return false;
+  PyObject* sw = g_hot_switches->ptr();
+  for (int i = 0; i < 2; ++i) {
+    PyObject* l = PyTuple_GET_ITEM(sw, i);
+    if (!PyObject_IsTrue(PyList_GET_ITEM(l, 0))) return false;
+  }
+  for (PyObject* name : {s_defer, s_debug_sync}) {
+    py::object v = steal(PyObject_GetAttr(g_config->ptr(), name));
+    if (PyObject_IsTrue(v.ptr())) return false;
+  }
+  return true;
+}
+
+int arg_kind(const c10::Argument& a) {
+  c10::TypePtr t = a.real_type();
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  switch (t->kind()) {
+    case c10::TensorType::Kind: return ARG_TENSOR;
+    case c10::ScalarTypeType::Kind: return ARG_DTYPE;
+    case c10::LayoutType::Kind: return ARG_LAYOUT;
+    case c10::MemoryFormatType::Kind: return ARG_MEMFMT;
+    default: return ARG_OTHER;
+  }
+}
+
+void schema_facts(KernelState* st, const c10::FunctionSchema& schema) {
+  const auto& args = schema.arguments();
+  st->kinds.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) st->kinds[i] = arg_kind(args[i]);
+  size_t k = args.size();
+  while (k > 0 && args[k - 1].kwarg_only()) --k;
+  st->kwarg_only_start = k;
+  st->ready = true;
+}
+
+// One boxed argument as the Python kernels of PyTorch get it (dtype/layout/memory format
+// objects for those types, torch.jit's conversion for the rest).
+py::object to_py(int kind, const c10::IValue& v) {
+  if (v.isNone()) return py::none();
+  switch (kind) {
+    case ARG_TENSOR:
+      // (a wrapped number -- the 2.0 of t * 2.0 -- becomes a Python number there)
+      if (v.isTensor() && !v.unsafeToTensorImpl()->is_wrapped_number())
+        return steal(THPVariable_Wrap(v.toTensor()));
+      break;
+    case ARG_DTYPE:
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+          torch::getTHPDtype(static_cast<c10::ScalarType>(v.toInt()))));
+    case ARG_LAYOUT:
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+          torch::getTHPLayout(static_cast<c10::Layout>(v.toInt()))));
+    case ARG_MEMFMT:
+      return py::reinterpret_borrow<py::object>(
+          torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v.toInt())));
+    default:
+      break;
+  }
+  if (v.isDouble()) return steal(PyFloat_FromDouble(v.toDouble()));
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return steal(PyLong_FromLongLong(v.toInt()));
+  return torch::jit::toPyObject(v);
+}
+
+void push_result(const c10::OperatorHandle& op, torch::jit::Stack* stack, py::object out) {
+  const auto& rets = op.schema().returns();
+  if (rets.empty()) {
+    TORCH_CHECK(out.is_none(), "torchtpu kernel of ", op.operator_name(),
+                " returned a value where the schema returns nothing");
+    return;
+  }
+  auto one = [&](PyObject* o, const c10::Argument& r) {
+    if (THPVariable_Check(o) && r.real_type()->kind() == c10::TensorType::Kind) {
+      torch::jit::push(stack, THPVariable_Unpack(o));
+    } else {
+      torch::jit::push(stack, torch::jit::toIValue(o, r.real_type()));
+    }
+  };
+  if (rets.size() == 1) {
+    one(out.ptr(), rets[0]);
+    return;
+  }
+  py::object seq = steal(PySequence_Fast(out.ptr(), "torchtpu kernel results"));
+  TORCH_CHECK(PySequence_Fast_GET_SIZE(seq.ptr()) == static_cast<Py_ssize_t>(rets.size()),
+              "torchtpu kernel of ", op.operator_name(), " returned ",
+              PySequence_Fast_GET_SIZE(seq.ptr()), " results where the schema has ",
+              rets.size());
+  for (size_t i = 0; i < rets.size(); ++i) one(PySequence_Fast_GET_ITEM(seq.ptr(), i), rets[i]);
+}
+
+struct OpKernel final : public c10::OperatorKernel {
+  explicit OpKernel(KernelState* s) : st(s) {}
+  KernelState* st;
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                  torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const auto& sargs = schema.arguments();
+    size_t n = sargs.size();
+    auto arguments = torch::jit::pop(*stack, n);
+    py::gil_scoped_acquire gil;
+    if (!st->ready) schema_facts(st, schema);
+    // As PyTorch's Python kernels see a call: an argument equal to its default is left
+    // out (a trailing positional one, or a keyword-only one) and the plan fills in the
+    // default object itself; here it is that object at once.
+    size_t pos_end = st->kwarg_only_start;
+    auto is_default = [&](size_t i) {
+      const auto& d = sargs[i].default_value();
+      return d.has_value() && !(*d != arguments[i]);
+    };
+    while (pos_end > 0 && is_default(pos_end - 1)) --pos_end;
+    py::object defaults = st->hot.is_none() ? py::object() : st->hot.cast<HotPlan&>().defaults;
+    py::list vals(n);
+    std::vector<char> omitted(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      omitted[i] = i >= pos_end && (i < st->kwarg_only_start || is_default(i));
+      py::object v;
+      if (omitted[i] && defaults) {
+        v = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(defaults.ptr(), i));
+      } else {
+        v = to_py(st->kinds[i], arguments[i]);
+      }
+      PyList_SET_ITEM(vals.ptr(), i, v.release().ptr());
+    }
+    if (G != nullptr) bump(G->metrics.ptr(), s_ops_dispatched);
+    if (!st->hot.is_none() && hot_allowed()) {
+      py::object r = st->hot.cast<HotPlan&>().call_vals(vals);
+      PyObject* rp = r.ptr();
+      if (!(PyTuple_Check(rp) && PyTuple_GET_SIZE(rp) == 3 &&
+            PyTuple_GET_ITEM(rp, 0) == G->miss.ptr())) {
+        push_result(op, stack, std::move(r));
+        return;
+      }
+    }
+    py::tuple args(pos_end);
+    py::dict kwargs;
+    for (size_t i = 0; i < n; ++i) {
+      if (i < pos_end) {
+        args[i] = vals[i];
+      } else if (!omitted[i]) {
+        kwargs[py::str(sargs[i].name())] = vals[i];
+      }
+    }
+    push_result(op, stack, st->runner(args, kwargs));
+  }
+};
+
+// Register the C++ kernel for each op name ("add.Tensor") with its Python runner.  The
+// Python kernels stay registered underneath (PyTorch keeps the earlier kernel of an
+// (op, key) and calls the latest): replacing rather than destroying them is safe while
+// one of them is running, which is where the module gets loaded.  The library and the
+// states are never destroyed: at exit the dispatcher may outlive the interpreter.
+void register_kernels(std::vector<std::string> names, py::list runners) {
+  TORCH_CHECK(names.size() == static_cast<size_t>(py::len(runners)),
+              "register_kernels: ", names.size(), " names but ", py::len(runners),
+              " runners");
+  if (g_kernel_lib == nullptr) {
+    g_kernel_lib = new torch::Library(torch::Library::IMPL, "aten",
+                                      c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    s_ops_dispatched = PyUnicode_InternFromString("ops_dispatched");
+    s_defer = PyUnicode_InternFromString("defer");
+    s_debug_sync = PyUnicode_InternFromString("debug_sync");
+  }
+  // PyTorch warns (once per process) that a kernel replaces an earlier one: expected here
+  struct Quiet : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  } quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  for (size_t i = 0; i < names.size(); ++i) {
+    KernelState* st = kernel_state(names[i]);
+    st->runner = runners[i];
+    g_kernel_lib->impl(names[i].c_str(),
+                       torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(st)));
+  }
+}
+
+// The switches the kernels read on every call.
+void set_kernel_switches(py::object config, py::list enabled, py::list native) {
+  if (g_config == nullptr) {
+    g_config = new py::object();
+    g_hot_switches = new py::object();
+  }
+  *g_config = config;
+  *g_hot_switches = py::make_tuple(enabled, native);
+}
+
+// The HotPlan the kernel of op name runs (None: none).  Returns whether a C++ kernel is
+// registered for that name.
+bool set_kernel_hot(const std::string& name, py::object plan) {
+  KernelState* st = kernel_state(name);
+  st->hot = plan;
+  return !st->runner.is_none();
+}
+
 }  // namespace hot
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -641,6 +877,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     bool, bool, std::vector<int>, int>())
       .def("gather", &hot::HotPlan::gather, py::arg("vals"), py::arg("lazy") = false)
       .def("__call__", &hot::HotPlan::operator());
+  m.def("register_kernels", &hot::register_kernels,
+        "Register the C++ PrivateUse1 kernels of ATen ops (names like 'add.Tensor') over "
+        "their Python kernels; runners[i](args, kwargs) runs op i when the hot path misses.");
+  m.def("set_kernel_switches", &hot::set_kernel_switches,
+        "The eager CONFIG and the hot path's ENABLED/NATIVE lists the C++ kernels read.");
+  m.def("set_kernel_hot", &hot::set_kernel_hot,
+        "The HotPlan (or None) the C++ kernel of an op name runs; whether it is registered.");
   m.def("register_view_kernels", &register_view_kernels,
         "Register C++ PrivateUse1 kernels for as_strided and view (PyTorch's CPU ones).");
   m.def("make_on_storage", &make_on_storage,

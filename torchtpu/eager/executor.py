@@ -534,6 +534,51 @@ def _native_loaded(mod):
     _NATIVE_READY[0] = True
     for plan in _HOT_PLANS:
         plan.native = _native_plan(plan, mod)
+    _native_kernels(mod)
+
+
+def _runner(op):
+    """``run(args, kwargs)``: ``op``'s plan (made at the first call) on a call that its C++
+    kernel does not finish itself."""
+    plan = None
+
+    def run(args, kwargs):
+        nonlocal plan
+        if plan is None:
+            plan = plan_for(op)
+        return plan(args, kwargs)
+
+    return run
+
+
+def _native_kernels(mod):
+    """Register the C++ helper's kernels for every op with its own PrivateUse1 kernel
+    (``_device.DIRECT_KERNELS``; ``_native.cpp``, "C++ op kernels"): a call that strict
+    eager's hot path finishes then has no Python frame of ours.  They replace the Python
+    kernels for the rest of the process (``TORCHTPU_HOT_PATH_NATIVE=0`` or
+    ``hotpath.set_native(False)`` sends every call back to the Python runner)."""
+    from torchtpu import _device
+
+    mod.set_kernel_switches(CONFIG, _hot.ENABLED, _hot.NATIVE)
+    mod.register_kernels([name for name, _ in _device.DIRECT_KERNELS],
+                         [_runner(op) for _, op in _device.DIRECT_KERNELS])
+    _KERNELS_READY[0] = True
+    for plan in list(_PLANS.values()):
+        _bind_kernel(plan)
+
+
+_KERNELS_READY = [False]  # the C++ op kernels are registered (_native_kernels ran)
+
+
+def _bind_kernel(plan):
+    """Give the C++ kernel of ``plan.op`` the plan's ``HotPlan`` when ``plan`` is the op's
+    whole plan (not one wrapped by ``_CheckErrors`` or ``_LikeOtherDevice``, whose own
+    steps the kernel must not skip)."""
+    if (_KERNELS_READY[0] and isinstance(plan, LoweredPlan) and plan.native is not None
+            and _PLANS.get(plan.op) is plan and plan.op.namespace == "aten"):
+        from torchtpu import _device
+
+        _native.LOADED.set_kernel_hot(_device.kernel_name(plan.op), plan.native)
 
 
 def _on_native_load(mod):
@@ -1425,6 +1470,7 @@ def plan_for(op):
     plan = _PLANS.get(op)
     if plan is None:
         plan = _PLANS[op] = _make_plan(op)
+        _bind_kernel(plan)
     return plan
 
 
