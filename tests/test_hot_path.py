@@ -402,3 +402,52 @@ def test_cpp_kernels_finish_hot_calls_without_the_python_plan(hot_impl, monkeypa
         assert entered == [], f"went through the Python plan: {entered}"
     else:
         assert len(entered) == len(calls)
+
+
+def test_cpp_kernels_record_defer_and_fuse_calls_without_the_python_plan(hot_impl,
+                                                                          monkeypatch):
+    """DEFER_AND_FUSE: a call whose executable the tables know is recorded by the C++
+    kernel itself (no ``LoweredPlan.__call__``); the fused results equal CPU's, also with
+    calls that write a tensor (``out=``, in-place through ``add.out``) in the segment."""
+    from torchtpu.eager import executor
+
+    a, b = torch.randn(6, 5), torch.randn(6, 5)
+    ta, tb = a.to("tpu"), b.to("tpu")
+
+    def step(p, q, o):
+        r = torch.mul(p, q)
+        torch.add(r, q, alpha=2.0, out=o)
+        o.add_(p)
+        return torch.sum(o * r, dim=1)
+
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        for _ in range(2):  # build and write the hot entries
+            step(ta, tb, torch.zeros(6, 5, device="tpu")).cpu()
+        entered = []
+        real = executor.LoweredPlan.__call__
+
+        def counting(self, args, kwargs):
+            entered.append(self.op)
+            return real(self, args, kwargs)
+
+        monkeypatch.setattr(executor.LoweredPlan, "__call__", counting)
+        h0 = _hot_calls()
+        o = torch.zeros(6, 5, device="tpu")  # (an empty one is no hot-path input)
+        got = step(ta, tb, o)
+        got_cpu, o_cpu = got.cpu(), o.cpu()
+    hot = _hot_calls() - h0
+    oc = torch.zeros(6, 5)
+    want = step(a, b, oc)
+    torch.testing.assert_close(got_cpu, want)
+    torch.testing.assert_close(o_cpu, oc)
+    assert hot == 5
+    # (out= and in-place calls reach the PrivateUse1 fallback, not an op's own kernel)
+    from torchtpu import _device
+
+    own = {op for _, op in _device.DIRECT_KERNELS}
+    entered = [op for op in entered if op in own]
+    if hot_impl == "native":
+        assert entered == [], f"went through the Python plan: {entered}"
+    else:
+        assert [op for op in entered if op is not torch.ops.aten.zeros.default] == [
+            torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.sum.dim_IntList]

@@ -192,7 +192,7 @@ struct Globals {
       lazy_cls;
   py::object default_marker, miss, metrics, executor, cache, call_donating, call_other,
       wrap_other, group_results, check_pending, next_addr, storage_from_ptr, devices,
-      matmul_precision, float_tag;
+      matmul_precision, float_tag, defer_record;
   int64_t donate_after = 0, addr_align = 512, check_limit = 256;
 };
 Globals* G = nullptr;  // set once by setup(); lives as long as the process
@@ -200,7 +200,7 @@ Globals* G = nullptr;  // set once by setup(); lives as long as the process
 PyObject *s_tpu, *s_arr, *s_dtype, *s_shape, *s_key, *s_calls, *s_writes, *s_call,
     *s_check_info, *s_out_meta, *s_groups, *s_device_index, *s_move_to_end, *s_last_outputs,
     *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops, *s_compiled,
-    *s_value, *s_resolve;
+    *s_value, *s_resolve, *s_owner;
 
 py::object steal(PyObject* o) {
   if (o == nullptr) throw py::error_already_set();
@@ -238,6 +238,7 @@ void setup(py::dict g) {
   G->storage_from_ptr = g["storage_from_ptr"];
   G->devices = g["devices"];
   G->matmul_precision = g["matmul_precision"];
+  G->defer_record = g["defer_record"];
   G->float_tag = py::str("float");
   G->donate_after = g["donate_after"].cast<int64_t>();
   G->addr_align = g["addr_align"].cast<int64_t>();
@@ -264,6 +265,7 @@ void setup(py::dict g) {
   INTERN(s_compiled, "compiled");
   INTERN(s_value, "value");
   INTERN(s_resolve, "resolve");
+  INTERN(s_owner, "owner");
 #undef INTERN
 }
 
@@ -485,13 +487,14 @@ struct HotPlan {
   }
 
   // The call on its arguments in schema order with defaults filled (Signature.normalize).
-  py::object call_vals(py::list vals) {
+  // defer: DeferAndFuse records the call (eager.defer.record) instead of running it.
+  py::object call_vals(py::list vals, bool defer = false) {
     if (!prepare.is_none()) {
       py::object r = prepare(vals);
       if (!PyList_Check(r.ptr())) return miss(py::none(), py::none());
       vals = py::reinterpret_borrow<py::list>(r);
     }
-    py::object hot = gather(vals, false);
+    py::object hot = gather(vals, defer);
     if (hot.is_none()) return miss(vals, hot);
     PyObject* key = PyTuple_GET_ITEM(hot.ptr(), 0);
     PyObject* entry = PyDict_GetItemWithError(table.ptr(), key);
@@ -503,7 +506,37 @@ struct HotPlan {
       }
       return miss(vals, hot);
     }
+    if (defer) return record(py::reinterpret_borrow<py::object>(entry), hot, vals);
     return run(py::reinterpret_borrow<py::object>(entry), hot, vals);
+  }
+
+  // DeferAndFuse: append the call to the pending segment; its results are Lazy values.
+  py::object record(py::object entry, py::object hot, py::list vals) {
+    PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
+    PyObject* offs = PyTuple_GET_ITEM(entry.ptr(), 1);
+    py::list arrays = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 1));
+    py::list sds = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2));
+    py::list dyn = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3));
+    if (offs != Py_None) dyn.append(py::handle(offs));
+    PyObject* M = G->metrics.ptr();
+    bump(M, s_lowered_ops);
+    bump(M, s_cache_hits);
+    bump(M, s_hot_path_calls);
+    py::object exkey = steal(PyObject_GetAttr(ex, s_key));
+    steal(PyObject_CallMethodObjArgs(G->cache.ptr(), s_move_to_end, exkey.ptr(), nullptr));
+    py::object outs = steal(PySequence_Tuple(
+        G->defer_record(py::handle(ex), arrays, dyn).ptr()));
+    py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
+    if (PyObject_IsTrue(check_info.ptr())) {
+      py::object pending = steal(PyObject_GetAttr(G->executor.ptr(), s_pending_checks));
+      Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
+      py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
+      py::list(pending).append(py::make_tuple(last, check_info, op));
+      outs = steal(PyTuple_GetSlice(outs.ptr(), 0, no - 1));
+    }
+    py::object writes = steal(PyObject_GetAttr(ex, s_writes));
+    Py_ssize_t nw = PyList_Check(writes.ptr()) ? PyList_GET_SIZE(writes.ptr()) : 0;
+    return finish(ex, sds, vals, outs, writes, nw);
   }
 
   py::object run(py::object entry, py::object hot, py::list vals) {
@@ -563,8 +596,13 @@ struct HotPlan {
     PyObject* o = outs.ptr();
     for (Py_ssize_t k = 0; k < nw; ++k) {
       Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(writes.ptr(), k));
-      if (PyObject_SetAttr(PyList_GET_ITEM(sds.ptr(), j), s_arr, PyTuple_GET_ITEM(o, k)) < 0)
-        throw py::error_already_set();
+      PyObject* sd = PyList_GET_ITEM(sds.ptr(), j);
+      PyObject* arr = PyTuple_GET_ITEM(o, k);
+      if (PyObject_SetAttr(sd, s_arr, arr) < 0) throw py::error_already_set();
+      if (reinterpret_cast<PyObject*>(Py_TYPE(arr)) == G->lazy_cls.ptr()) {
+        py::object ref = steal(PyWeakref_NewRef(sd, nullptr));  // as LoweredPlan._finish
+        if (PyObject_SetAttr(arr, s_owner, ref.ptr()) < 0) throw py::error_already_set();
+      }
     }
     if (mutated) {
       if (mutated_returns.size() == 1) return vals[mutated_returns[0]];
@@ -651,7 +689,7 @@ struct HotPlan {
 // applies, and calls the op's Python runner (its executor plan) otherwise or on a miss.
 // This saves the Python frames of the kernel and of LoweredPlan.__call__ on every hit.
 struct KernelState {
-  py::object runner;  // runner(args, kwargs) -> result: the executor plan of the op
+  py::object runner;  // runner(args, kwargs, missed) -> result: the op's executor plan
   py::object hot;     // the op's HotPlan, or None (not lowered, or no hot-path table)
   // schema facts, computed at the first call
   bool ready = false;
@@ -674,18 +712,19 @@ KernelState* kernel_state(const std::string& name) {
   return st;
 }
 
-bool hot_allowed() {
-  if (G == nullptr || g_config == nullptr) return false;
+// 0: the hot path is off (switched off, Python form chosen, DEBUG mode); 1: STRICT runs
+// the call; 2: DEFER_AND_FUSE records it.
+int hot_mode() {
+  if (G == nullptr || g_config == nullptr) return 0;
   PyObject* sw = g_hot_switches->ptr();
   for (int i = 0; i < 2; ++i) {
     PyObject* l = PyTuple_GET_ITEM(sw, i);
-    if (!PyObject_IsTrue(PyList_GET_ITEM(l, 0))) return false;
+    if (!PyObject_IsTrue(PyList_GET_ITEM(l, 0))) return 0;
   }
-  for (PyObject* name : {s_defer, s_debug_sync}) {
-    py::object v = steal(PyObject_GetAttr(g_config->ptr(), name));
-    if (PyObject_IsTrue(v.ptr())) return false;
-  }
-  return true;
+  py::object debug = steal(PyObject_GetAttr(g_config->ptr(), s_debug_sync));
+  if (PyObject_IsTrue(debug.ptr())) return 0;
+  py::object defer = steal(PyObject_GetAttr(g_config->ptr(), s_defer));
+  return PyObject_IsTrue(defer.ptr()) ? 2 : 1;
 }
 
 int arg_kind(const c10::Argument& a) {
@@ -799,14 +838,17 @@ struct OpKernel final : public c10::OperatorKernel {
       PyList_SET_ITEM(vals.ptr(), i, v.release().ptr());
     }
     if (G != nullptr) bump(G->metrics.ptr(), s_ops_dispatched);
-    if (!st->hot.is_none() && hot_allowed()) {
-      py::object r = st->hot.cast<HotPlan&>().call_vals(vals);
+    int mode = st->hot.is_none() ? 0 : hot_mode();
+    py::object missed = py::none();
+    if (mode != 0) {
+      py::object r = st->hot.cast<HotPlan&>().call_vals(vals, mode == 2);
       PyObject* rp = r.ptr();
       if (!(PyTuple_Check(rp) && PyTuple_GET_SIZE(rp) == 3 &&
             PyTuple_GET_ITEM(rp, 0) == G->miss.ptr())) {
         push_result(op, stack, std::move(r));
         return;
       }
+      missed = std::move(r);  // (MISS, vals, hot): the runner goes on from there
     }
     py::tuple args(pos_end);
     py::dict kwargs;
@@ -817,7 +859,7 @@ struct OpKernel final : public c10::OperatorKernel {
         kwargs[py::str(sargs[i].name())] = vals[i];
       }
     }
-    push_result(op, stack, st->runner(args, kwargs));
+    push_result(op, stack, st->runner(args, kwargs, missed));
   }
 };
 

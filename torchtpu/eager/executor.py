@@ -503,6 +503,11 @@ def _hot_other_structure(ex, arrays, dyn):
         return _through_jit(ex, arrays, dyn)
 
 
+def _hot_record(ex, arrays, dyn):
+    """DeferAndFuse records a hot-path call (the C++ kernels' form of ``_run_hot``)."""
+    return _defer.record(ex, _Recorded(ex.device_index, arrays, dyn))
+
+
 def _hot_wrap_permuted(ex, arr, meta):
     size, stride, dtype, _ = meta
     st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
@@ -530,6 +535,7 @@ def _native_loaded(mod):
         "storage_from_ptr": _st._storage_from_ptr, "devices": _st._DEVICES,
         "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
         "addr_align": _st._ADDR_ALIGN, "check_limit": 256,
+        "defer_record": _hot_record,
     })
     _NATIVE_READY[0] = True
     for plan in _HOT_PLANS:
@@ -542,10 +548,12 @@ def _runner(op):
     kernel does not finish itself."""
     plan = None
 
-    def run(args, kwargs):
+    def run(args, kwargs, missed=None):
         nonlocal plan
         if plan is None:
             plan = plan_for(op)
+        if missed is not None and missed[1] is not None:  # (MISS, vals, hot): a LoweredPlan
+            return plan.run_missed(missed[1], missed[2], args, kwargs)
         return plan(args, kwargs)
 
     return run
@@ -629,10 +637,8 @@ class LoweredPlan:
                 r = nat(args, kwargs)
                 if r.__class__ is not tuple or len(r) != 3 or r[0] is not _hot.MISS:
                     return r
-                vals = r[1]
-                if vals is not None:  # normalized and prepared; r[2]: the hot gather
-                    M.lowered_ops += 1
-                    return self._run(vals, args, kwargs, r[2])
+                if r[1] is not None:  # normalized and prepared; r[2]: the hot gather
+                    return self.run_missed(r[1], r[2], args, kwargs)
         vals = self.sig.normalize(args, kwargs)
         M.lowered_ops += 1
         if self.lowering.prepare is not None:  # host-side checks (they may convert)
@@ -652,6 +658,15 @@ class LoweredPlan:
                     ex = hot = None
                 if ex is not None:
                     return self._run_hot(ex[0], ex[1], hot, vals)
+        if self.lowering.dynamic_shape:
+            return self._run_dynamic(vals)
+        return self._run(vals, args, kwargs, hot)
+
+    def run_missed(self, vals, hot, args, kwargs):
+        """The rest of a call that the C++ hot path missed: ``vals`` normalized and
+        prepared (``prepare`` ran once, so its warnings are given once), ``hot`` its hot
+        gather or None."""
+        M.lowered_ops += 1
         if self.lowering.dynamic_shape:
             return self._run_dynamic(vals)
         return self._run(vals, args, kwargs, hot)
