@@ -72,9 +72,15 @@ def register() -> None:
         _setup_privateuseone_for_python_backend(
             rename="tpu", backend_module=tpu_module, hook=_Hooks(), device_guard=_Guard()
         )
-    fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(_trampoline, dispatch_key="PrivateUse1", with_keyset=True)
-    _libs.append(fallback)
+    from torchtpu._tensor import native
+
+    mod = native.load_if_built()  # never builds: ~ms when an earlier process built it
+    if mod is None or not mod.register_fallback(_runner_named):
+        # the Python fallback; a C++ one cannot replace it later in this process
+        # (one fallback per dispatch key), the ops' own kernels can
+        fallback = torch.library.Library("_", "IMPL")
+        fallback.fallback(_trampoline, dispatch_key="PrivateUse1", with_keyset=True)
+        _libs.append(fallback)
     _register_direct_kernels()
     from torchtpu._device import autocast, generator, state
     from torchtpu._tensor import native, patches, quantized, sparse
@@ -118,6 +124,39 @@ def _kernel_for(op):
 # (name, OpOverload) of each op with its own PrivateUse1 kernel (_register_direct_kernels);
 # the eager executor registers C++ kernels for the same ops once the C++ helper is loaded
 DIRECT_KERNELS: list = []
+
+
+def qualified_name(op) -> str:
+    """An ``OpOverload``'s qualified name, ``"aten::add.Tensor"``, ``"aten::sum.default"``
+    (how the C++ kernels know an op)."""
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def runner_for(op):
+    """``run(args, kwargs, missed=None)``: ``op``'s executor plan (made at the first call)
+    for a call that the C++ kernels (``_native.cpp``, "C++ op kernels") do not finish
+    themselves.  ``missed``: the C++ hot path's ``(MISS, vals, hot)``, whose normalized,
+    prepared ``vals`` the plan goes on from."""
+    plan = None
+
+    def run(args, kwargs, missed=None):
+        nonlocal plan
+        if plan is None:
+            from torchtpu.eager import executor
+
+            plan = executor.plan_for(op)
+        if missed is not None and missed[1] is not None:  # only a LoweredPlan misses
+            return plan.run_missed(missed[1], missed[2], args, kwargs)
+        return plan(args, kwargs)
+
+    return run
+
+
+def _runner_named(qualified: str):
+    """The C++ fallback's runner for an op it meets first (``"aten::add.out"``)."""
+    ns, rest = qualified.split("::", 1)
+    name, overload = rest.rsplit(".", 1)
+    return runner_for(getattr(getattr(getattr(torch.ops, ns), name), overload))
 
 
 def kernel_name(op) -> str:

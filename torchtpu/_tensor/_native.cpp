@@ -699,10 +699,11 @@ struct KernelState {
 enum ArgKind { ARG_OTHER = 0, ARG_TENSOR, ARG_DTYPE, ARG_LAYOUT, ARG_MEMFMT };
 std::unordered_map<std::string, KernelState*>* g_kernels = nullptr;  // leaked: see below
 torch::Library* g_kernel_lib = nullptr;
-PyObject *s_ops_dispatched, *s_defer, *s_debug_sync;
+PyObject *s_ops_dispatched = nullptr, *s_defer = nullptr, *s_debug_sync = nullptr;
 py::object* g_config = nullptr;       // eager.modes.CONFIG
 py::object* g_hot_switches = nullptr;  // (hotpath.ENABLED, hotpath.NATIVE): one-item lists
 
+// States are keyed by the qualified overload name, "aten::add.Tensor", "aten::sum.default".
 KernelState* kernel_state(const std::string& name) {
   if (g_kernels == nullptr) g_kernels = new std::unordered_map<std::string, KernelState*>();
   auto it = g_kernels->find(name);
@@ -803,12 +804,68 @@ void push_result(const c10::OperatorHandle& op, torch::jit::Stack* stack, py::ob
   for (size_t i = 0; i < rets.size(); ++i) one(PySequence_Fast_GET_ITEM(seq.ptr(), i), rets[i]);
 }
 
+std::string qualified(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.name + "." + (n.overload_name.empty() ? std::string("default") : n.overload_name);
+}
+
+void run_kernel(KernelState* st, const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 struct OpKernel final : public c10::OperatorKernel {
   explicit OpKernel(KernelState* s) : st(s) {}
   KernelState* st;
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet,
                   torch::jit::Stack* stack) {
+    run_kernel(st, op, stack);
+  }
+};
+
+// The PrivateUse1 fallback (every op without a kernel of its own: out= and in-place
+// variants, views, torchtpu's own ops): the same as OpKernel, with the state found by the
+// op's schema and made at its first call (make_runner(qualified name) -> runner).
+std::unordered_map<const void*, KernelState*>* g_fallback_states = nullptr;
+py::object* g_make_runner = nullptr;
+torch::Library* g_fallback_lib = nullptr;
+
+struct FallbackKernel final : public c10::OperatorKernel {
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                  torch::jit::Stack* stack) {
+    const void* k = &op.schema();
+    KernelState* st = nullptr;
+    py::gil_scoped_acquire gil;  // (the map is only touched with the GIL held)
+    {
+      auto it = g_fallback_states->find(k);
+      if (it != g_fallback_states->end()) st = it->second;
+    }
+    if (st == nullptr) {
+      std::string name = qualified(op);
+      st = kernel_state(name);
+      if (st->runner.is_none()) st->runner = (*g_make_runner)(name);
+      (*g_fallback_states)[k] = st;
+    }
+    run_kernel(st, op, stack);
+  }
+};
+
+bool register_fallback(py::object make_runner) {
+  if (g_fallback_lib != nullptr) return false;
+  if (s_ops_dispatched == nullptr) {
+    s_ops_dispatched = PyUnicode_InternFromString("ops_dispatched");
+    s_defer = PyUnicode_InternFromString("defer");
+    s_debug_sync = PyUnicode_InternFromString("debug_sync");
+  }
+  g_make_runner = new py::object(make_runner);
+  g_fallback_states = new std::unordered_map<const void*, KernelState*>();
+  g_fallback_lib = new torch::Library(torch::Library::IMPL, "_",
+                                      c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  g_fallback_lib->fallback(torch::CppFunction::makeFromBoxedFunctor(
+      std::make_unique<FallbackKernel>()));
+  return true;
+}
+
+void run_kernel(KernelState* st, const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  {
     const auto& schema = op.schema();
     const auto& sargs = schema.arguments();
     size_t n = sargs.size();
@@ -861,7 +918,7 @@ struct OpKernel final : public c10::OperatorKernel {
     }
     push_result(op, stack, st->runner(args, kwargs, missed));
   }
-};
+}
 
 // Register the C++ kernel for each op name ("add.Tensor") with its Python runner.  The
 // Python kernels stay registered underneath (PyTorch keeps the earlier kernel of an
@@ -875,6 +932,8 @@ void register_kernels(std::vector<std::string> names, py::list runners) {
   if (g_kernel_lib == nullptr) {
     g_kernel_lib = new torch::Library(torch::Library::IMPL, "aten",
                                       c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  }
+  if (s_ops_dispatched == nullptr) {
     s_ops_dispatched = PyUnicode_InternFromString("ops_dispatched");
     s_defer = PyUnicode_InternFromString("defer");
     s_debug_sync = PyUnicode_InternFromString("debug_sync");
@@ -885,7 +944,9 @@ void register_kernels(std::vector<std::string> names, py::list runners) {
   } quiet;
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   for (size_t i = 0; i < names.size(); ++i) {
-    KernelState* st = kernel_state(names[i]);
+    std::string key = "aten::" + names[i];
+    if (names[i].find('.') == std::string::npos) key += ".default";
+    KernelState* st = kernel_state(key);
     st->runner = runners[i];
     g_kernel_lib->impl(names[i].c_str(),
                        torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(st)));
@@ -922,10 +983,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_kernels", &hot::register_kernels,
         "Register the C++ PrivateUse1 kernels of ATen ops (names like 'add.Tensor') over "
         "their Python kernels; runners[i](args, kwargs) runs op i when the hot path misses.");
+  m.def("register_fallback", &hot::register_fallback,
+        "Register the C++ PrivateUse1 fallback; make_runner(qualified name) gives an op's "
+        "runner at its first call.  False if it is registered already.");
   m.def("set_kernel_switches", &hot::set_kernel_switches,
         "The eager CONFIG and the hot path's ENABLED/NATIVE lists the C++ kernels read.");
   m.def("set_kernel_hot", &hot::set_kernel_hot,
-        "The HotPlan (or None) the C++ kernel of an op name runs; whether it is registered.");
+        "The HotPlan (or None) the C++ kernel of an op ('aten::add.Tensor') runs; whether "
+        "a runner is known for it.");
   m.def("register_view_kernels", &register_view_kernels,
         "Register C++ PrivateUse1 kernels for as_strided and view (PyTorch's CPU ones).");
   m.def("make_on_storage", &make_on_storage,

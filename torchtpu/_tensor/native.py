@@ -86,12 +86,21 @@ def _loaded(mod) -> None:
             fn(mod)
 
 
+def load_if_built():
+    """The helper module if this source version is already built for this torch (by an
+    earlier process), else None; never builds.  Loading it registers the C++ ``as_strided``
+    / ``view`` kernels.  Called at registration (``import torch``): a few ms."""
+    view_kernels_if_built()
+    return LOADED
+
+
 def view_kernels_if_built() -> bool:
     """Register the C++ ``as_strided`` / ``view`` kernels if this source version of the
-    helper is already built (by an earlier process); never builds.  Called once, at the
-    first view op that reaches Python.  Returns whether they are registered now."""
+    helper is already built (by an earlier process); never builds.  Called once, at
+    registration or at the first view op that reaches Python.  Returns whether they are
+    registered now."""
     global _view_kernels_tried
-    if _view_kernels_tried:
+    if _view_kernels_tried or LOADED is not None:
         return False
     _view_kernels_tried = True
     try:

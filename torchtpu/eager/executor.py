@@ -543,22 +543,6 @@ def _native_loaded(mod):
     _native_kernels(mod)
 
 
-def _runner(op):
-    """``run(args, kwargs)``: ``op``'s plan (made at the first call) on a call that its C++
-    kernel does not finish itself."""
-    plan = None
-
-    def run(args, kwargs, missed=None):
-        nonlocal plan
-        if plan is None:
-            plan = plan_for(op)
-        if missed is not None and missed[1] is not None:  # (MISS, vals, hot): a LoweredPlan
-            return plan.run_missed(missed[1], missed[2], args, kwargs)
-        return plan(args, kwargs)
-
-    return run
-
-
 def _native_kernels(mod):
     """Register the C++ helper's kernels for every op with its own PrivateUse1 kernel
     (``_device.DIRECT_KERNELS``; ``_native.cpp``, "C++ op kernels"): a call that strict
@@ -569,7 +553,7 @@ def _native_kernels(mod):
 
     mod.set_kernel_switches(CONFIG, _hot.ENABLED, _hot.NATIVE)
     mod.register_kernels([name for name, _ in _device.DIRECT_KERNELS],
-                         [_runner(op) for _, op in _device.DIRECT_KERNELS])
+                         [_device.runner_for(op) for _, op in _device.DIRECT_KERNELS])
     _KERNELS_READY[0] = True
     for plan in list(_PLANS.values()):
         _bind_kernel(plan)
@@ -583,10 +567,10 @@ def _bind_kernel(plan):
     whole plan (not one wrapped by ``_CheckErrors`` or ``_LikeOtherDevice``, whose own
     steps the kernel must not skip)."""
     if (_KERNELS_READY[0] and isinstance(plan, LoweredPlan) and plan.native is not None
-            and _PLANS.get(plan.op) is plan and plan.op.namespace == "aten"):
+            and _PLANS.get(plan.op) is plan):
         from torchtpu import _device
 
-        _native.LOADED.set_kernel_hot(_device.kernel_name(plan.op), plan.native)
+        _native.LOADED.set_kernel_hot(_device.qualified_name(plan.op), plan.native)
 
 
 def _on_native_load(mod):
