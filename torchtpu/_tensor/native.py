@@ -14,11 +14,16 @@ It provides what PyTorch 2.13's Python backend API cannot:
   ``storage.tensor_on``: ~0.8 us against ~2.6 us through PyTorch's boxed ``set_``);
 * ``HotPlan``: the C++ form of strict eager's per-op hot path (``torchtpu.eager.hotpath``;
   the executor gives every plan one through :data:`ON_LOAD` once the module is loaded);
+* C++ PrivateUse1 kernels for the ops with a kernel of their own
+  (``register_kernels``, by the executor once the module is loaded) and the C++
+  PrivateUse1 fallback (``register_fallback``, at registration when an earlier process
+  built the module: :func:`load_if_built`), which run ``HotPlan`` hits with no Python
+  frame and hand every other call to the op's Python runner;
 * C++ PrivateUse1 kernels for ``as_strided`` and ``view`` (PyTorch's own CPU kernels:
   metadata only), so a view op does not go through Python (~13 us each otherwise).
-  Registered when the module loads, and at a process's first view op when an earlier
-  process already built and loaded it with the same torch version
-  (:func:`view_kernels_if_built`: no build on that path).  Views
+  Registered when the module loads, at registration (``import torch``) when an earlier
+  process already built it with the same torch version (:func:`load_if_built`: no build
+  on that path), or at a process's first view op.  Views
   they make are not counted in ``metrics()["view_ops"]``.
 
 The build takes about half a minute once per machine and version of ``_native.cpp``
