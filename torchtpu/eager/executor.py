@@ -46,6 +46,7 @@ from torchtpu.eager import inflight as _inflight
 from torchtpu.eager import modes as _modes
 from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
+from torchtpu.ops import set_plan_runner as _set_plan_runner
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, STATIC, T, T_LIST, Signature, call_lowering,
 )
@@ -1477,6 +1478,13 @@ def plan_for(op):
         plan = _PLANS[op] = _make_plan(op)
         _bind_kernel(plan)
     return plan
+
+
+def _run_plan(op, args, kwargs):
+    return plan_for(op)(args, kwargs)
+
+
+_set_plan_runner(_run_plan)  # ops.run_plan (the ops layer does not import this one)
 
 
 def _make_plan(op):
