@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from torchtpu.eager import executor
+from torchtpu.eager import inflight
 
 
 class FakeArray:
@@ -27,7 +27,7 @@ def fake_work(monkeypatch):
     """The most recently dispatched work is a FakeArray, not ready yet."""
     torch.tpu.synchronize()  # nothing pending (DEFER_AND_FUSE) to replace it at record()
     work = FakeArray()
-    monkeypatch.setattr(executor, "LAST_OUTPUTS", (work,))
+    monkeypatch.setattr(inflight, "LAST_OUTPUTS", (work,))
     return work
 
 
@@ -46,7 +46,7 @@ def test_event_query_after_later_work(monkeypatch, fake_work):
     ev = torch.tpu.Event()
     ev.record()
     later = FakeArray()
-    monkeypatch.setattr(executor, "LAST_OUTPUTS", (later,))
+    monkeypatch.setattr(inflight, "LAST_OUTPUTS", (later,))
     fake_work.ready = True
     assert ev.query()  # the recorded work is done; the later one is not
     assert not torch.tpu.current_stream().query()
@@ -58,18 +58,18 @@ def test_event_query_when_its_arrays_are_gone(fake_work):
     ev = torch.tpu.Event()
     ev.record()
     later = FakeArray()
-    executor.LAST_OUTPUTS = (later,)  # (the fixture's monkeypatch restores the original)
+    inflight.dispatched((later,))  # (the fixture's monkeypatch restores the original)
     fake_work.deleted = True
     assert not ev.query()
     later.ready = True
     assert ev.query()
 
     ev2 = torch.tpu.Event()
-    executor.LAST_OUTPUTS = (FakeArray(),)
+    inflight.dispatched((FakeArray(),))
     ev2.record()
-    executor.LAST_OUTPUTS = (FakeArray(),)  # the recorded array is freed: held weakly
+    inflight.dispatched((FakeArray(),))  # the recorded array is freed: held weakly
     assert not ev2.query()
-    executor.LAST_OUTPUTS[0].ready = True
+    inflight.last_outputs()[0].ready = True
     assert ev2.query()
 
 
@@ -78,10 +78,10 @@ def test_event_does_not_keep_arrays_alive(fake_work):
     import weakref
 
     ev = torch.tpu.Event()
-    executor.LAST_OUTPUTS = (FakeArray(),)
-    r = weakref.ref(executor.LAST_OUTPUTS[0])
+    inflight.dispatched((FakeArray(),))
+    r = weakref.ref(inflight.last_outputs()[0])
     ev.record()
-    executor.LAST_OUTPUTS = ()
+    inflight.clear_last()
     gc.collect()
     assert r() is None and ev.query()  # no work left at all: done
 

@@ -206,3 +206,9 @@ def _register_direct_kernels() -> None:
     lib.impl("copy_", _kernel_for(torch.ops.aten.copy_.default), "PrivateUse1",
              with_keyset=True)
     DIRECT_KERNELS.append(("copy_", torch.ops.aten.copy_.default))
+    # mode.values (``torch.mode(..., out=)``) has a CompositeExplicitAutograd kernel that
+    # refuses devices other than CPU, CUDA and XPU, so the PrivateUse1 fallback never sees
+    # it: its own kernel runs the executor's out= plan derived from ``mode`` (a Python
+    # kernel: not in DIRECT_KERNELS, which the C++ helper's kernels replace)
+    lib.impl("mode.values", _kernel_for(torch.ops.aten.mode.values), "PrivateUse1",
+             with_keyset=True)

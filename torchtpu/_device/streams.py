@@ -5,7 +5,7 @@ queue of its device: ``wait_stream``/``wait_event`` need no device work, and
 ``synchronize``/``query`` wait for (or check) every op dispatched so far.
 
 How ``query`` knows: the results of the most recently dispatched executable
-(``executor.LAST_OUTPUTS``, what ``torch.tpu.synchronize`` waits on) are ready only once
+(``eager.inflight.LAST_OUTPUTS``, what ``torch.tpu.synchronize`` waits on) are ready only once
 everything dispatched before them has run too.  ``Event.record`` keeps (weak references
 to) those arrays; ``Event.query`` / ``Stream.query`` ask them ``is_ready()``, which never
 blocks.  In DEFER_AND_FUSE, ops recorded but not run yet are first dispatched (the pending
@@ -130,9 +130,9 @@ def _dispatch_pending(cause: str) -> None:
 def _last_outputs() -> list:
     """The arrays of the most recently dispatched executable."""
     from torchtpu._device import runtime
-    from torchtpu.eager import executor
+    from torchtpu.eager import inflight
 
-    return [a for a in runtime.jax().tree_util.tree_leaves(executor.LAST_OUTPUTS)
+    return [a for a in runtime.jax().tree_util.tree_leaves(inflight.last_outputs())
             if hasattr(a, "is_ready")]
 
 

@@ -190,7 +190,7 @@ enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4 };
 struct Globals {
   py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex,
       lazy_cls;
-  py::object default_marker, miss, metrics, executor, cache, call_donating, call_other,
+  py::object default_marker, miss, metrics, inflight, cache, call_donating, call_other,
       wrap_other, group_results, check_pending, next_addr, storage_from_ptr, devices,
       matmul_precision, float_tag, defer_record;
   int64_t donate_after = 0, addr_align = 512, check_limit = 256;
@@ -227,7 +227,7 @@ void setup(py::dict g) {
   G->default_marker = g["default_marker"];
   G->miss = g["miss"];
   G->metrics = g["metrics"];
-  G->executor = g["executor"];
+  G->inflight = g["inflight"];  // torchtpu.eager.inflight: LAST_OUTPUTS, PENDING_CHECKS
   G->cache = g["cache"];
   G->call_donating = g["call_donating"];
   G->call_other = g["call_other"];
@@ -528,7 +528,7 @@ struct HotPlan {
         G->defer_record(py::handle(ex), arrays, dyn).ptr()));
     py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
     if (PyObject_IsTrue(check_info.ptr())) {
-      py::object pending = steal(PyObject_GetAttr(G->executor.ptr(), s_pending_checks));
+      py::object pending = steal(PyObject_GetAttr(G->inflight.ptr(), s_pending_checks));
       Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
       py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
       py::list(pending).append(py::make_tuple(last, check_info, op));
@@ -574,12 +574,12 @@ struct HotPlan {
         outs = steal(r);
       }
     }
-    if (PyObject_SetAttr(G->executor.ptr(), s_last_outputs, outs.ptr()) < 0)
+    if (PyObject_SetAttr(G->inflight.ptr(), s_last_outputs, outs.ptr()) < 0)
       throw py::error_already_set();
     py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
     bool check = false;
     if (PyObject_IsTrue(check_info.ptr())) {
-      py::object pending = steal(PyObject_GetAttr(G->executor.ptr(), s_pending_checks));
+      py::object pending = steal(PyObject_GetAttr(G->inflight.ptr(), s_pending_checks));
       Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
       py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
       py::list(pending).append(py::make_tuple(last, check_info, op));

@@ -40,6 +40,7 @@ from torchtpu._tensor import storage as _st
 from torchtpu.compile import collectives as _coll
 from torchtpu.compile import executable_cache
 from torchtpu.compile.decompositions import ASSERT_ASYNC
+from torchtpu.eager import inflight
 from torchtpu.ops._scalar import Scalar, register_pytree
 from torchtpu.ops._schema import (
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, T, T_LIST, Signature, call_lowering, flatten,
@@ -651,7 +652,7 @@ class GraphExecutable:
                 # donation: the old buffers of the inputs the graph writes (optimizer
                 # state, running stats) are donated when nothing but their storage holds
                 # them
-                executor.LAST_OUTPUTS = ()  # synchronize() waits on this call's outputs
+                inflight.clear_last()  # synchronize() waits on this call's outputs
                 _own(arrays, written_slots)
         jitted, n_new, written, check_info, assemble, split = ex
         if jitted is None:
@@ -661,13 +662,13 @@ class GraphExecutable:
             c["launch_free_calls"] += 1
         elif split is None:
             outs = jitted(arrays, host_vals, keys)
-            executor.dispatched(outs)
+            inflight.dispatched(outs)
         else:
             don_slots, kept_slots = split
             outs = jitted([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
                           host_vals, keys)
             c["donated_buffers"] += len(don_slots)
-            executor.dispatched(outs)
+            inflight.dispatched(outs)
         del arrays
         if late:
             self._late(args, late)
@@ -694,11 +695,9 @@ class GraphExecutable:
         """First call with layout ``key``: ``(written input slots, executable tuple)``,
         the executable compiled (or loaded) for it, the written inputs' old buffers made
         safe to donate (:func:`_own`)."""
-        from torchtpu.eager import executor
-
         written_slots = self._plan(key)
         if written_slots:
-            executor.LAST_OUTPUTS = ()  # synchronize() waits on this call's outputs
+            inflight.clear_last()  # synchronize() waits on this call's outputs
             _own(arrays, written_slots)
         ex = self.executables.get(key)
         if ex is None:

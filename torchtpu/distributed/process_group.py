@@ -71,7 +71,7 @@ class _CheckedWork(dist._Work):
         self._checks = checks  # [(bad flag, message, (tensor, old array) or None)]
 
     def wait(self, timeout=None):
-        from torchtpu.eager import executor
+        from torchtpu.eager import inflight
 
         checks, self._checks = self._checks, []
         for bad, msg, _ in checks:
@@ -79,11 +79,7 @@ class _CheckedWork(dist._Work):
                 differ = bool(np.asarray(bad)[0])
             except (RuntimeError, ValueError) as e:
                 raise _failed(msg.name, e) from e
-            pending = executor.PENDING_CHECKS  # verified here: not again at the next sync
-            for i in range(len(pending) - 1, -1, -1):
-                if pending[i][0] is bad:
-                    del pending[i]
-                    break
+            inflight.drop_check(bad)  # verified here: not again at the next sync
             if differ:
                 for _, _, u in checks:
                     if u is not None:

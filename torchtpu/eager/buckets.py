@@ -73,6 +73,7 @@ from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import inflight
 from torchtpu.ops._schema import GEN, OPT_T, OPT_T_LIST, T, T_LIST
 
 M = _metrics.METRICS
@@ -341,10 +342,9 @@ def _repad(p, mode: str, index: int, n_x: int, op):
         f = _REPADS.put(key, _repad_fn(mode, arr.dtype))
     if mode == _INDEX:
         out, bad = f(arr, np.int64(p.n), np.int64(n_x))
-        _ex = _executor()
         # the exact lowering's check (ops._checks.index_in_range), against the true size
-        _ex.PENDING_CHECKS.append(
-            (bad, [(IndexError, f"index out of bounds for dimension 0 with size {n_x}")], op))
+        inflight.add_check(
+            bad, [(IndexError, f"index out of bounds for dimension 0 with size {n_x}")], op)
         return out
     return f(arr, np.int64(p.n))
 
@@ -543,8 +543,6 @@ def _run_known(plan, vals, c, ex, by_sd, shape, n_x, edge):
     """A bucket whose padded executable ``ex`` exists: call it directly on the padded
     arrays, in the slots and with the dynamic inputs (random key included) the exact
     call gathered (``c``): no padded tensors, no second gather."""
-    _ex = _executor()
-
     arrays = []
     for sd, a in zip(c.sdatas, c.arrays):
         p = by_sd.get(id(sd))
@@ -553,9 +551,9 @@ def _run_known(plan, vals, c, ex, by_sd, shape, n_x, edge):
         arrays.append(a if p is None else p)
     outs = ex.call(arrays, c.dyn)
     M.cache_hits += 1  # (the bucket's executable)
-    _ex.LAST_OUTPUTS = outs
+    inflight.dispatched(outs)
     if ex.check_info:
-        _ex.PENDING_CHECKS.append((outs[-1], ex.check_info, plan.op))
+        inflight.add_check(outs[-1], ex.check_info, plan.op)
         outs = outs[:-1]
     nw = len(ex.writes)
     for j, arr in zip(ex.writes, outs[:nw]):

@@ -33,6 +33,7 @@ from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import inflight
 
 M = _metrics.METRICS
 SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit")
@@ -150,12 +151,10 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         lz = wr()
         if lz is not None:
             live.append((lz, node, out))
-    from torchtpu.eager import executor
-
     # Donation: an input buffer nobody but this segment still references (its storage
     # was overwritten in the segment, e.g. a parameter updated in place) is given to
     # XLA, which may write the result into it instead of allocating.
-    executor.LAST_OUTPUTS = ()
+    inflight.clear_last()  # (it would hold references to the inputs)
     inputs = seg.inputs
     seg.inputs = None
     donate = tuple(i for i in range(len(inputs)) if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED)
@@ -175,7 +174,7 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         M.defer_adaptive["segments_replayed"] += 1
         M.defer_adaptive["ops_replayed"] += len(seg.nodes)
         results = _replay(seg, inputs, [(n, o) for _, n, o in live])
-        executor.LAST_OUTPUTS = results
+        inflight.dispatched(results)
         _assign(live, results)
         return
     dset = set(donate)
@@ -195,7 +194,7 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         M.segment_cache_hits += 1
         _CACHE.move_to_end(key)
         results = fn(donated, kept, _pack(seg.dyn, fn.groups))
-    executor.LAST_OUTPUTS = results
+    inflight.dispatched(results)
     _assign(live, results)
 
 

@@ -42,9 +42,11 @@ from torchtpu._tensor import storage as _st
 from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
 from torchtpu.eager import hotpath as _hot
+from torchtpu.eager import inflight as _inflight
 from torchtpu.eager import modes as _modes
 from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
+from torchtpu.ops import set_plan_runner as _set_plan_runner
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, STATIC, T, T_LIST, Signature, call_lowering,
 )
@@ -139,7 +141,10 @@ class Executable:
 
 _CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
 _CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
-LAST_OUTPUTS = ()  # results of the most recent executable (torch.tpu.synchronize waits on them)
+# device-side checks not verified yet (``inflight.PENDING_CHECKS``, one list for the whole
+# process): the per-op paths append to it directly
+_PENDING = _inflight.PENDING_CHECKS
+_CHECK_LIMIT = _inflight.CHECK_LIMIT
 
 
 def cache_info() -> dict:
@@ -528,13 +533,13 @@ def _native_loaded(mod):
         "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
         "np_float": np.float64, "np_complex": np.complex128,
         "default_marker": _hot._DEFAULT, "miss": _hot.MISS, "metrics": M,
-        "executor": sys.modules[__name__], "cache": _CACHE,
+        "inflight": _inflight, "cache": _CACHE,
         "call_donating": _hot_donating, "call_other": _hot_other_structure,
         "wrap_other": _hot_wrap_permuted, "group_results": _group_results,
         "check_pending": check_pending, "next_addr": _st._next_addr,
         "storage_from_ptr": _st._storage_from_ptr, "devices": _st._DEVICES,
         "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
-        "addr_align": _st._ADDR_ALIGN, "check_limit": 256,
+        "addr_align": _st._ADDR_ALIGN, "check_limit": _CHECK_LIMIT,
         "defer_record": _hot_record,
     })
     _NATIVE_READY[0] = True
@@ -659,7 +664,6 @@ class LoweredPlan:
         """A call whose executable the hot path knows (``eager.hotpath``): run it on the
         storages' arrays and the call's numbers, as :meth:`_run` would after its
         cache hit."""
-        global LAST_OUTPUTS
         M.cache_hits += 1
         M.hot_path_calls += 1
         _CACHE.move_to_end(ex.key)
@@ -669,7 +673,7 @@ class LoweredPlan:
         if CONFIG.defer:  # record it (eager.defer), as the general path would
             outs = _defer.record(ex, _Recorded(ex.device_index, arrays, dyn))
             if ex.check_info:
-                PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+                _PENDING.append((outs[-1], ex.check_info, self.op))
                 outs = outs[:-1]
             return self._finish(ex, sdatas, vals, outs)
         if not ex.compiled:  # recorded by DeferAndFuse only so far: its first call
@@ -683,11 +687,11 @@ class LoweredPlan:
                     outs = ex.call(arrays, dyn)
             except TypeError:
                 outs = _through_jit(ex, arrays, dyn)
-        LAST_OUTPUTS = outs
+        _inflight.LAST_OUTPUTS = outs  # (inflight.dispatched, inlined: the hot path)
         if ex.check_info:
-            PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+            _PENDING.append((outs[-1], ex.check_info, self.op))
             result = self._finish(ex, sdatas, vals, outs[:-1])
-            if len(PENDING_CHECKS) > 256:
+            if len(_PENDING) > _CHECK_LIMIT:
                 check_pending()
             return result
         return self._finish(ex, sdatas, vals, outs)
@@ -735,7 +739,7 @@ class LoweredPlan:
         if CONFIG.defer:
             outs = _defer.record(ex, c)
             if ex.check_info:
-                PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+                _PENDING.append((outs[-1], ex.check_info, self.op))
                 outs = outs[:-1]
             return self._finish(ex, c.sdatas, vals, outs)
         if ex.compiled:
@@ -749,13 +753,12 @@ class LoweredPlan:
                 outs = self._other_structure(ex, c)
         else:
             outs = self._first_call(ex, c, vals)
-        global LAST_OUTPUTS
-        LAST_OUTPUTS = outs
+        _inflight.LAST_OUTPUTS = outs  # (inflight.dispatched, inlined: the per-op path)
         check = False
         if ex.check_info:
-            PENDING_CHECKS.append((outs[-1], ex.check_info, self.op))
+            _PENDING.append((outs[-1], ex.check_info, self.op))
             outs = outs[:-1]
-            check = CONFIG.debug_sync or len(PENDING_CHECKS) > 256
+            check = CONFIG.debug_sync or len(_PENDING) > _CHECK_LIMIT
         # the written storages take their new arrays before any check can raise: a
         # donated old array is gone, and the tensors must stay usable after the error
         result = self._finish(ex, c.sdatas, vals, outs)
@@ -1126,11 +1129,11 @@ def _call_donating(ex, arrays, dyn):
     out by ``to_jax``, no host view of it): the array is then dead once the op returns,
     as after an in-place kernel on CUDA.  Otherwise the ordinary, copying executable runs.
     Donated arrays are counted in ``metrics()["donated_buffers"]``."""
-    global LAST_OUTPUTS
     d = ex.donating
     if d is False:
         return ex.call(arrays, dyn)
-    LAST_OUTPUTS = ()  # the previous op's results: replaced after this call anyway
+    # (inflight.clear_last, inlined) the previous op's results: replaced after this call anyway
+    _inflight.LAST_OUTPUTS = ()
     for j in ex.writes:
         a = arrays[j]
         if a is None or a.__class__ is _st.Lazy or _getrefcount(a) > _REFS_IF_ONLY_STORAGE:
@@ -1233,33 +1236,21 @@ def to_jax(t: torch.Tensor):
     return f(arr, np.asarray(offs, dtype=np.int32))
 
 
-PENDING_CHECKS: list = []  # (flags array or Lazy, [(exc, msg)], op) not verified yet
-
-
-def dispatched(outputs) -> None:
-    """Record the results of an executable dispatched outside the per-op path (a
-    torch.compile graph): ``torch.tpu.synchronize()`` waits for the latest ones."""
-    global LAST_OUTPUTS
-    LAST_OUTPUTS = outputs
-
-
 def report_device_checks(flags, info, where) -> None:
     """Queue device-side checks computed by an executable that is not a per-op one (a
     torch.compile graph): ``flags`` is a bool[n] array (or a DeferAndFuse ``Lazy``),
     ``info`` the ``(exception type, message)`` per flag, ``where`` what to name in the
     error.  They are verified at the next sync point, like a per-op executable's."""
-    PENDING_CHECKS.append((flags, info, where))
-    if len(PENDING_CHECKS) > 256:
+    if _inflight.add_check(flags, info, where):
         check_pending()
 
 
 def check_pending() -> None:
     """Verify the device-side checks of every op run so far (a sync on their flags);
     raise the first failure as PyTorch's CPU kernel would have (``ops._checks``)."""
-    global PENDING_CHECKS
-    if not PENDING_CHECKS:
+    if not _PENDING:
         return
-    pending, PENDING_CHECKS = PENDING_CHECKS, []
+    pending = _inflight.take_checks()
     flags = []
     for flag, info, op in pending:
         if flag.__class__ is _st.Lazy:
@@ -1471,6 +1462,13 @@ def plan_for(op):
         plan = _PLANS[op] = _make_plan(op)
         _bind_kernel(plan)
     return plan
+
+
+def _run_plan(op, args, kwargs):
+    return plan_for(op)(args, kwargs)
+
+
+_set_plan_runner(_run_plan)  # ops.run_plan (the ops layer does not import this one)
 
 
 def _make_plan(op):

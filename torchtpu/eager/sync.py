@@ -2,7 +2,7 @@
 (``torch.tpu.synchronize``, ``Stream.synchronize``, ``Event.synchronize``).
 
 PJRT runs a device's executables in dispatch order, so waiting for the results of the
-most recently dispatched executable (``executor.LAST_OUTPUTS``) waits for everything
+most recently dispatched executable (``inflight.LAST_OUTPUTS``) waits for everything
 before it.  A pending DeferAndFuse segment is dispatched first.  Errors that the device
 reported meanwhile (device-side checks: an out-of-range index) are raised here.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torchtpu import _metrics
 from torchtpu._device import runtime
-from torchtpu.eager import defer, executor
+from torchtpu.eager import defer, executor, inflight
 
 
 def synchronize() -> None:
@@ -26,5 +26,5 @@ def synchronize() -> None:
         defer.flush("synchronize")
     else:
         _metrics.METRICS.sync("synchronize")
-    runtime.jax().block_until_ready(executor.LAST_OUTPUTS)
+    runtime.jax().block_until_ready(inflight.last_outputs())
     executor.check_pending()

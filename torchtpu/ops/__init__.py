@@ -130,6 +130,30 @@ def table() -> dict:
     return LOWERINGS
 
 
+def _no_executor(op, args, kwargs):
+    raise RuntimeError(f"torchtpu: {op} runs through the eager executor, not imported yet")
+
+
+# ``run(op, args, kwargs)``: the eager executor's plan for ``op`` on a call; installed by
+# ``torchtpu.eager.executor`` when it is imported, so this layer does not import the eager
+# layer above it
+_RUN_PLAN = _no_executor
+
+
+def set_plan_runner(fn) -> None:
+    """``fn(op, args, kwargs)`` runs ``op``'s eager plan (``eager.executor`` installs it)."""
+    global _RUN_PLAN
+    _RUN_PLAN = fn
+
+
+def run_plan(op, args, kwargs):
+    """Run ``op`` on ``args``/``kwargs`` (tpu tensors) through the eager executor's plan
+    for it, not through the dispatcher: for an op whose eager form is another op (the
+    ``out=`` factories' decompositions, ``factory._out_factory``, reached through the
+    executor).  RuntimeError if the executor is not loaded."""
+    return _RUN_PLAN(op, args, kwargs)
+
+
 from torchtpu.ops._scalar import Scalar  # noqa: E402  (re-export)
 
-__all__ = ["Lowering", "lower", "table", "Scalar", "aten"]
+__all__ = ["Lowering", "lower", "table", "run_plan", "Scalar", "aten"]

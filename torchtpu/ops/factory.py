@@ -19,9 +19,10 @@ import math
 import numpy as np
 import torch
 
-from torchtpu.ops import aten, lower
+from torchtpu.ops import aten, lower, run_plan
 from torchtpu.ops import decomp_overrides
 from torchtpu.ops._scalar import Scalar, check_converts, fits, scalar_check
+from torchtpu.ops._schema import Signature
 from torchtpu.ops._util import cast, jnp, npdt, tdtype
 
 
@@ -318,21 +319,20 @@ def triu_indices(row, col, offset=0, dtype=None, layout=None, device=None, pin_m
 def _run_functional(op, args, kwargs):
     """Run ``op``'s lowering directly (not through the dispatcher: the functional
     factories are CompositeExplicit and would come straight back to the out= op)."""
-    from torchtpu.eager import executor as ex
-
-    return ex.plan_for(op)(args, kwargs)
+    return run_plan(op, args, kwargs)
 
 
 def write_out(out: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """Write result ``r`` into ``out`` (resizing it as PyTorch's out= ops do)."""
     from torchtpu._tensor import storage as _st
-    from torchtpu.eager import executor as ex
 
     if tuple(out.shape) != tuple(r.shape):
         out.resize_(r.shape)
     sd = _st.data(out)
-    if out.dtype == r.dtype and len(_st.view_spec(out, sd)) == 2:
-        sd.arr = ex.to_jax(r)  # out is its whole storage: swap the array, no copy
+    rsd = _st.data(r)
+    if (out.dtype == r.dtype and len(_st.view_spec(out, sd)) == 2
+            and len(_st.view_spec(r, rsd)) == 2):
+        sd.arr = rsd.get()  # each is its whole storage: swap the array, no copy
         return out
     out.copy_(r)
     return out
@@ -340,9 +340,7 @@ def write_out(out: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 def _out_factory(out_op, func_op):
     """Register the decomposition of factory ``out_op`` into ``func_op`` + ``write_out``."""
-    from torchtpu.eager import executor as ex
-
-    sig = ex.Signature(out_op)
+    sig = Signature(out_op)
 
     def fn(*args, **kwargs):
         vals = sig.normalize(args, kwargs)

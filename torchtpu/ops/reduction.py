@@ -1080,17 +1080,8 @@ def _dt_name(dt):
     return {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}.get(np.dtype(dt), str(dt))
 
 
-# mode.values (``torch.mode(..., out=)``) has a CompositeExplicitAutograd kernel that
-# refuses devices other than CPU, CUDA and XPU, so the PrivateUse1 fallback never sees it:
-# its own PrivateUse1 kernel runs the executor's out= plan derived from ``mode``.
-def _mode_values(*args, **kwargs):
-    from torchtpu.eager import executor
-
-    return executor.plan_for(aten.mode.values)(args, kwargs)
-
-
-_ATEN = torch.library.Library("aten", "IMPL")
-_ATEN.impl("mode.values", _mode_values, "PrivateUse1")
+# mode.values (``torch.mode(..., out=)``): its own PrivateUse1 kernel, registered with the
+# device (``_device._register_direct_kernels``), runs the out= plan derived from ``mode``
 
 
 @lower(aten.hash_tensor.default)

@@ -1,0 +1,85 @@
+"""What has been dispatched to the device and not yet waited on or verified.
+
+Two pieces of process-wide state, shared by every executor (strict eager and its C++ hot
+path, DeferAndFuse segments, shape buckets, ``torch.compile`` graphs, ``tpu_dist``
+collectives) and read at the sync points (``eager.sync``, ``_device.streams``):
+
+* :data:`LAST_OUTPUTS`: the results of the most recently dispatched executable.  PJRT
+  runs a device's executables in dispatch order, so waiting for them
+  (``torch.tpu.synchronize``) waits for everything dispatched before.
+* :data:`PENDING_CHECKS`: device-side error flags (an out-of-range index, a collective's
+  mismatched signatures) not verified yet; ``executor.check_pending`` verifies and clears
+  them at the next sync point.
+
+Everyone calls the functions below.  The executor's per-op paths (``executor.py`` and
+the C++ hot path in ``_tensor/_native.cpp``, handed this module by ``hot_setup``) store
+``LAST_OUTPUTS`` and append to ``PENDING_CHECKS`` directly, for speed: the list is one
+object for the whole process (emptied in place, never replaced), so they may keep a
+reference to it.  This module imports nothing (no JAX).
+"""
+
+from __future__ import annotations
+
+# the results of the most recently dispatched executable: a tuple (or list) of JAX arrays,
+# or of DeferAndFuse values; () when nothing dispatched since is to be waited on
+LAST_OUTPUTS = ()
+
+# device-side checks not verified yet, oldest first: (flags, info, op), ``flags`` a bool[n]
+# JAX array (or a DeferAndFuse ``Lazy`` standing for one), ``info`` the n
+# ``(exception type, message)`` pairs (see ``ops._checks``), ``op`` what the error names
+PENDING_CHECKS: list = []
+
+# more pending checks than this are verified at once (``executor.check_pending``): the
+# flags are small, but each holds a device buffer
+CHECK_LIMIT = 256
+
+
+def dispatched(outputs) -> None:
+    """Record ``outputs`` (a tuple or list of JAX arrays, or a pytree of them) as the
+    results of the most recently dispatched executable: ``torch.tpu.synchronize`` waits
+    for them, ``Event.record`` remembers them."""
+    global LAST_OUTPUTS
+    LAST_OUTPUTS = outputs
+
+
+def last_outputs():
+    """The results of the most recently dispatched executable (see :func:`dispatched`);
+    ``()`` if none is held."""
+    return LAST_OUTPUTS
+
+
+def clear_last() -> None:
+    """Stop holding the last executable's results, e.g. before a call that donates
+    buffers: a reference held here would keep an input array from being donated.  The
+    caller records its own results afterwards (:func:`dispatched`)."""
+    global LAST_OUTPUTS
+    LAST_OUTPUTS = ()
+
+
+def add_check(flags, info, op) -> bool:
+    """Queue a device-side check: ``flags`` a bool[n] JAX array (or a DeferAndFuse
+    ``Lazy``), true where check ``i`` failed; ``info`` the n ``(exception type,
+    message)`` pairs; ``op`` what the error names.  Returns whether more than
+    :data:`CHECK_LIMIT` are pending (the caller then verifies them:
+    ``executor.check_pending``)."""
+    PENDING_CHECKS.append((flags, info, op))
+    return len(PENDING_CHECKS) > CHECK_LIMIT
+
+
+def take_checks() -> list:
+    """The pending checks, ``[(flags, info, op)]`` oldest first, removed from the queue
+    (the caller verifies them)."""
+    pending = PENDING_CHECKS[:]
+    PENDING_CHECKS.clear()
+    return pending
+
+
+def drop_check(flags) -> bool:
+    """Remove the latest pending check whose flags are ``flags`` (the same object): its
+    caller verified it itself (a ``tpu_dist`` work's ``wait()``).  Returns whether one was
+    queued."""
+    for i in range(len(PENDING_CHECKS) - 1, -1, -1):
+        if PENDING_CHECKS[i][0] is flags:
+            del PENDING_CHECKS[i]
+            return True
+    return False
