@@ -360,14 +360,27 @@ def test_defer_and_fuse_records_through_the_hot_path():
     torch.testing.assert_close(torch.sinh(tz).cpu(), torch.sinh(z))
 
 
+def _plan_calls(monkeypatch) -> list:
+    """The ops whose ``LoweredPlan.__call__`` runs from now on in this test, in order."""
+    from torchtpu.eager import executor
+
+    entered = []
+    real = executor.LoweredPlan.__call__
+
+    def counting(self, args, kwargs):
+        entered.append(self.op)
+        return real(self, args, kwargs)
+
+    monkeypatch.setattr(executor.LoweredPlan, "__call__", counting)
+    return entered
+
+
 def test_cpp_kernels_finish_hot_calls_without_the_python_plan(hot_impl, monkeypatch):
     """Once the C++ helper is loaded, each lowered op's PrivateUse1 kernel is C++: a hot
     call runs its HotPlan without entering ``LoweredPlan.__call__``; with the Python form
     selected every call goes through it.  Arguments equal to their defaults (``alpha=1``),
     keyword-only arguments (``dtype=``) and memory formats reach the plan as the Python
     kernels gave them: the values match CPU and the calls stay on the hot path."""
-    from torchtpu.eager import executor
-
     a, b = torch.randn(6, 5), torch.randn(6, 5)
     x = torch.randn(2, 3, 4, 5)
     ta, tb, tx = a.to("tpu"), b.to("tpu"), x.to("tpu")
@@ -384,14 +397,7 @@ def test_cpp_kernels_finish_hot_calls_without_the_python_plan(hot_impl, monkeypa
     for fn, _ in calls:  # build, then write the hot entries
         fn(ta, tb, tx)
         fn(ta, tb, tx)
-    entered = []
-    real = executor.LoweredPlan.__call__
-
-    def counting(self, args, kwargs):
-        entered.append(self.op)
-        return real(self, args, kwargs)
-
-    monkeypatch.setattr(executor.LoweredPlan, "__call__", counting)
+    entered = _plan_calls(monkeypatch)
     h0 = _hot_calls()
     for fn, want in calls:
         got = fn(ta, tb, tx)
@@ -409,7 +415,6 @@ def test_cpp_kernels_record_defer_and_fuse_calls_without_the_python_plan(hot_imp
     """DEFER_AND_FUSE: a call whose executable the tables know is recorded by the C++
     kernel itself (no ``LoweredPlan.__call__``); the fused results equal CPU's, also with
     calls that write a tensor (``out=``, in-place through ``add.out``) in the segment."""
-    from torchtpu.eager import executor
 
     a, b = torch.randn(6, 5), torch.randn(6, 5)
     ta, tb = a.to("tpu"), b.to("tpu")
@@ -423,14 +428,7 @@ def test_cpp_kernels_record_defer_and_fuse_calls_without_the_python_plan(hot_imp
     with torch.tpu.set_eager_mode("defer_and_fuse"):
         for _ in range(2):  # build and write the hot entries
             step(ta, tb, torch.zeros(6, 5, device="tpu")).cpu()
-        entered = []
-        real = executor.LoweredPlan.__call__
-
-        def counting(self, args, kwargs):
-            entered.append(self.op)
-            return real(self, args, kwargs)
-
-        monkeypatch.setattr(executor.LoweredPlan, "__call__", counting)
+        entered = _plan_calls(monkeypatch)
         h0 = _hot_calls()
         o = torch.zeros(6, 5, device="tpu")  # (an empty one is no hot-path input)
         got = step(ta, tb, o)

@@ -510,83 +510,85 @@ struct HotPlan {
     return run(py::reinterpret_borrow<py::object>(entry), hot, vals);
   }
 
-  // DeferAndFuse: append the call to the pending segment; its results are Lazy values.
-  py::object record(py::object entry, py::object hot, py::list vals) {
-    PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
-    PyObject* offs = PyTuple_GET_ITEM(entry.ptr(), 1);
-    py::list arrays = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 1));
-    py::list sds = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2));
-    py::list dyn = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3));
-    if (offs != Py_None) dyn.append(py::handle(offs));
+  // A hit's inputs: the call's arrays, storages and numbers (with the views' offsets, fixed
+  // by the hot key), after counting the hit and moving the executable up in the LRU.
+  struct Hit {
+    py::list arrays, sds, dyn;
+  };
+  Hit begin_hit(PyObject* ex, PyObject* offs, const py::object& hot) {
+    Hit h{py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 1)),
+          py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2)),
+          py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3))};
+    if (offs != Py_None) h.dyn.append(py::handle(offs));
     PyObject* M = G->metrics.ptr();
     bump(M, s_lowered_ops);
     bump(M, s_cache_hits);
     bump(M, s_hot_path_calls);
     py::object exkey = steal(PyObject_GetAttr(ex, s_key));
     steal(PyObject_CallMethodObjArgs(G->cache.ptr(), s_move_to_end, exkey.ptr(), nullptr));
-    py::object outs = steal(PySequence_Tuple(
-        G->defer_record(py::handle(ex), arrays, dyn).ptr()));
+    return h;
+  }
+
+  // An executable with device-side checks returns their flags last: queue them
+  // (inflight.PENDING_CHECKS) and return the other outputs.  *over: more are pending than
+  // the limit (the caller verifies them after finishing the call).
+  py::object take_checks(PyObject* ex, py::object outs, bool* over) {
     py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
-    if (PyObject_IsTrue(check_info.ptr())) {
-      py::object pending = steal(PyObject_GetAttr(G->inflight.ptr(), s_pending_checks));
-      Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
-      py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
-      py::list(pending).append(py::make_tuple(last, check_info, op));
-      outs = steal(PyTuple_GetSlice(outs.ptr(), 0, no - 1));
-    }
+    if (!PyObject_IsTrue(check_info.ptr())) return outs;
+    py::object pending = steal(PyObject_GetAttr(G->inflight.ptr(), s_pending_checks));
+    Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
+    py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
+    py::list(pending).append(py::make_tuple(last, check_info, op));
+    *over = PyList_GET_SIZE(pending.ptr()) > G->check_limit;
+    return steal(PyTuple_GetSlice(outs.ptr(), 0, no - 1));
+  }
+
+  static Py_ssize_t n_writes(const py::object& writes) {
+    return PyList_Check(writes.ptr()) ? PyList_GET_SIZE(writes.ptr()) : 0;
+  }
+
+  // DeferAndFuse: append the call to the pending segment; its results are Lazy values.
+  py::object record(py::object entry, py::object hot, py::list vals) {
+    PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
+    Hit h = begin_hit(ex, PyTuple_GET_ITEM(entry.ptr(), 1), hot);
+    py::object outs = steal(PySequence_Tuple(
+        G->defer_record(py::handle(ex), h.arrays, h.dyn).ptr()));
+    bool over = false;  // (verified when the segment runs, as on the Python path)
+    outs = take_checks(ex, outs, &over);
     py::object writes = steal(PyObject_GetAttr(ex, s_writes));
-    Py_ssize_t nw = PyList_Check(writes.ptr()) ? PyList_GET_SIZE(writes.ptr()) : 0;
-    return finish(ex, sds, vals, outs, writes, nw);
+    return finish(ex, h.sds, vals, outs, writes, n_writes(writes));
   }
 
   py::object run(py::object entry, py::object hot, py::list vals) {
     PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
-    PyObject* offs = PyTuple_GET_ITEM(entry.ptr(), 1);
     {  // recorded by DeferAndFuse only so far: the general path makes its first call
       py::object compiled = steal(PyObject_GetAttr(ex, s_compiled));
       if (!PyObject_IsTrue(compiled.ptr())) return miss(vals, hot);
     }
-    py::list arrays = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 1));
-    py::list sds = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2));
-    py::list dyn = py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3));
-    if (offs != Py_None) dyn.append(py::handle(offs));
-    PyObject* M = G->metrics.ptr();
-    bump(M, s_lowered_ops);
-    bump(M, s_cache_hits);
-    bump(M, s_hot_path_calls);
-    py::object exkey = steal(PyObject_GetAttr(ex, s_key));
-    steal(PyObject_CallMethodObjArgs(G->cache.ptr(), s_move_to_end, exkey.ptr(), nullptr));
+    Hit h = begin_hit(ex, PyTuple_GET_ITEM(entry.ptr(), 1), hot);
     bump(ex, s_calls);
     int64_t calls = py::cast<int64_t>(steal(PyObject_GetAttr(ex, s_calls)));
     py::object writes = steal(PyObject_GetAttr(ex, s_writes));
-    Py_ssize_t nw = PyList_Check(writes.ptr()) ? PyList_GET_SIZE(writes.ptr()) : 0;
+    Py_ssize_t nw = n_writes(writes);
     py::object outs;
     if (nw > 0 && calls > G->donate_after) {
-      outs = G->call_donating(py::handle(ex), arrays, dyn);
+      outs = G->call_donating(py::handle(ex), h.arrays, h.dyn);
     } else {
       py::object fn = steal(PyObject_GetAttr(ex, s_call));
-      PyObject* r = PyObject_CallFunctionObjArgs(fn.ptr(), arrays.ptr(), dyn.ptr(), nullptr);
+      PyObject* r = PyObject_CallFunctionObjArgs(fn.ptr(), h.arrays.ptr(), h.dyn.ptr(), nullptr);
       if (r == nullptr) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
         PyErr_Clear();  // another input structure: through jax.jit (executor)
-        outs = G->call_other(py::handle(ex), arrays, dyn);
+        outs = G->call_other(py::handle(ex), h.arrays, h.dyn);
       } else {
         outs = steal(r);
       }
     }
     if (PyObject_SetAttr(G->inflight.ptr(), s_last_outputs, outs.ptr()) < 0)
       throw py::error_already_set();
-    py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
     bool check = false;
-    if (PyObject_IsTrue(check_info.ptr())) {
-      py::object pending = steal(PyObject_GetAttr(G->inflight.ptr(), s_pending_checks));
-      Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
-      py::object last = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(outs.ptr(), no - 1));
-      py::list(pending).append(py::make_tuple(last, check_info, op));
-      outs = steal(PyTuple_GetSlice(outs.ptr(), 0, no - 1));
-      check = PyList_GET_SIZE(pending.ptr()) > G->check_limit;
-    }
-    py::object result = finish(ex, sds, vals, outs, writes, nw);
+    outs = take_checks(ex, outs, &check);
+    py::object result = finish(ex, h.sds, vals, outs, writes, nw);
     if (check) G->check_pending();
     return result;
   }
