@@ -357,3 +357,33 @@ def test_defer_compiles_a_churning_family_once_its_shapes_repeat():
         m = torchtpu.metrics()
     torch.testing.assert_close(torch.tensor(got), torch.tensor(_decode_like("cpu", 10, False)))
     assert m["segment_cache_hits"] >= 6, m
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_threads_recording_at_once_get_their_own_values(mode):
+    """Several Python threads running ops at once: each gets the values CPU gives.  In
+    DEFER_AND_FUSE a thread that meets another thread's pending segment runs it; before
+    recording was serialized, a thread could append to a segment another thread had just
+    run ("stale deferred value", or None read as a number)."""
+    import threading
+
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(15):
+                y = torch.full((4, 4), float(i), device="tpu")
+                got = (y * 2 + i).sum().item()
+                if got != 48 * i:
+                    errors.append(f"thread {i}: {got} != {48 * i}")
+        except Exception as e:  # noqa: BLE001 - reported below with its type
+            errors.append(f"thread {i}: {type(e).__name__}: {e}")
+
+    with torch.tpu.set_eager_mode(mode):
+        for _ in range(2):
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    assert errors == []

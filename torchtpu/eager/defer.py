@@ -42,6 +42,11 @@ SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit"
 CUT_AT_BACKWARD = os.environ.get("TORCHTPU_DEFER_CUT_AT_BACKWARD", "1") != "0"
 
 _current = None
+# Recording and running segments, one thread at a time: a thread that meets another
+# thread's pending segment runs it (flush "thread_switch"); without the lock a thread
+# could append to a segment another thread had just run (its values never computed:
+# "stale deferred value"), because JAX calls inside record/flush release the GIL.
+_LOCK = threading.RLock()
 _CACHE = _executable_limit.LRUCache(share=0.25)  # compiled segments, bounded
 _get_ident = threading.get_ident
 # sys.getrefcount of a segment input held by nobody else: the inputs list + the call's
@@ -99,32 +104,33 @@ def record(ex, c):
     """Append one op (executable ``ex`` with gathered call ``c``) to the segment and return
     the Lazy values standing for its results."""
     global _current
-    seg = _current
-    thread = _get_ident()
-    if seg is None or seg.index != c.index or seg.thread != thread:
-        if seg is not None:
-            if seg.index != c.index:
-                flush("device_change")
-            else:
-                # another thread records (user threads, or a backward on autograd's
-                # worker thread): segments are per thread of control
-                flush("thread_switch", sync=False)
-        seg = _current = Segment(c.index, thread)
-    if ex.out_avals is None:
-        ex.out_avals = _out_avals(ex, c.arrays, c.dyn)
-    refs = tuple(seg.ref(a) for a in c.arrays)
-    seg.dyn.extend(c.dyn)
-    node = len(seg.nodes)
-    seg.nodes.append((ex.traced, refs, len(c.dyn), ex))
-    seg.key.append((ex.serial, refs))
-    outs = []
-    for i, av in enumerate(ex.out_avals):
-        lz = _st.Lazy(seg, node, i, av.shape, av.dtype)
-        outs.append(lz)
-        seg.lazies.append((weakref.ref(lz), node, i))
-    if len(seg.nodes) >= SEGMENT_LIMIT:
-        flush("segment_limit", sync=False)
-    return outs
+    with _LOCK:  # one thread at a time: see _LOCK
+        seg = _current
+        thread = _get_ident()
+        if seg is None or seg.index != c.index or seg.thread != thread:
+            if seg is not None:
+                if seg.index != c.index:
+                    flush("device_change")
+                else:
+                    # another thread records (user threads, or a backward on autograd's
+                    # worker thread): segments are per thread of control
+                    flush("thread_switch", sync=False)
+            seg = _current = Segment(c.index, thread)
+        if ex.out_avals is None:
+            ex.out_avals = _out_avals(ex, c.arrays, c.dyn)
+        refs = tuple(seg.ref(a) for a in c.arrays)
+        seg.dyn.extend(c.dyn)
+        node = len(seg.nodes)
+        seg.nodes.append((ex.traced, refs, len(c.dyn), ex))
+        seg.key.append((ex.serial, refs))
+        outs = []
+        for i, av in enumerate(ex.out_avals):
+            lz = _st.Lazy(seg, node, i, av.shape, av.dtype)
+            outs.append(lz)
+            seg.lazies.append((weakref.ref(lz), node, i))
+        if len(seg.nodes) >= SEGMENT_LIMIT:
+            flush("segment_limit", sync=False)
+        return outs
 
 
 def pending_ops() -> int:
@@ -140,62 +146,63 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
     chose; the segment is dispatched asynchronously and counted in
     ``metrics()["segment_cuts"]``."""
     global _current
-    seg = _current
-    if seg is None:
-        return
-    _current = None
-    if not seg.nodes:
-        return
-    live = []
-    for wr, node, out in seg.lazies:
-        lz = wr()
-        if lz is not None:
-            live.append((lz, node, out))
-    # Donation: an input buffer nobody but this segment still references (its storage
-    # was overwritten in the segment, e.g. a parameter updated in place) is given to
-    # XLA, which may write the result into it instead of allocating.
-    inflight.clear_last()  # (it would hold references to the inputs)
-    inputs = seg.inputs
-    seg.inputs = None
-    donate = tuple(i for i in range(len(inputs)) if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED)
-    key = (tuple(seg.key), tuple((n, o) for _, n, o in live), donate)
-    fn = _CACHE.get(key)
-    M.segments_run += 1
-    M.segment_ops += len(seg.nodes)
-    M.donated_buffers += len(donate)
-    if sync:
-        M.sync(cause)
-    else:
-        M.segment_cuts[cause] += 1
-    if fn is None and _churning(seg, key):
-        # a family that keeps meeting new shapes: its ops run one by one through their
-        # per-op executables (shared with STRICT and across steps), no fused compile
-        M.segment_cache_misses += 1
-        M.defer_adaptive["segments_replayed"] += 1
-        M.defer_adaptive["ops_replayed"] += len(seg.nodes)
-        results = _replay(seg, inputs, [(n, o) for _, n, o in live])
+    with _LOCK:  # (reentrant: running a segment may record)
+        seg = _current
+        if seg is None:
+            return
+        _current = None
+        if not seg.nodes:
+            return
+        live = []
+        for wr, node, out in seg.lazies:
+            lz = wr()
+            if lz is not None:
+                live.append((lz, node, out))
+        # Donation: an input buffer nobody but this segment still references (its storage
+        # was overwritten in the segment, e.g. a parameter updated in place) is given to
+        # XLA, which may write the result into it instead of allocating.
+        inflight.clear_last()  # (it would hold references to the inputs)
+        inputs = seg.inputs
+        seg.inputs = None
+        donate = tuple(i for i in range(len(inputs)) if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED)
+        key = (tuple(seg.key), tuple((n, o) for _, n, o in live), donate)
+        fn = _CACHE.get(key)
+        M.segments_run += 1
+        M.segment_ops += len(seg.nodes)
+        M.donated_buffers += len(donate)
+        if sync:
+            M.sync(cause)
+        else:
+            M.segment_cuts[cause] += 1
+        if fn is None and _churning(seg, key):
+            # a family that keeps meeting new shapes: its ops run one by one through their
+            # per-op executables (shared with STRICT and across steps), no fused compile
+            M.segment_cache_misses += 1
+            M.defer_adaptive["segments_replayed"] += 1
+            M.defer_adaptive["ops_replayed"] += len(seg.nodes)
+            results = _replay(seg, inputs, [(n, o) for _, n, o in live])
+            inflight.dispatched(results)
+            _assign(live, results)
+            return
+        dset = set(donate)
+        donated = [inputs[i] for i in donate]
+        kept = [a for i, a in enumerate(inputs) if i not in dset]
+        del inputs
+        if fn is None:
+            M.segment_cache_misses += 1
+            fn = _CACHE.put(key, _build(seg, [(n, o) for _, n, o in live], donate,
+                                      len(donated) + len(kept)))
+            t0 = time.perf_counter()
+            with _metrics.compile_kind("segment"):
+                results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+            M.compiles += 1
+            M.compile_seconds += time.perf_counter() - t0
+        else:
+            M.segment_cache_hits += 1
+            _CACHE.move_to_end(key)
+            results = fn(donated, kept, _pack(seg.dyn, fn.groups))
         inflight.dispatched(results)
         _assign(live, results)
-        return
-    dset = set(donate)
-    donated = [inputs[i] for i in donate]
-    kept = [a for i, a in enumerate(inputs) if i not in dset]
-    del inputs
-    if fn is None:
-        M.segment_cache_misses += 1
-        fn = _CACHE.put(key, _build(seg, [(n, o) for _, n, o in live], donate,
-                                  len(donated) + len(kept)))
-        t0 = time.perf_counter()
-        with _metrics.compile_kind("segment"):
-            results = fn(donated, kept, _pack(seg.dyn, fn.groups))
-        M.compiles += 1
-        M.compile_seconds += time.perf_counter() - t0
-    else:
-        M.segment_cache_hits += 1
-        _CACHE.move_to_end(key)
-        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
-    inflight.dispatched(results)
-    _assign(live, results)
 
 
 def _assign(live, results):
