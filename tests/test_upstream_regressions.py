@@ -1008,3 +1008,25 @@ def test_constant_zero_and_nan_scalars_reach_lowerings_as_floats():
         got, want = fn(x.to("tpu")).cpu(), fn(x)
         torch.testing.assert_close(got, want, equal_nan=True)
         assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
+def test_out_resize_warns_once_at_the_callers_line_as_cpu():
+    """An out= tensor of another shape with elements is resized with one warning at the
+    caller's line on CPU; tpu gave two on the first call (PyTorch's reference warning
+    from the meta computation, then ours), both pointing inside torch/torchtpu."""
+    a = torch.randn(4, 5)
+
+    def warned(dev):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            o = torch.empty(3, device=dev)
+            torch.add(a.to(dev), 1, out=o)
+            s = torch.empty(2, device=dev)
+            torch.sum(a.to(dev), 0, out=s)
+        got = [(x.filename, str(x.message).split(" (")[0]) for x in w if "resized" in str(x.message)]
+        return got, o.cpu(), s.cpu()
+
+    cpu, tpu = warned("cpu"), warned("tpu")
+    assert [f for f, _ in tpu[0]] == [f for f, _ in cpu[0]] == [__file__, __file__]
+    torch.testing.assert_close(tpu[1], cpu[1])
+    torch.testing.assert_close(tpu[2], cpu[2])

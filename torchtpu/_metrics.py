@@ -239,6 +239,21 @@ _INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}jax{os.sep}",
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the calling function point at
+    the innermost frame outside torch, this package, jax and numpy: the user's line, where
+    CPU PyTorch's warnings point (``warnings.warn(msg, stacklevel=user_stacklevel())``)."""
+    f = sys._getframe(1)  # the caller: warn's stacklevel 1
+    level = 1
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PACKAGE_DIR) and not any(p in fn for p in _INTERNAL):
+            return level
+        f = f.f_back
+        level += 1
+    return 1
+
+
 def _user_line() -> str:
     """"file:line" of the innermost frame outside torch, this package, jax and numpy, and not
     generated code (a ``"<string>"`` file: a dataclass method, an ``exec``-made wrapper

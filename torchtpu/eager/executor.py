@@ -798,7 +798,8 @@ class LoweredPlan:
                         f"{list(shape)}. This behavior is deprecated, and in a future PyTorch "
                         f"release outputs will not be resized unless they have zero elements. "
                         f"You can explicitly reuse an out tensor t by resizing it, inplace, to "
-                        f"zero elements with t.resize_(0). (op {self.op})"
+                        f"zero elements with t.resize_(0). (op {self.op})",
+                        stacklevel=_metrics.user_stacklevel(),
                     )
                 o.resize_(shape)
 
@@ -843,6 +844,13 @@ class LoweredPlan:
             try:
                 if own_meta is not None:  # PyTorch's meta kernel refuses what CPU accepts
                     out = own_meta(*meta_vals)
+                elif self.sig.out_args:
+                    with warnings.catch_warnings():
+                        # the reference's own resize warning for the meta out= (_resize_outs
+                        # gives CPU's, once, at the user's line)
+                        warnings.filterwarnings("ignore", "An output with one or more "
+                                                "elements was resized")
+                        out = call_op(self.sig, self.op, meta_vals)
                 else:
                     out = call_op(self.sig, self.op, meta_vals)
             except (TypeError, RuntimeError) as e:
