@@ -239,6 +239,11 @@ _INTERNAL = (f"{os.sep}torch{os.sep}", f"{os.sep}jax{os.sep}",
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def _internal(fn: str) -> bool:
+    """Whether a frame's file is torch's, this package's, jax's or numpy's own."""
+    return fn.startswith(_PACKAGE_DIR) or any(p in fn for p in _INTERNAL)
+
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a ``warnings.warn`` in the calling function point at
     the innermost frame outside torch, this package, jax and numpy: the user's line, where
@@ -246,8 +251,7 @@ def user_stacklevel() -> int:
     f = sys._getframe(1)  # the caller: warn's stacklevel 1
     level = 1
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(_PACKAGE_DIR) and not any(p in fn for p in _INTERNAL):
+        if not _internal(f.f_code.co_filename):
             return level
         f = f.f_back
         level += 1
@@ -261,8 +265,7 @@ def _user_line() -> str:
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith("<") and not fn.startswith(_PACKAGE_DIR) \
-                and not any(p in fn for p in _INTERNAL):
+        if not fn.startswith("<") and not _internal(fn):
             return f"{fn}:{f.f_lineno}"
         f = f.f_back
     return "?"

@@ -927,10 +927,12 @@ void run_kernel(KernelState* st, const c10::OperatorHandle& op, torch::jit::Stac
 // (op, key) and calls the latest): replacing rather than destroying them is safe while
 // one of them is running, which is where the module gets loaded.  The library and the
 // states are never destroyed: at exit the dispatcher may outlive the interpreter.
-void register_kernels(std::vector<std::string> names, py::list runners) {
-  TORCH_CHECK(names.size() == static_cast<size_t>(py::len(runners)),
-              "register_kernels: ", names.size(), " names but ", py::len(runners),
-              " runners");
+void register_kernels(std::vector<std::string> names, std::vector<std::string> keys,
+                      py::list runners) {
+  TORCH_CHECK(names.size() == keys.size() &&
+                  names.size() == static_cast<size_t>(py::len(runners)),
+              "register_kernels: ", names.size(), " names, ", keys.size(), " keys, ",
+              py::len(runners), " runners");
   if (g_kernel_lib == nullptr) {
     g_kernel_lib = new torch::Library(torch::Library::IMPL, "aten",
                                       c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -946,9 +948,7 @@ void register_kernels(std::vector<std::string> names, py::list runners) {
   } quiet;
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   for (size_t i = 0; i < names.size(); ++i) {
-    std::string key = "aten::" + names[i];
-    if (names[i].find('.') == std::string::npos) key += ".default";
-    KernelState* st = kernel_state(key);
+    KernelState* st = kernel_state(keys[i]);
     st->runner = runners[i];
     g_kernel_lib->impl(names[i].c_str(),
                        torch::CppFunction::makeFromBoxedFunctor(std::make_unique<OpKernel>(st)));
@@ -983,8 +983,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("gather", &hot::HotPlan::gather, py::arg("vals"), py::arg("lazy") = false)
       .def("__call__", &hot::HotPlan::operator());
   m.def("register_kernels", &hot::register_kernels,
-        "Register the C++ PrivateUse1 kernels of ATen ops (names like 'add.Tensor') over "
-        "their Python kernels; runners[i](args, kwargs) runs op i when the hot path misses.");
+        "Register the C++ PrivateUse1 kernels of ATen ops (names like 'add.Tensor', keys "
+        "'aten::add.Tensor') over their Python kernels; runners[i](args, kwargs, missed) "
+        "runs op i when the hot path does not finish the call.");
   m.def("register_fallback", &hot::register_fallback,
         "Register the C++ PrivateUse1 fallback; make_runner(qualified name) gives an op's "
         "runner at its first call.  False if it is registered already.");

@@ -558,6 +558,7 @@ def _native_kernels(mod):
 
     mod.set_kernel_switches(CONFIG, _hot.ENABLED, _hot.NATIVE)
     mod.register_kernels([name for name, _ in _device.DIRECT_KERNELS],
+                         [_device.qualified_name(op) for _, op in _device.DIRECT_KERNELS],
                          [_device.runner_for(op) for _, op in _device.DIRECT_KERNELS])
     _KERNELS_READY[0] = True
     for plan in list(_PLANS.values()):
