@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 
 PROGRAM = r"""
@@ -127,3 +128,29 @@ def test_no_lock_or_directory_scan_per_store():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["-1", "True"]
+
+
+def test_trim_runs_in_a_low_priority_process_once_an_hour(tmp_path):
+    """The hourly size check runs as its own process (its scan held the GIL against the
+    user's loop when it was a thread), claims the stamp before it starts (so processes
+    starting together do not all scan) and is skipped within the hour."""
+    import threading
+
+    from torchtpu._device import persistent_cache
+
+    stamp = tmp_path / persistent_cache._TRIM_STAMP
+    for i in range(4):
+        (tmp_path / f"jit_op-{i:02d}-cache").write_bytes(b"x" * 1000)
+        os.utime(tmp_path / f"jit_op-{i:02d}-cache", (1_700_000_000 + i,) * 2)
+    stamp.write_bytes(b"")
+    os.utime(stamp, (0, 0))  # the last trim: long ago
+    threads = {t.name for t in threading.enumerate()}
+    proc = persistent_cache._start_trim(str(tmp_path), 3_000)
+    assert proc is not None and proc.pid != os.getpid()
+    assert time.time() - stamp.stat().st_mtime < 60  # claimed at start
+    assert {t.name for t in threading.enumerate()} <= threads  # no thread of ours
+    assert proc.wait(timeout=60) == 0
+    assert sorted(p.name for p in tmp_path.glob("*-cache")) == ["jit_op-02-cache",
+                                                               "jit_op-03-cache"]
+    assert persistent_cache._start_trim(str(tmp_path), 1) is None  # within the hour
+    assert len(list(tmp_path.glob("*-cache"))) == 2

@@ -19,9 +19,10 @@ Where (read once, when torchtpu first configures JAX):
 Every executable is stored however short its compile (JAX's default threshold of 1 s
 would skip all per-op executables, whose compiles take 10-300 ms each).  The directory is
 capped at ``TORCHTPU_CACHE_MAX_BYTES`` (default 4 GiB): at most once an hour
-(``_TRIM_INTERVAL_S``), a process that configures the cache checks the directory's size
-in a background thread and deletes the least recently used entries (by the file's
-access or modification time, whichever is later) down to 80% of the cap.  JAX's own
+(``_TRIM_INTERVAL_S``), a process that configures the cache starts a separate,
+low-priority process (:mod:`torchtpu._device.cache_trim`) that checks the directory's
+size and deletes the least recently used entries (by the file's access or modification
+time, whichever is later) down to 80% of the cap.  JAX's own
 size cap (``jax_compilation_cache_max_size``) is not used: it takes a lock shared by all
 processes and scans the whole directory on every store, which at 30,000 entries (a day
 of tests) cost 0.75 s per compiled executable, serialized across processes.  Without it
@@ -41,10 +42,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
+import subprocess
+import sys
 import time
 
 from torchtpu import _metrics
+from torchtpu._device import cache_trim as _cache_trim
 
 M = _metrics.METRICS
 
@@ -52,11 +55,11 @@ _OFF = ("off", "0", "false", "no", "")
 _DEFAULT_MAX_BYTES = 4 << 30
 _TRIM_INTERVAL_S = 3600.0
 _TRIM_STAMP = ".torchtpu-trimmed"
+_trimmer = None  # the last trimming process started (kept referenced until it ends)
 
 _directory: str | None = None
-# the eager executor's executables stored by op signature (``eager.signature_cache``),
-# trimmed with JAX's entries
-SIGNATURE_DIR = "torchtpu-signatures"
+SIGNATURE_DIR = _cache_trim.SIGNATURE_DIR
+trim = _cache_trim.trim
 
 
 def default_directory() -> str:
@@ -97,67 +100,32 @@ def configure(jax) -> None:
 
 
 def _start_trim(path: str, max_bytes: int) -> None:
-    """Run :func:`trim` in a daemon thread unless a process completed one within the
-    last ``_TRIM_INTERVAL_S`` seconds (the stamp file's modification time, written when
-    a trim completes: a process that exits first leaves the next one to do it)."""
+    """Start :func:`trim` in a separate, low-priority process (``nice`` 19; it imports
+    nothing of torchtpu) unless a process started one within the last
+    ``_TRIM_INTERVAL_S`` seconds: the stamp file is claimed (its modification time set)
+    before the trimmer starts, so processes starting together do not all scan.  Not a
+    thread of this process: the scan of a large cache held the GIL for seconds against
+    the user's own loop (see :mod:`torchtpu._device.cache_trim`).  Returns the trimming
+    process (``subprocess.Popen``), or None when none was started."""
+    global _trimmer
     stamp = os.path.join(path, _TRIM_STAMP)
     try:
         if time.time() - os.stat(stamp).st_mtime < _TRIM_INTERVAL_S:
-            return
+            return None
     except OSError:
         pass
-
-    def run():
-        trim(path, max_bytes)
-        try:
-            with open(stamp, "w"):
-                pass
-        except OSError:
+    if not sys.executable:  # an embedded interpreter with no executable to start
+        return None
+    try:
+        with open(stamp, "w"):
             pass
-
-    threading.Thread(target=run, name="torchtpu-cache-trim", daemon=True).start()
-
-
-def trim(path: str, max_bytes: int) -> int:
-    """Delete the least recently used entries of the cache directory ``path`` (JAX's
-    ``<key>-cache`` files and the signature cache's ``<key>.full`` / ``<key>.quick`` in
-    ``SIGNATURE_DIR``; the last use is the later of the file's access and
-    modification times) until their total size is at most 80% of ``max_bytes`` (bytes),
-    if it exceeds ``max_bytes``.  Also deletes the ``<key>-atime`` files that JAX's own
-    size cap wrote, which nothing reads now.  Returns the number of entries deleted.
-    Never raises (an entry another process deletes meanwhile is skipped)."""
-    entries, total = [], 0
-    for folder, suffixes in ((path, ("-cache",)),
-                             (os.path.join(path, SIGNATURE_DIR), (".full", ".quick"))):
-        try:
-            with os.scandir(folder) as it:
-                for e in it:
-                    try:
-                        if e.name.endswith(suffixes):
-                            st = e.stat()
-                            entries.append((max(st.st_atime, st.st_mtime), st.st_size, e.path))
-                            total += st.st_size
-                        elif e.name.endswith("-atime"):
-                            os.remove(e.path)
-                    except OSError:
-                        continue
-        except OSError:
-            if folder == path:
-                return 0
-    if total <= max_bytes:
-        return 0
-    entries.sort()
-    deleted, target = 0, int(max_bytes * 0.8)
-    for _, size, file in entries:
-        if total <= target:
-            break
-        try:
-            os.remove(file)
-        except OSError:
-            continue
-        total -= size
-        deleted += 1
-    return deleted
+        _trimmer = subprocess.Popen(
+            [sys.executable, "-I", _cache_trim.__file__, path, str(int(max_bytes))],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=True, start_new_session=os.name == "posix")
+    except OSError:
+        return None
+    return _trimmer
 
 
 def _listen(jax) -> None:
