@@ -53,6 +53,9 @@ class Metrics:
             "thread_switch": another thread records; "segment_limit").
         donated_buffers: segment inputs handed to XLA for reuse (in-place updates).
         debug_waits: ops the DEBUG eager mode waited for before dispatching the next.
+        foreach_in_order: in-place ``_foreach_*_`` calls whose lists alias so that the
+            element order shows, run element by element (``torchtpu.ops.foreach``)
+            instead of as one executable.
         defer_adaptive: DEFER_AND_FUSE's churn handling (``torchtpu.eager.defer``):
             ``segments_replayed`` / ``ops_replayed`` (segments of a family that keeps
             meeting new shapes, run op by op through per-op executables instead of
@@ -145,6 +148,7 @@ class Metrics:
         self.segment_cuts = collections.Counter()
         self.donated_buffers = 0
         self.debug_waits = 0
+        self.foreach_in_order = 0
         self.defer_adaptive = {"segments_replayed": 0, "ops_replayed": 0, "fused_variants": 0}
         self.sync_sites = collections.Counter()
         self.compile = {

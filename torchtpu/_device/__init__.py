@@ -198,6 +198,18 @@ def _register_direct_kernels() -> None:
         # in-place path (CompositeExplicitAutogradNonFunctional -> mul.out with self as
         # out) checks memory overlap between self and the inputs, as on CPU; a direct
         # kernel would skip that check (x[1:].add_(x[:-1]) must raise).
+        # Except the list ops': PyTorch's kernel of ``_foreach_mul_`` for an out-of-tree
+        # device loops over the list (one mul_ per tensor); ours is one executable, and
+        # the executor runs that per-element kernel itself where the lists alias
+        # (ops.foreach, overlap.foreach_in_order).
+        if name.startswith("_foreach_"):
+            pkt = getattr(torch.ops.aten, op._schema.name.split("::")[1] + "_", None)
+            twin = getattr(pkt, op._overloadname, None) if pkt is not None else None
+            if twin is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(
+                    twin.name(), "CompositeImplicitAutograd"):
+                lib.impl(kernel_name(twin), _kernel_for(twin), "PrivateUse1",
+                         with_keyset=True)
+                DIRECT_KERNELS.append((kernel_name(twin), twin))
     # copy_: PyTorch's composite kernel re-dispatches a copy to an out-of-tree device as
     # `_copy_from(src, dst)`, whose `dst` is not marked as written in its schema, so the
     # Conjugate/Negative fallbacks hand us a resolved *clone* of a conj/neg-view `dst`

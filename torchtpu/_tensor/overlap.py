@@ -119,3 +119,48 @@ def check_writes(op, mutated: list, out_args: list, vals: list, random: bool = F
                 s = overlap_status(w, r)
                 if s == PARTIAL or (s == FULL and no_full):
                     raise RuntimeError(PARTIAL_MSG)
+
+
+def foreach_in_order(vals: list, mutated_list: int, kinds_list: list) -> bool:
+    """Whether an in-place ``_foreach_*_`` call must run element by element, as PyTorch's
+    per-element kernel does, instead of as one executable that reads every element before
+    writing any.
+
+    ``vals``: the normalized arguments (tpu tensors); ``mutated_list``: the index of the
+    written ``Tensor[]`` argument; ``kinds_list``: for each argument, whether it is a
+    ``Tensor[]`` (element ``e`` reads its ``e``-th tensor) rather than one tensor every
+    element reads.
+
+    True when the element order can show: a written tensor overlaps another written one
+    (the same tensor twice is updated twice on CPU), a tensor that another element reads,
+    or, within its own element, a tensor it does not fully overlap (CPU's element op
+    raises or reads its own writes); or a written tensor overlaps itself (CPU's element
+    op raises).  Once per executable signature, which holds the storage sharing and the
+    views, so the answer holds for every call with that signature.
+    """
+    written = [w for w in vals[mutated_list] if isinstance(w, torch.Tensor)]
+    if any(has_internal_overlap(w) != NO for w in written):
+        return True
+    storages = {w.untyped_storage()._cdata for w in written}
+    if len(storages) < len(written):
+        for e, w in enumerate(written):
+            for f in range(e):
+                if overlap_status(w, written[f]) != NO:
+                    return True
+    for j, v in enumerate(vals):
+        if j == mutated_list:
+            continue
+        if kinds_list[j]:
+            reads = [(e, r) for e, r in enumerate(v) if isinstance(r, torch.Tensor)]
+        elif isinstance(v, torch.Tensor):
+            reads = [(None, v)]
+        else:
+            continue
+        for e, r in reads:
+            if r.device.type != "tpu" or r.untyped_storage()._cdata not in storages:
+                continue
+            for f, w in enumerate(written):
+                s = overlap_status(w, r)
+                if s != NO and not (s == FULL and e == f):
+                    return True
+    return False

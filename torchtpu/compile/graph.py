@@ -179,36 +179,12 @@ def _spec(fake, sshape, sdtype):
             sdtype)
 
 
-_FOREACH: dict = {}
-
-
-def _plain_type(t: str) -> str:
-    return {"List[Tensor]": "Tensor", "List[number]": "number",
-            "List[Scalar]": "Scalar"}.get(t, t)
-
-
 def foreach_element_op(op):
-    """The per-tensor overload a ``_foreach_*`` overload applies element by element
-    (``_foreach_mul.List`` -> ``mul.Tensor``, ``_foreach_pow.ScalarAndTensor`` ->
-    ``pow.Scalar``), matched on argument types with lists made single; None if none."""
-    if op in _FOREACH:
-        return _FOREACH[op]
-    found = None
-    name = op._schema.name.split("::")[1]
-    if name.startswith("_foreach_") and not _sig(op).mutated:
-        pkt = getattr(aten, name[len("_foreach_"):], None)
-        want = [_plain_type(str(a.type)) for a in op._schema.arguments]
-        for ov in (pkt.overloads() if pkt is not None else ()):
-            cand = getattr(pkt, ov)
-            cargs = cand._schema.arguments
-            if any(a.alias_info is not None for a in cargs) or len(cargs) < len(want):
-                continue
-            if [str(a.type) for a in cargs[: len(want)]] == want and all(
-                    a.has_default_value() for a in cargs[len(want):]):
-                found = cand
-                break
-    _FOREACH[op] = found
-    return found
+    """The per-tensor overload a ``_foreach_*`` overload applies element by element (see
+    :func:`torchtpu.ops.foreach.element_op`)."""
+    from torchtpu.ops import foreach
+
+    return foreach.element_op(op)
 
 
 class _Unsupported(NotImplementedError):

@@ -609,6 +609,10 @@ class LoweredPlan:
         self.fsig = functional_sig or sig  # schema of the lowered functional op
         self.writeonly = set(sig.out_args)
         self._groups = None  # set by _functional_meta for Tensor[] results
+        # an in-place _foreach_*_ (ops.foreach): per argument, whether it is a Tensor[]
+        # (for overlap.foreach_in_order); None for every other op
+        self.in_order = [k in (T_LIST, OPT_T_LIST) for k in sig.kinds] if (
+            sig.mutated_lists and op._schema.name.startswith("aten::_foreach_")) else None
         # the hot path (eager.hotpath): argument codes, hot key -> (Executable, offsets),
         # and its C++ form once the C++ helper is loaded
         self.hot_codes = _hot.codes_for(self)
@@ -716,6 +720,10 @@ class LoweredPlan:
             M.cache_misses += 1
             try:
                 ex = _CACHE.put(key, self._build(vals, c, key))
+            except _InOrder:
+                if args is None:
+                    raise NotImplementedError(f"torchtpu: {self.op} on aliased lists") from None
+                return _foreach_in_order(self.op, args, kwargs)
             except NotImplementedError as refused:
                 # a case the lowering refuses (e.g. overlapping views in a mutated list):
                 # the opt-in CPU fallback runs it, as it runs ops without a lowering
@@ -928,6 +936,9 @@ class LoweredPlan:
         kinds = self.sig.kinds
         mutated = self.sig.mutated
         out_set = self.writeonly
+        if self.sig.mutated_lists and self.in_order is not None and _overlap.foreach_in_order(
+                vals, self.sig.mutated_lists[0], self.in_order):
+            raise _InOrder  # (_run: PyTorch's per-element kernel runs the call)
         if mutated:
             # once per signature: it holds the storage sharing and every view
             _overlap.check_writes(self.op, mutated, self.sig.out_args, vals, lowering.random)
@@ -1181,6 +1192,22 @@ def _view_offsets(spec):
     for n, st in zip(size, stride):
         idx = np.add.outer(idx, np.arange(n, dtype=np.int64) * st).reshape(-1)
     return idx
+
+
+class _InOrder(Exception):
+    """An in-place ``_foreach_*_`` call whose lists alias so that the element order shows
+    (``overlap.foreach_in_order``): raised where its executable would be built."""
+
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _foreach_in_order(op, args, kwargs):
+    """Run the in-place foreach ``op`` as PyTorch's kernel for devices without a foreach
+    kernel does (registered for CPU): the element op once per list position, in order,
+    each through the dispatcher (so each is a tpu op of its own)."""
+    M.foreach_in_order += 1
+    return op.redispatch(_CPU_KEYS, *args, **kwargs)
 
 
 def _check_disjoint_writes(op, writes, specs):

@@ -111,6 +111,7 @@ _FAMILIES = (
     "attention",
     "sdpa",
     "amp",
+    "foreach",  # last: composed from the element ops' lowerings
 )
 _loaded = False
 
