@@ -185,7 +185,8 @@ bool register_view_kernels() {
 // either).
 namespace hot {
 
-enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4 };
+enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4,
+            DYN_SCALAR_LIST = 5 };
 
 struct Globals {
   py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex,
@@ -438,6 +439,19 @@ struct HotPlan {
           g.key.append(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
           g.dyn.append(np_value(v, npdt));
         }
+      } else if (code == DYN_SCALAR_LIST) {  // Python numbers: runtime inputs, in order
+        if (!PyList_Check(v) && !PyTuple_Check(v)) return py::none();
+        py::object seq = steal(PySequence_Fast(v, "list"));
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
+        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+        py::tuple kinds(m);
+        for (Py_ssize_t k = 0; k < m; ++k) {
+          PyObject* npdt = number_np(items[k]);
+          if (npdt == nullptr) return py::none();
+          kinds[k] = py::handle(reinterpret_cast<PyObject*>(Py_TYPE(items[k])));
+          g.dyn.append(np_value(items[k], npdt));
+        }
+        g.key.append(py::make_tuple("SL", kinds));
       } else if (code == CONST_SCALAR) {
         if (v == Py_None) {
           g.key.append(py::none());

@@ -48,7 +48,8 @@ from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
 from torchtpu.ops import set_plan_runner as _set_plan_runner
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
-    GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, STATIC, T, T_LIST, Signature, call_lowering,
+    GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, SCALAR_LIST, STATIC, T, T_LIST, Signature,
+    call_lowering,
 )
 from torchtpu.ops._schema import flatten as _flatten
 from torchtpu.ops._util import scalar_type_name
@@ -341,6 +342,11 @@ def _key_float(k):
     return k
 
 
+def _numbers(v) -> bool:
+    """Whether ``v`` is a list of Python numbers (bool, int, float, complex)."""
+    return isinstance(v, (list, tuple)) and all(x.__class__ in _SCALAR_NP for x in v)
+
+
 def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
     c = _Call(not plan.sig.mutated_lists)
@@ -387,6 +393,11 @@ def gather(plan, vals):
                 c.dyn.append(np.asarray(v, dtype=_SCALAR_NP[kind]))
         elif k == GEN:
             key.append("gen")
+        elif k == SCALAR_LIST and not plan.lowering.static_scalars and _numbers(v):
+            # a Scalar[] of Python numbers: runtime inputs, as Scalar arguments are (an
+            # optimizer's per-step bias corrections must not compile an executable each)
+            key.append(("SL", tuple(x.__class__ for x in v)))
+            c.dyn.extend(np.asarray(x, dtype=_SCALAR_NP[x.__class__]) for x in v)
         else:
             if isinstance(v, list):
                 v = tuple(v)
@@ -995,6 +1006,8 @@ class LoweredPlan:
                     item = ("scalar", kk[1])
             elif k == GEN:
                 item = ("drop",)
+            elif k == SCALAR_LIST and kk.__class__ is tuple and kk[:1] == ("SL",):
+                item = ("list", [("scalar", kind) for kind in kk[1]])
             else:
                 item = ("const", v)
             if i not in out_set:

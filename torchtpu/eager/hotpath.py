@@ -43,14 +43,14 @@ import os
 import numpy as np
 import torch
 
-from torchtpu.ops._schema import GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, T, T_LIST
+from torchtpu.ops._schema import GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, SCALAR_LIST, T, T_LIST
 
 ENABLED = [os.environ.get("TORCHTPU_HOT_PATH", "1").strip() not in ("0", "")]
 # its C++ form (``_native.cpp``'s HotPlan) once the C++ helper is loaded; off: Python
 NATIVE = [os.environ.get("TORCHTPU_HOT_PATH_NATIVE", "1").strip() not in ("0", "")]
 
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
-_TENSOR, _LIST, _DYN_SCALAR, _CONST_SCALAR, _CONST = range(5)
+_TENSOR, _LIST, _DYN_SCALAR, _CONST_SCALAR, _CONST, _DYN_SCALAR_LIST = range(6)
 _DEFAULT = ("default",)  # key item of a Scalar argument left at its schema default
 MISS = object()  # the C++ hot path's answer when the general path must run the call
 _Tensor = torch.Tensor
@@ -109,6 +109,8 @@ def codes_for(plan):
             codes.append((_CONST_SCALAR if low.static_scalars else _DYN_SCALAR, d))
         elif k == GEN:
             return None
+        elif k == SCALAR_LIST and not low.static_scalars:
+            codes.append((_DYN_SCALAR_LIST, None))
         else:
             codes.append((_CONST, None))
     return tuple(codes)
@@ -221,6 +223,17 @@ def gather(codes, precision, vals, lazy=None):
                     return None
                 key.append(cls)
                 dyn.append(np.asarray(v, _SCALAR_NP[cls]))
+        elif code == _DYN_SCALAR_LIST:  # Python numbers: runtime inputs, in order
+            if v.__class__ is not list and v.__class__ is not tuple:
+                return None
+            kinds = []
+            for x in v:
+                cls = x.__class__
+                if cls not in _SCALAR_NP:
+                    return None
+                kinds.append(cls)
+                dyn.append(np.asarray(x, _SCALAR_NP[cls]))
+            key.append(("SL", tuple(kinds)))
         elif code == _CONST_SCALAR:
             if v is None:
                 key.append(None)

@@ -13,7 +13,7 @@ from torchtpu.ops import _checks
 from torchtpu.ops._util import precision_scope
 
 # argument kinds
-T, OPT_T, T_LIST, OPT_T_LIST, SCALAR, OPT_SCALAR, GEN, STATIC = range(8)
+T, OPT_T, T_LIST, OPT_T_LIST, SCALAR, OPT_SCALAR, GEN, STATIC, SCALAR_LIST = range(9)
 
 
 def _arg_kind(a) -> int:
@@ -32,6 +32,8 @@ def _arg_kind(a) -> int:
         return OPT_SCALAR
     if s == "Optional[Generator]" or s == "Generator":
         return GEN
+    if s == "List[number]" or s == "List[Scalar]":
+        return SCALAR_LIST  # (``_foreach_*.ScalarList``: per-step values, runtime inputs)
     return STATIC
 
 

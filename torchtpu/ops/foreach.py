@@ -13,9 +13,11 @@ op's, bit for bit.
 Which overloads (:func:`composed`): the functional ones (``_foreach_mul.Scalar``); the
 in-place ones (``_foreach_mul_.Scalar``) reach them through the executor's mutable path
 (``eager.executor``: the functional lowering, written back through each element's view).
-Not composed: ``ScalarList`` overloads (a ``Scalar[]`` argument is a compile-time
-constant in an executable's key, and optimizers pass per-step values there: a compile
-per step), ``_foreach_copy`` (its source may be on another device), and element ops
+A ``Scalar[]`` argument (``ScalarList`` overloads: AdamW's per-parameter bias
+corrections, new values every step) is a runtime input, one device scalar per number,
+as a ``Scalar`` argument is (``ops._schema.SCALAR_LIST``), so a new step's values
+compile nothing.  Not composed: ``_foreach_copy`` (its source may be on another
+device), and element ops
 that draw random numbers, have a data-dependent shape, or fix dtypes on the host
 (``out_dtypes``/``meta``).  Those keep PyTorch's per-element kernel.
 
@@ -88,8 +90,10 @@ def composed(op, el, low: Lowering) -> Lowering:
     overload ``el``'s lowering ``low``: ``fn(*args)`` returns one array per list
     element (``Tensor[]``)."""
     schema_args = op._schema.arguments
-    is_list = [str(a.type) == "List[Tensor]" for a in schema_args]
-    first = is_list.index(True)
+    # per argument: whether element e reads its e-th entry (Tensor[], Scalar[])
+    is_list = [str(a.type) in ("List[Tensor]", "List[number]", "List[Scalar]")
+               for a in schema_args]
+    first = [str(a.type) for a in schema_args].index("List[Tensor]")
     tail = [a.default_value for a in el._schema.arguments[len(schema_args):]]
     el_fn = low.fn
 
@@ -143,7 +147,7 @@ def _register() -> None:
             continue
         base = name.split("::")[1]
         ovname = s.overload_name or "default"
-        if base in _NOT_COMPOSED or "out" in ovname or ovname == "ScalarList":
+        if base in _NOT_COMPOSED or "out" in ovname:
             continue
         op = getattr(getattr(aten, base), ovname)
         if op in LOWERINGS or not any(str(a.type) == "List[Tensor]" for a in op._schema.arguments):
