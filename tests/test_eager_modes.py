@@ -387,3 +387,24 @@ def test_threads_recording_at_once_get_their_own_values(mode):
             for t in threads:
                 t.join()
     assert errors == []
+
+
+def test_defer_loop_without_sync_runs_bounded_segments(monkeypatch):
+    """A DEFER_AND_FUSE loop that never syncs nor cuts runs a segment every
+    ``SEGMENT_LIMIT`` ops (a bounded XLA compile; the limit was 20,000 ops, a 10-minute,
+    20 GB compile for training steps), counted under ``segment_cuts["segment_limit"]``,
+    with CPU's values."""
+    from torchtpu.eager import defer
+
+    monkeypatch.setattr(defer, "SEGMENT_LIMIT", 40)
+    xc = torch.linspace(-1, 1, 16)
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        xt = xc.to("tpu")
+        m0 = torchtpu.metrics()["segment_cuts"].get("segment_limit", 0)
+        for _ in range(50):  # 100 ops
+            xc = torch.tanh(xc * 1.5) + 0.1
+            xt = torch.tanh(xt * 1.5) + 0.1
+            assert defer.pending_ops() < 40
+        cuts = torchtpu.metrics()["segment_cuts"].get("segment_limit", 0) - m0
+        torch.testing.assert_close(xt.cpu(), xc)
+    assert cuts >= 2

@@ -36,7 +36,12 @@ from torchtpu._tensor import storage as _st
 from torchtpu.eager import inflight
 
 M = _metrics.METRICS
-SEGMENT_LIMIT = 20000  # ops; a longer segment runs early (cause "segment_limit")
+# ops; a longer segment runs early (cause "segment_limit").  XLA's compile of a segment
+# grows faster than its length: on XLA:CPU, segments of small-MLP training steps took 27 s
+# and 1.9 GB at 1,000 ops, 39 s and 3 GB at 2,000, over 10 minutes and 20 GB at 20,000
+# (the limit before); so a loop that never syncs or cuts (no backward, no host read)
+# compiles bounded pieces.  (TORCHTPU_DEFER_SEGMENT_LIMIT sets it.)
+SEGMENT_LIMIT = int(os.environ.get("TORCHTPU_DEFER_SEGMENT_LIMIT", "1000"))
 # End the pending segment (asynchronously, not a host sync) when a backward pass starts
 # and ends: see torchtpu.eager.autograd.  TORCHTPU_DEFER_CUT_AT_BACKWARD=0 turns it off.
 CUT_AT_BACKWARD = os.environ.get("TORCHTPU_DEFER_CUT_AT_BACKWARD", "1") != "0"
