@@ -76,23 +76,6 @@ class Segment:
         self.key = []  # structure, for the compiled-segment cache
         self.lazies = []  # weakref to each node output's Lazy, with (node, out)
 
-    def ref(self, a):
-        """Reference to an executable input: a segment input or a node output."""
-        if a is None:
-            return None
-        if a.__class__ is _st.Lazy:
-            if a.value is not None:
-                a = a.value
-            elif a.seg is self:
-                return (a.node, a.out)
-            else:  # cannot happen: a live value of a flushed segment has its value
-                raise RuntimeError("torchtpu internal error: stale deferred value")
-        k = self.input_ids.get(id(a))
-        if k is None:
-            k = self.input_ids[id(a)] = len(self.inputs)
-            self.inputs.append(a)
-        return k
-
 
 def _out_avals(ex, arrays, dyn):
     jax = runtime.jax()
@@ -106,34 +89,73 @@ def _out_avals(ex, arrays, dyn):
 
 
 def record(ex, c):
-    """Append one op (executable ``ex`` with gathered call ``c``) to the segment and return
-    the Lazy values standing for its results."""
+    """Append one op (executable ``ex`` with gathered call ``c``: its ``index``,
+    ``arrays`` and ``dyn``) to the segment and return the Lazy values standing for its
+    results."""
+    return record_arrays(ex, c.arrays, c.dyn, c.index)
+
+
+_Lazy = _st.Lazy
+_wref = weakref.ref
+
+
+def record_arrays(ex, arrays, dyn, index=None):
+    """:func:`record` of a call given as the storages' ``arrays`` (JAX arrays, Lazy
+    values or None), the host scalars ``dyn`` and its tpu ``index`` (default: the
+    executable's device).  The hot path's form: the C++ kernels call it for every
+    recorded op."""
     global _current
+    if index is None:
+        index = ex.device_index
     with _LOCK:  # one thread at a time: see _LOCK
         seg = _current
-        thread = _get_ident()
-        if seg is None or seg.index != c.index or seg.thread != thread:
+        if seg is None or seg.index != index or seg.thread != _get_ident():
             if seg is not None:
-                if seg.index != c.index:
+                if seg.index != index:
                     flush("device_change")
                 else:
                     # another thread records (user threads, or a backward on autograd's
                     # worker thread): segments are per thread of control
                     flush("thread_switch", sync=False)
-            seg = _current = Segment(c.index, thread)
+            seg = _current = Segment(index, _get_ident())
         if ex.out_avals is None:
-            ex.out_avals = _out_avals(ex, c.arrays, c.dyn)
-        refs = tuple(seg.ref(a) for a in c.arrays)
-        seg.dyn.extend(c.dyn)
-        node = len(seg.nodes)
-        seg.nodes.append((ex.traced, refs, len(c.dyn), ex))
+            ex.out_avals = _out_avals(ex, arrays, dyn)
+        ids = seg.input_ids
+        inputs = seg.inputs
+        refs = []
+        for a in arrays:  # (Segment.ref, inlined: the per-op path)
+            if a is None:
+                refs.append(None)
+                continue
+            if a.__class__ is _Lazy:
+                if a.value is not None:
+                    a = a.value
+                elif a.seg is seg:
+                    refs.append((a.node, a.out))
+                    continue
+                else:  # cannot happen: a live value of a flushed segment has its value
+                    raise RuntimeError("torchtpu internal error: stale deferred value")
+            k = ids.get(id(a))
+            if k is None:
+                k = ids[id(a)] = len(inputs)
+                inputs.append(a)
+            refs.append(k)
+        refs = tuple(refs)
+        if dyn:
+            seg.dyn.extend(dyn)
+        nodes = seg.nodes
+        node = len(nodes)
+        nodes.append((ex.traced, refs, len(dyn), ex))
         seg.key.append((ex.serial, refs))
         outs = []
-        for i, av in enumerate(ex.out_avals):
-            lz = _st.Lazy(seg, node, i, av.shape, av.dtype)
+        lazies = seg.lazies
+        i = 0
+        for av in ex.out_avals:
+            lz = _Lazy(seg, node, i, av.shape, av.dtype)
             outs.append(lz)
-            seg.lazies.append((weakref.ref(lz), node, i))
-        if len(seg.nodes) >= SEGMENT_LIMIT:
+            lazies.append((_wref(lz), node, i))
+            i += 1
+        if node + 1 >= SEGMENT_LIMIT:
             flush("segment_limit", sync=False)
         return outs
 

@@ -519,11 +519,6 @@ def _hot_other_structure(ex, arrays, dyn):
         return _through_jit(ex, arrays, dyn)
 
 
-def _hot_record(ex, arrays, dyn):
-    """DeferAndFuse records a hot-path call (the C++ kernels' form of ``_run_hot``)."""
-    return _defer.record(ex, _Recorded(ex.device_index, arrays, dyn))
-
-
 def _hot_wrap_permuted(ex, arr, meta):
     size, stride, dtype, _ = meta
     st = _st.new_storage(tuple(arr.shape), dtype, ex.device_index, arr)
@@ -551,7 +546,7 @@ def _native_loaded(mod):
         "storage_from_ptr": _st._storage_from_ptr, "devices": _st._DEVICES,
         "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
         "addr_align": _st._ADDR_ALIGN, "check_limit": _CHECK_LIMIT,
-        "defer_record": _hot_record,
+        "defer_record": _defer.record_arrays,  # (ex, arrays, dyn): DEFER's recording
     })
     _NATIVE_READY[0] = True
     for plan in _HOT_PLANS:
@@ -687,7 +682,7 @@ class LoweredPlan:
         if offs is not None:  # the views' storage offsets (fixed by the hot key)
             dyn.append(offs)
         if CONFIG.defer:  # record it (eager.defer), as the general path would
-            outs = _defer.record(ex, _Recorded(ex.device_index, arrays, dyn))
+            outs = _defer.record_arrays(ex, arrays, dyn)
             if ex.check_info:
                 _PENDING.append((outs[-1], ex.check_info, self.op))
                 outs = outs[:-1]
