@@ -340,6 +340,25 @@ RAISING = [
 ]
 
 
+def arange_complex(d):  # CPU has no complex arange kernel (tpu returned zeros)
+    return torch.arange(0.0, 2.5, 0.5, dtype=torch.complex64, device=d)
+
+
+def arange_complex_int(d):
+    return torch.arange(5, dtype=torch.complex128, device=d)
+
+
+def arange_complex_bound(d):  # a complex bound does not convert to double
+    return torch.arange(0, 3, 1j, device=d)
+
+
+RAISING += [arange_complex, arange_complex_int, arange_complex_bound]
+
+
+def arange_float_step(d):
+    return torch.arange(0.0, 2.5, 0.5, dtype=torch.float64, device=d)
+
+
 def _cpu_error(case):
     try:
         case("cpu")
@@ -537,7 +556,7 @@ VALID = [
     div_floor_nonzero, remainder_nonzero, int_true_div_by_zero, ce_ignore_index,
     ce_ignore_index_custom, ce_probabilities, bce_valid, softmax_int_with_dtype,
     bernoulli_certain, multinomial_certain, mm_int64, mm_int8, addmm_same_dtype, rsub_alpha,
-    rsub_scalar_alpha, add_bool_alpha_bool,
+    rsub_scalar_alpha, add_bool_alpha_bool, arange_float_step,
 ]
 
 

@@ -23,7 +23,7 @@ from torchtpu.ops import aten, lower, run_plan
 from torchtpu.ops import decomp_overrides
 from torchtpu.ops._scalar import Scalar, check_converts, fits, scalar_check
 from torchtpu.ops._schema import Signature
-from torchtpu.ops._util import cast, jnp, npdt, tdtype
+from torchtpu.ops._util import cast, jnp, npdt, scalar_type_name, tdtype
 
 
 def _num(x):
@@ -61,9 +61,13 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 def arange_size(start, end, step, dtype: torch.dtype) -> int:
     """PyTorch's arange length (``compute_arange_size``), with its argument checks and
-    CPU's dtype check (no bool kernel)."""
-    if dtype is torch.bool:
-        raise NotImplementedError('"arange_cpu" not implemented for \'Bool\'')
+    CPU's dtype checks (no bool or complex kernel; complex bounds do not convert to
+    double)."""
+    if any(isinstance(v, complex) for v in (start, end, step)):
+        raise RuntimeError("value cannot be converted to type double without overflow")
+    if dtype is torch.bool or dtype.is_complex:
+        raise NotImplementedError(
+            f'"arange_cpu" not implemented for \'{scalar_type_name(dtype)}\'')
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if dtype is torch.int64:
