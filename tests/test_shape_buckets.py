@@ -321,9 +321,10 @@ def test_recurrence_bound_and_policy(bucketed):
 
 
 def test_adamw_training_leaves_buckets_after_the_first_steps():
-    """AdamW's per-parameter ops (one shape per parameter) churn past ``after`` in the
-    first step; their signatures recur every step, so from step 3 no op runs bucketed
-    and no bucket pads or unpads through the host.  Parameters equal CPU AdamW's."""
+    """AdamW's per-parameter ops (``foreach=False``: one shape per parameter) churn past
+    ``after`` in the first step; their signatures recur every step, so from step 3 no op
+    runs bucketed and no bucket pads or unpads through the host.  Parameters equal CPU
+    AdamW's.  (The default, ``foreach``, AdamW updates each list as one op: no churn.)"""
     executor._CACHE.clear()
     buckets.set_policy(enabled=True, after=4, recur=32)  # the defaults, pinned
 
@@ -332,7 +333,7 @@ def test_adamw_training_leaves_buckets_after_the_first_steps():
         m = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(),
                                 torch.nn.Linear(24, 20), torch.nn.ReLU(),
                                 torch.nn.Linear(20, 5)).to(dev)  # 6 parameter shapes
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
         g = torch.Generator().manual_seed(1)
         x, y = torch.randn(8, 12, generator=g).to(dev), torch.randint(0, 5, (8,),
                                                                      generator=g).to(dev)
