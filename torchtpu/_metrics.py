@@ -11,6 +11,17 @@ import threading
 _lock = threading.Lock()
 
 
+# Functions returning [(attribute, count)] to add to METRICS when it is read, each count
+# given once: counters kept where incrementing them is cheaper (the C++ op kernels).
+_SOURCES: list = []
+
+
+def add_counter_source(fn) -> None:
+    """Register ``fn() -> [(attribute name, int)]``: counts since its last call, added to
+    :data:`METRICS` by :func:`metrics` (and dropped by :func:`reset_metrics`)."""
+    _SOURCES.append(fn)
+
+
 class Metrics:
     """Process-wide counters.
 
@@ -120,7 +131,15 @@ class Metrics:
     def __init__(self):
         self.reset()
 
+    def fold(self):
+        """Add the counts kept outside this object (:func:`add_counter_source`)."""
+        for source in _SOURCES:
+            for name, n in source():
+                setattr(self, name, getattr(self, name) + n)
+
     def reset(self):
+        for source in _SOURCES:
+            source()  # (dropped)
         self.ops_dispatched = 0
         self.lowered_ops = 0
         self.hot_path_calls = 0
@@ -175,6 +194,7 @@ class Metrics:
         self.sync_sites[(cause, _user_line())] += 1
 
     def snapshot(self) -> dict:
+        self.fold()
         with _lock:
             d = copy.deepcopy(self.__dict__)
         d["host_syncs"] = dict(d["host_syncs"])

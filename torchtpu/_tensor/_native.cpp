@@ -41,6 +41,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
+#include <structmember.h>
+
 #include <atomic>
 #include <string>
 #include <unordered_map>
@@ -189,6 +191,7 @@ enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4,
             DYN_SCALAR_LIST = 5 };
 
 struct Globals {
+  py::object executable_cls, allocator_alloc;
   py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex,
       lazy_cls;
   py::object default_marker, miss, metrics, inflight, cache, call_donating, call_other,
@@ -203,9 +206,74 @@ PyObject *s_tpu, *s_arr, *s_dtype, *s_shape, *s_key, *s_calls, *s_writes, *s_cal
     *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops, *s_compiled,
     *s_value, *s_resolve, *s_owner;
 
+// Counters of the C++ kernels, folded into torchtpu.metrics() when it is read
+// (take_counts): a Python attribute increment per op cost ~0.1 us each.
+enum Count { C_OPS_DISPATCHED = 0, C_LOWERED_OPS, C_CACHE_HITS, C_HOT_PATH_CALLS, C_N };
+int64_t g_counts[C_N] = {0, 0, 0, 0};
+
 py::object steal(PyObject* o) {
   if (o == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(o);
+}
+
+// Slot attributes of executor.Executable and storage.StorageData (both __slots__ classes)
+// read and written at their offsets: the descriptor protocol of a getattr cost ~35 ns,
+// and a hit reads about fifteen of them.  An object of another class (a subclass) goes
+// through getattr/setattr as before.
+struct Slot {
+  PyTypeObject* type = nullptr;
+  Py_ssize_t offset = 0;
+  PyObject* name = nullptr;
+};
+enum ExSlot { EX_CALL = 0, EX_OUT_META, EX_WRITES, EX_DEVICE_INDEX, EX_COMPILED,
+              EX_CHECK_INFO, EX_GROUPS, EX_KEY, EX_CALLS, EX_N };
+enum SdSlot { SD_ARR = 0, SD_SHAPE, SD_DTYPE, SD_INDEX, SD_NBYTES, SD_COUNTED, SD_N };
+Slot g_ex[EX_N], g_sd[SD_N];
+
+void find_slots(py::object cls, Slot* slots, const char* const* names, int n) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  for (int i = 0; i < n; ++i) {
+    PyObject* d = PyDict_GetItemString(type->tp_dict, names[i]);
+    if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type ||
+        reinterpret_cast<PyMemberDescrObject*>(d)->d_member->type != T_OBJECT_EX)
+      throw std::runtime_error(std::string("torchtpu hot path: ") + type->tp_name + "." +
+                               names[i] + " is not a __slots__ attribute");
+    slots[i].type = type;
+    slots[i].offset = reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset;
+    slots[i].name = PyUnicode_InternFromString(names[i]);
+  }
+}
+
+inline PyObject** slot_ptr(PyObject* obj, const Slot& s) {
+  return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + s.offset);
+}
+
+// obj.<slot> (a new reference)
+inline py::object get(PyObject* obj, const Slot& s) {
+  if (Py_TYPE(obj) == s.type) {
+    PyObject* v = *slot_ptr(obj, s);
+    if (v != nullptr) return py::reinterpret_borrow<py::object>(v);
+  }
+  return steal(PyObject_GetAttr(obj, s.name));
+}
+
+// obj.<slot> = v
+inline void put(PyObject* obj, const Slot& s, PyObject* v) {
+  if (Py_TYPE(obj) == s.type) {
+    PyObject** p = slot_ptr(obj, s);
+    PyObject* old = *p;
+    Py_INCREF(v);
+    *p = v;
+    Py_XDECREF(old);
+    return;
+  }
+  if (PyObject_SetAttr(obj, s.name, v) < 0) throw py::error_already_set();
+}
+
+// fn(args...) through the vectorcall protocol (pybind11's call builds a tuple and casts)
+template <typename... A>
+py::object call(const py::object& fn, A... args) {
+  return steal(PyObject_CallFunctionObjArgs(fn.ptr(), static_cast<PyObject*>(args)..., nullptr));
 }
 
 void bump(PyObject* obj, PyObject* name) {
@@ -219,6 +287,17 @@ void setup(py::dict g) {
   if (G == nullptr) G = new Globals();
   G->array_cls = g["array_cls"];
   G->storage_data_cls = g["storage_data_cls"];
+  G->executable_cls = g["executable_cls"];
+  G->allocator_alloc = g["allocator_alloc"];
+  {
+    static const char* const ex_names[EX_N] = {"call", "out_meta", "writes", "device_index",
+                                               "compiled", "check_info", "groups", "key",
+                                               "calls"};
+    static const char* const sd_names[SD_N] = {"arr", "shape", "dtype", "index", "nbytes",
+                                               "counted"};
+    find_slots(G->executable_cls, g_ex, ex_names, EX_N);
+    find_slots(G->storage_data_cls, g_sd, sd_names, SD_N);
+  }
   G->lazy_cls = g["lazy_cls"];
   G->asarray = g["asarray"];
   G->np_bool = g["np_bool"];
@@ -318,18 +397,18 @@ bool add_tensor(Gather& g, PyObject* x, bool lazy) {
     return false;
   }
   py::object sd = steal(sd_raw);
-  py::object arr = steal(PyObject_GetAttr(sd.ptr(), s_arr));
+  py::object arr = get(sd.ptr(), g_sd[SD_ARR]);
   if (reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr())) != G->array_cls.ptr()) {
     if (!lazy || reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr())) != G->lazy_cls.ptr())
       return false;
     py::object value = steal(PyObject_GetAttr(arr.ptr(), s_value));
     if (!value.is_none()) {
       steal(PyObject_CallMethodObjArgs(sd.ptr(), s_resolve, value.ptr(), nullptr));
-      arr = steal(PyObject_GetAttr(sd.ptr(), s_arr));
+      arr = get(sd.ptr(), g_sd[SD_ARR]);
     }
   }
-  py::object sdtype = steal(PyObject_GetAttr(sd.ptr(), s_dtype));
-  py::object sshape = steal(PyObject_GetAttr(sd.ptr(), s_shape));
+  py::object sdtype = get(sd.ptr(), g_sd[SD_DTYPE]);
+  py::object sshape = get(sd.ptr(), g_sd[SD_SHAPE]);
   PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
   auto sizes = t.sizes();
   int64_t off = t.storage_offset();
@@ -534,11 +613,10 @@ struct HotPlan {
           py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 2)),
           py::reinterpret_borrow<py::list>(PyTuple_GET_ITEM(hot.ptr(), 3))};
     if (offs != Py_None) h.dyn.append(py::handle(offs));
-    PyObject* M = G->metrics.ptr();
-    bump(M, s_lowered_ops);
-    bump(M, s_cache_hits);
-    bump(M, s_hot_path_calls);
-    py::object exkey = steal(PyObject_GetAttr(ex, s_key));
+    ++g_counts[C_LOWERED_OPS];
+    ++g_counts[C_CACHE_HITS];
+    ++g_counts[C_HOT_PATH_CALLS];
+    py::object exkey = get(ex, g_ex[EX_KEY]);
     steal(PyObject_CallMethodObjArgs(G->cache.ptr(), s_move_to_end, exkey.ptr(), nullptr));
     return h;
   }
@@ -547,7 +625,7 @@ struct HotPlan {
   // (inflight.PENDING_CHECKS) and return the other outputs.  *over: more are pending than
   // the limit (the caller verifies them after finishing the call).
   py::object take_checks(PyObject* ex, py::object outs, bool* over) {
-    py::object check_info = steal(PyObject_GetAttr(ex, s_check_info));
+    py::object check_info = get(ex, g_ex[EX_CHECK_INFO]);
     if (!PyObject_IsTrue(check_info.ptr())) return outs;
     py::object pending = steal(PyObject_GetAttr(G->inflight.ptr(), s_pending_checks));
     Py_ssize_t no = PyTuple_GET_SIZE(outs.ptr());
@@ -569,26 +647,31 @@ struct HotPlan {
         G->defer_record(py::handle(ex), h.arrays, h.dyn).ptr()));
     bool over = false;  // (verified when the segment runs, as on the Python path)
     outs = take_checks(ex, outs, &over);
-    py::object writes = steal(PyObject_GetAttr(ex, s_writes));
+    py::object writes = get(ex, g_ex[EX_WRITES]);
     return finish(ex, h.sds, vals, outs, writes, n_writes(writes));
   }
 
   py::object run(py::object entry, py::object hot, py::list vals) {
     PyObject* ex = PyTuple_GET_ITEM(entry.ptr(), 0);
     {  // recorded by DeferAndFuse only so far: the general path makes its first call
-      py::object compiled = steal(PyObject_GetAttr(ex, s_compiled));
+      py::object compiled = get(ex, g_ex[EX_COMPILED]);
       if (!PyObject_IsTrue(compiled.ptr())) return miss(vals, hot);
     }
     Hit h = begin_hit(ex, PyTuple_GET_ITEM(entry.ptr(), 1), hot);
-    bump(ex, s_calls);
-    int64_t calls = py::cast<int64_t>(steal(PyObject_GetAttr(ex, s_calls)));
-    py::object writes = steal(PyObject_GetAttr(ex, s_writes));
+    int64_t calls = 0;
+    {
+      py::object c = get(ex, g_ex[EX_CALLS]);
+      calls = PyLong_AsLongLong(c.ptr()) + 1;
+      if (calls == 0 && PyErr_Occurred()) throw py::error_already_set();
+      put(ex, g_ex[EX_CALLS], steal(PyLong_FromLongLong(calls)).ptr());
+    }
+    py::object writes = get(ex, g_ex[EX_WRITES]);
     Py_ssize_t nw = n_writes(writes);
     py::object outs;
     if (nw > 0 && calls > G->donate_after) {
       outs = G->call_donating(py::handle(ex), h.arrays, h.dyn);
     } else {
-      py::object fn = steal(PyObject_GetAttr(ex, s_call));
+      py::object fn = get(ex, g_ex[EX_CALL]);
       PyObject* r = PyObject_CallFunctionObjArgs(fn.ptr(), h.arrays.ptr(), h.dyn.ptr(), nullptr);
       if (r == nullptr) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
@@ -614,7 +697,7 @@ struct HotPlan {
       Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(writes.ptr(), k));
       PyObject* sd = PyList_GET_ITEM(sds.ptr(), j);
       PyObject* arr = PyTuple_GET_ITEM(o, k);
-      if (PyObject_SetAttr(sd, s_arr, arr) < 0) throw py::error_already_set();
+      put(sd, g_sd[SD_ARR], arr);
       if (reinterpret_cast<PyObject*>(Py_TYPE(arr)) == G->lazy_cls.ptr()) {
         py::object ref = steal(PyWeakref_NewRef(sd, nullptr));  // as LoweredPlan._finish
         if (PyObject_SetAttr(arr, s_owner, ref.ptr()) < 0) throw py::error_already_set();
@@ -627,8 +710,8 @@ struct HotPlan {
       for (size_t i = 0; i < mutated_returns.size(); ++i) r[i] = vals[mutated_returns[i]];
       return r;
     }
-    py::object meta = steal(PyObject_GetAttr(ex, s_out_meta));
-    int64_t index = py::cast<int64_t>(steal(PyObject_GetAttr(ex, s_device_index)));
+    py::object meta = get(ex, g_ex[EX_OUT_META]);
+    int64_t index = py::cast<int64_t>(get(ex, g_ex[EX_DEVICE_INDEX]));
     py::object seq = steal(PySequence_Fast(meta.ptr(), "out_meta"));
     Py_ssize_t nm = PySequence_Fast_GET_SIZE(seq.ptr());
     py::list results;
@@ -642,7 +725,7 @@ struct HotPlan {
                                   PyTuple_GET_ITEM(m, 2)));
       }
     }
-    py::object groups = steal(PyObject_GetAttr(ex, s_groups));
+    py::object groups = get(ex, g_ex[EX_GROUPS]);
     py::object res = results;
     if (!groups.is_none()) res = G->group_results(results, groups);
     if (nret == 1) return py::reinterpret_borrow<py::list>(res)[0];
@@ -658,6 +741,30 @@ struct HotPlan {
       if (out[i] == -1 && PyErr_Occurred()) throw py::error_already_set();
     }
     return out;
+  }
+
+  // StorageData(arr, shape, dtype, index, nbytes) without its Python __init__ frame: the
+  // same slots and the same device-byte accounting (storage.StorageData.__init__ says
+  // what they mean; a change there must be made here too).
+  static py::object new_storage_data(PyObject* arr, PyObject* shape, PyObject* dtype,
+                                     PyObject* index, PyObject* nbytes) {
+    auto* type = g_sd[0].type;
+    py::object sd = steal(type->tp_alloc(type, 0));
+    PyObject* o = sd.ptr();
+    put(o, g_sd[SD_ARR], arr);
+    put(o, g_sd[SD_SHAPE], shape);
+    put(o, g_sd[SD_DTYPE], dtype);
+    put(o, g_sd[SD_INDEX], index);
+    put(o, g_sd[SD_NBYTES], nbytes);
+    bool counted = reinterpret_cast<PyObject*>(Py_TYPE(arr)) != G->lazy_cls.ptr();
+    put(o, g_sd[SD_COUNTED], counted ? Py_True : Py_False);
+    if (counted) {
+      call(G->allocator_alloc, index, nbytes);
+    } else {
+      py::object ref = steal(PyWeakref_NewRef(o, nullptr));
+      if (PyObject_SetAttr(arr, s_owner, ref.ptr()) < 0) throw py::error_already_set();
+    }
+    return sd;
   }
 
   // storage.new_tensor in C++: a new storage (fake address) holding arr, and its tensor.
@@ -684,9 +791,10 @@ struct HotPlan {
       devo = py::reinterpret_borrow<py::object>(dev);
     }
     py::object nb = steal(PyLong_FromLongLong(nbytes));
-    py::object storage_obj = G->storage_from_ptr(steal(PyLong_FromLongLong(addr)), devo, nb);
+    py::object storage_obj =
+        call(G->storage_from_ptr, steal(PyLong_FromLongLong(addr)).ptr(), devo.ptr(), nb.ptr());
     py::object shape = steal(PySequence_Tuple(size));
-    py::object sdata = G->storage_data_cls(py::handle(arr), shape, py::handle(dtype), idx, nb);
+    py::object sdata = new_storage_data(arr, shape.ptr(), dtype, idx.ptr(), nb.ptr());
     if (PyObject_SetAttr(storage_obj.ptr(), s_tpu, sdata.ptr()) < 0) throw py::error_already_set();
     c10::Storage storage = THPStorage_Unpack(storage_obj.ptr());
     auto t = at::detail::make_tensor<c10::TensorImpl>(
@@ -910,7 +1018,7 @@ void run_kernel(KernelState* st, const c10::OperatorHandle& op, torch::jit::Stac
       }
       PyList_SET_ITEM(vals.ptr(), i, v.release().ptr());
     }
-    if (G != nullptr) bump(G->metrics.ptr(), s_ops_dispatched);
+    ++g_counts[C_OPS_DISPATCHED];
     int mode = st->hot.is_none() ? 0 : hot_mode();
     py::object missed = py::none();
     if (mode != 0) {
@@ -987,6 +1095,18 @@ bool set_kernel_hot(const std::string& name, py::object plan) {
   return !st->runner.is_none();
 }
 
+// The counts since the last call, as (metrics attribute, count) pairs; zeroes them.
+py::list take_counts() {
+  static const char* names[C_N] = {"ops_dispatched", "lowered_ops", "cache_hits",
+                                   "hot_path_calls"};
+  py::list out;
+  for (int i = 0; i < C_N; ++i) {
+    if (g_counts[i] != 0) out.append(py::make_tuple(names[i], g_counts[i]));
+    g_counts[i] = 0;
+  }
+  return out;
+}
+
 }  // namespace hot
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1008,6 +1128,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_kernel_hot", &hot::set_kernel_hot,
         "The HotPlan (or None) the C++ kernel of an op ('aten::add.Tensor') runs; whether "
         "a runner is known for it.");
+  m.def("take_counts", &hot::take_counts,
+        "The C++ kernels' metric counts since the last call, [(attribute, count)]; zeroes "
+        "them.");
   m.def("register_view_kernels", &register_view_kernels,
         "Register C++ PrivateUse1 kernels for as_strided and view (PyTorch's CPU ones).");
   m.def("make_on_storage", &make_on_storage,

@@ -83,6 +83,8 @@ class StorageData:
     __slots__ = ("arr", "shape", "dtype", "index", "nbytes", "counted", "__weakref__")
 
     def __init__(self, arr, shape, dtype, index, nbytes):
+        # (the C++ hot path makes these without this frame: _native.cpp's
+        # new_storage_data does the same, and must be changed with it)
         self.arr = arr
         self.shape = shape
         self.dtype = dtype

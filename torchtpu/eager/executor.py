@@ -535,6 +535,7 @@ def _native_loaded(mod):
     a hot-path table its C++ form."""
     mod.hot_setup({
         "array_cls": _hot._ARRAY[0], "storage_data_cls": _st.StorageData,
+        "executable_cls": Executable, "allocator_alloc": _st.ALLOCATOR.alloc,
         "lazy_cls": _st.Lazy,
         "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
         "np_float": np.float64, "np_complex": np.complex128,
