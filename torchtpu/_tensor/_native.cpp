@@ -191,11 +191,11 @@ enum Code { TENSOR = 0, LIST = 1, DYN_SCALAR = 2, CONST_SCALAR = 3, CONST = 4,
             DYN_SCALAR_LIST = 5 };
 
 struct Globals {
-  py::object executable_cls, allocator_alloc;
+  py::object executable_cls, allocator;
   py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex,
       lazy_cls;
   py::object default_marker, miss, metrics, inflight, cache, call_donating, call_other,
-      wrap_other, group_results, check_pending, next_addr, storage_from_ptr, devices,
+      wrap_other, group_results, check_pending, next_addr,
       matmul_precision, float_tag, defer_record;
   int64_t donate_after = 0, addr_align = 512, check_limit = 256;
 };
@@ -270,6 +270,51 @@ inline void put(PyObject* obj, const Slot& s, PyObject* v) {
   if (PyObject_SetAttr(obj, s.name, v) < 0) throw py::error_already_set();
 }
 
+// storage._Allocator.alloc (sign 1) / free (sign -1) of ALLOCATOR, in C: its per-device
+// byte counts (dicts index -> bytes), peak and allocation count.  The Python methods say
+// what they mean; a change there must be made here too.
+void bump(PyObject* obj, PyObject* name);
+
+void account(PyObject* index, PyObject* nbytes, int sign) {
+  static PyObject *s_allocated = PyUnicode_InternFromString("allocated"),
+                  *s_peak = PyUnicode_InternFromString("peak"),
+                  *s_num_allocs = PyUnicode_InternFromString("num_allocs");
+  PyObject* a = G->allocator.ptr();
+  py::object allocated = steal(PyObject_GetAttr(a, s_allocated));
+  PyObject* prev = PyDict_GetItemWithError(allocated.ptr(), index);
+  if (prev == nullptr && PyErr_Occurred()) throw py::error_already_set();
+  long long cur = (prev == nullptr ? 0 : PyLong_AsLongLong(prev)) +
+                  sign * PyLong_AsLongLong(nbytes);
+  if (PyErr_Occurred()) throw py::error_already_set();
+  py::object curo = steal(PyLong_FromLongLong(cur));
+  if (PyDict_SetItem(allocated.ptr(), index, curo.ptr()) < 0) throw py::error_already_set();
+  if (sign < 0) return;
+  py::object peak = steal(PyObject_GetAttr(a, s_peak));
+  PyObject* p = PyDict_GetItemWithError(peak.ptr(), index);
+  if (p == nullptr && PyErr_Occurred()) throw py::error_already_set();
+  if (p == nullptr || cur > PyLong_AsLongLong(p)) {
+    if (PyDict_SetItem(peak.ptr(), index, curo.ptr()) < 0) throw py::error_already_set();
+  }
+  bump(a, s_num_allocs);
+}
+
+// StorageData.__del__ once the hot path is set up (a method descriptor: no Python frame):
+// the storage's device bytes are no longer allocated.  Never raises, as the Python one.
+PyObject* storage_data_del(PyObject* self, PyObject*) {
+  try {
+    py::object counted = get(self, g_sd[SD_COUNTED]);
+    if (counted.ptr() == Py_True) {
+      py::object index = get(self, g_sd[SD_INDEX]), nbytes = get(self, g_sd[SD_NBYTES]);
+      account(index.ptr(), nbytes.ptr(), -1);
+    }
+  } catch (...) {
+  }
+  PyErr_Clear();
+  Py_RETURN_NONE;
+}
+PyMethodDef g_sd_del_def = {"__del__", storage_data_del, METH_NOARGS,
+                            "StorageData.__del__ (C form)"};
+
 // fn(args...) through the vectorcall protocol (pybind11's call builds a tuple and casts)
 template <typename... A>
 py::object call(const py::object& fn, A... args) {
@@ -288,7 +333,7 @@ void setup(py::dict g) {
   G->array_cls = g["array_cls"];
   G->storage_data_cls = g["storage_data_cls"];
   G->executable_cls = g["executable_cls"];
-  G->allocator_alloc = g["allocator_alloc"];
+  G->allocator = g["allocator"];
   {
     static const char* const ex_names[EX_N] = {"call", "out_meta", "writes", "device_index",
                                                "compiled", "check_info", "groups", "key",
@@ -297,6 +342,9 @@ void setup(py::dict g) {
                                                "counted"};
     find_slots(G->executable_cls, g_ex, ex_names, EX_N);
     find_slots(G->storage_data_cls, g_sd, sd_names, SD_N);
+    py::object del = steal(PyDescr_NewMethod(g_sd[0].type, &g_sd_del_def));
+    if (PyObject_SetAttrString(G->storage_data_cls.ptr(), "__del__", del.ptr()) < 0)
+      throw py::error_already_set();
   }
   G->lazy_cls = g["lazy_cls"];
   G->asarray = g["asarray"];
@@ -315,8 +363,6 @@ void setup(py::dict g) {
   G->group_results = g["group_results"];
   G->check_pending = g["check_pending"];
   G->next_addr = g["next_addr"];
-  G->storage_from_ptr = g["storage_from_ptr"];
-  G->devices = g["devices"];
   G->matmul_precision = g["matmul_precision"];
   G->defer_record = g["defer_record"];
   G->float_tag = py::str("float");
@@ -759,7 +805,7 @@ struct HotPlan {
     bool counted = reinterpret_cast<PyObject*>(Py_TYPE(arr)) != G->lazy_cls.ptr();
     put(o, g_sd[SD_COUNTED], counted ? Py_True : Py_False);
     if (counted) {
-      call(G->allocator_alloc, index, nbytes);
+      account(index, nbytes, 1);
     } else {
       py::object ref = steal(PyWeakref_NewRef(o, nullptr));
       if (PyObject_SetAttr(arr, s_owner, ref.ptr()) < 0) throw py::error_already_set();
@@ -781,22 +827,18 @@ struct HotPlan {
         addr + (nbytes / G->addr_align + 1) * G->addr_align));
     if (PyList_SetItem(na, 0, next.release().ptr()) < 0) throw py::error_already_set();
     py::object idx = steal(PyLong_FromLongLong(index));
-    PyObject* dev = PyDict_GetItemWithError(G->devices.ptr(), idx.ptr());
-    py::object devo;
-    if (dev == nullptr) {
-      if (PyErr_Occurred()) throw py::error_already_set();
-      devo = steal(THPDevice_New(c10::Device(c10::DeviceType::PrivateUse1,
-                                             static_cast<c10::DeviceIndex>(index))));
-    } else {
-      devo = py::reinterpret_borrow<py::object>(dev);
-    }
     py::object nb = steal(PyLong_FromLongLong(nbytes));
-    py::object storage_obj =
-        call(G->storage_from_ptr, steal(PyLong_FromLongLong(addr)).ptr(), devo.ptr(), nb.ptr());
+    // as torch._C._construct_storage_from_data_pointer makes it: a fixed-size storage on
+    // a never-dereferenced address, without an allocator
+    c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
+                         c10::DataPtr(reinterpret_cast<void*>(addr),
+                                      c10::Device(c10::DeviceType::PrivateUse1,
+                                                  static_cast<c10::DeviceIndex>(index))),
+                         /*allocator=*/nullptr, /*resizable=*/false);
+    py::object storage_obj = steal(THPStorage_Wrap(storage));
     py::object shape = steal(PySequence_Tuple(size));
     py::object sdata = new_storage_data(arr, shape.ptr(), dtype, idx.ptr(), nb.ptr());
     if (PyObject_SetAttr(storage_obj.ptr(), s_tpu, sdata.ptr()) < 0) throw py::error_already_set();
-    c10::Storage storage = THPStorage_Unpack(storage_obj.ptr());
     auto t = at::detail::make_tensor<c10::TensorImpl>(
         std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
         c10::scalarTypeToTypeMeta(st));
@@ -815,6 +857,7 @@ struct HotPlan {
 struct KernelState {
   py::object runner;  // runner(args, kwargs, missed) -> result: the op's executor plan
   py::object hot;     // the op's HotPlan, or None (not lowered, or no hot-path table)
+  HotPlan* hotp = nullptr;  // the C++ object of hot (kept alive by it), or nullptr
   // schema facts, computed at the first call
   bool ready = false;
   std::vector<int> kinds;  // per argument: ARG_* below
@@ -1005,7 +1048,7 @@ void run_kernel(KernelState* st, const c10::OperatorHandle& op, torch::jit::Stac
       return d.has_value() && !(*d != arguments[i]);
     };
     while (pos_end > 0 && is_default(pos_end - 1)) --pos_end;
-    py::object defaults = st->hot.is_none() ? py::object() : st->hot.cast<HotPlan&>().defaults;
+    py::object defaults = st->hotp == nullptr ? py::object() : st->hotp->defaults;
     py::list vals(n);
     std::vector<char> omitted(n, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -1019,10 +1062,10 @@ void run_kernel(KernelState* st, const c10::OperatorHandle& op, torch::jit::Stac
       PyList_SET_ITEM(vals.ptr(), i, v.release().ptr());
     }
     ++g_counts[C_OPS_DISPATCHED];
-    int mode = st->hot.is_none() ? 0 : hot_mode();
+    int mode = st->hotp == nullptr ? 0 : hot_mode();
     py::object missed = py::none();
     if (mode != 0) {
-      py::object r = st->hot.cast<HotPlan&>().call_vals(vals, mode == 2);
+      py::object r = st->hotp->call_vals(vals, mode == 2);
       PyObject* rp = r.ptr();
       if (!(PyTuple_Check(rp) && PyTuple_GET_SIZE(rp) == 3 &&
             PyTuple_GET_ITEM(rp, 0) == G->miss.ptr())) {
@@ -1092,6 +1135,7 @@ void set_kernel_switches(py::object config, py::list enabled, py::list native) {
 bool set_kernel_hot(const std::string& name, py::object plan) {
   KernelState* st = kernel_state(name);
   st->hot = plan;
+  st->hotp = plan.is_none() ? nullptr : &plan.cast<HotPlan&>();
   return !st->runner.is_none();
 }
 

@@ -54,6 +54,7 @@ class _Allocator:
         self.peak: dict[int, int] = {}
         self.num_allocs = 0
 
+    # (the C++ hot path does the same to these attributes: _native.cpp's account())
     def alloc(self, index: int, nbytes: int):
         cur = self.allocated.get(index, 0) + nbytes
         self.allocated[index] = cur
@@ -99,6 +100,8 @@ class StorageData:
             arr.owner = weakref.ref(self)
 
     def __del__(self):
+        # (replaced by its C form, _native.cpp's storage_data_del, once the C++ hot path
+        # is set up; a change here must be made there too)
         try:
             if self.counted:
                 ALLOCATOR.free(self.index, self.nbytes)

@@ -535,7 +535,7 @@ def _native_loaded(mod):
     a hot-path table its C++ form."""
     mod.hot_setup({
         "array_cls": _hot._ARRAY[0], "storage_data_cls": _st.StorageData,
-        "executable_cls": Executable, "allocator_alloc": _st.ALLOCATOR.alloc,
+        "executable_cls": Executable, "allocator": _st.ALLOCATOR,
         "lazy_cls": _st.Lazy,
         "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
         "np_float": np.float64, "np_complex": np.complex128,
@@ -544,7 +544,6 @@ def _native_loaded(mod):
         "call_donating": _hot_donating, "call_other": _hot_other_structure,
         "wrap_other": _hot_wrap_permuted, "group_results": _group_results,
         "check_pending": check_pending, "next_addr": _st._next_addr,
-        "storage_from_ptr": _st._storage_from_ptr, "devices": _st._DEVICES,
         "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
         "addr_align": _st._ADDR_ALIGN, "check_limit": _CHECK_LIMIT,
         "defer_record": _defer.record_arrays,  # (ex, arrays, dyn): DEFER's recording
