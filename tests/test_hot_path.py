@@ -449,3 +449,52 @@ def test_cpp_kernels_record_defer_and_fuse_calls_without_the_python_plan(hot_imp
     else:
         assert [op for op in entered if op is not torch.ops.aten.zeros.default] == [
             torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.sum.dim_IntList]
+
+
+def test_hot_outputs_are_counted_in_device_memory_and_freed(hot_impl):
+    """The hot path makes its output storages itself (in C++ for the native form, with
+    the device-byte accounting of ``StorageData`` and its ``__del__``): memory_allocated
+    grows by each output's bytes, the peak follows, and freeing the outputs gives the
+    bytes back; the storages are fixed-size tpu storages as PyTorch's own
+    ``_construct_storage_from_data_pointer`` makes them, and the values match CPU."""
+    a = torch.randn(32, 8)
+    ta = a.to("tpu")
+    _twice_then_hot(lambda x: x * 2.0, a)
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    h0 = _hot_calls()
+    outs = [ta * 2.0 for _ in range(5)]
+    assert _hot_calls() - h0 == 5
+    assert torch.tpu.memory_allocated() - base == 5 * a.numel() * 4
+    assert torch.tpu.max_memory_allocated() - base == 5 * a.numel() * 4
+    st = outs[0].untyped_storage()
+    assert st.device == torch.device("tpu", 0) and st.nbytes() == a.numel() * 4
+    assert not st.resizable()
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == 5
+    for o in outs:
+        torch.testing.assert_close(o.cpu(), a * 2.0)
+    del outs, o, st
+    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.max_memory_allocated() - base == 5 * a.numel() * 4
+
+
+def test_hot_path_counts_reach_metrics_and_reset_drops_them(hot_impl):
+    """The C++ kernels keep their counters in C++ and ``metrics()`` adds them when read:
+    every hot call is counted once (as a hot-path call, a cache hit, a lowered op and a
+    dispatched op), and ``reset_metrics()`` drops the counts not yet read."""
+    a = torch.randn(4, 4)
+    ta = a.to("tpu")
+    _twice_then_hot(lambda x: x + x, a)
+    torchtpu.reset_metrics()
+    for _ in range(7):
+        ta + ta
+    m = torchtpu.metrics()
+    assert m["hot_path_calls"] == 7 and m["cache_hits"] == 7
+    assert m["lowered_ops"] == 7 and m["ops_dispatched"] == 7
+    m = torchtpu.metrics()  # (read twice: counted once)
+    assert m["hot_path_calls"] == 7
+    for _ in range(3):
+        ta + ta
+    torchtpu.reset_metrics()
+    assert torchtpu.metrics()["hot_path_calls"] == 0
