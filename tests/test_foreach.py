@@ -215,3 +215,46 @@ def test_scalar_list_values_are_runtime_inputs(strict_mode, fresh_shape_buckets)
     # addcdiv_, div_, abs, add: one executable each (compiled, or loaded from the cache)
     assert op_compiles + op_loads <= 6, (op_compiles, op_loads)
     assert m1["hot_path_calls"] - m0["hot_path_calls"] >= 4
+
+
+def _versions_after(dev):
+    """_version of every tensor after a sequence of in-place list ops (run three times, so
+    strict eager's hot path and the C++ kernels serve the later calls), plus the aliased
+    and the amp cases."""
+    xs = [torch.ones(3, device=dev), torch.ones(2, 2, device=dev)]
+    ys = [torch.ones(3, device=dev), torch.ones(2, 2, device=dev)]
+    for _ in range(3):
+        torch._foreach_mul_(xs, 2.0)
+        torch._foreach_add_(xs, ys, alpha=0.5)
+        torch._foreach_addcmul_(xs, ys, ys, value=0.25)
+        torch._foreach_div_(xs, [2.0, 4.0])
+        torch._foreach_sqrt_(xs)
+        torch._foreach_zero_(xs)
+        torch._foreach_copy_(xs, ys)
+    a = torch.ones(3, device=dev)
+    torch._foreach_add_([a, a], 1.0)  # aliased: PyTorch's per-element kernel
+    found, inv = torch.zeros(1, device=dev), torch.ones(1, device=dev)
+    torch._amp_foreach_non_finite_check_and_unscale_(ys, found, inv)
+    return [t._version for t in xs + ys + [a, found]]
+
+
+def test_in_place_list_ops_bump_version_counters_as_cpu(eager_mode):
+    """An in-place ``_foreach_*_`` op bumps the version counter of each tensor of its
+    ``self`` list once per call, as CPU's and CUDA's kernels do (PyTorch's autograd layer
+    does not: the op returns nothing).  Without it autograd misses that a saved tensor
+    was overwritten and returns a wrong gradient instead of raising."""
+    assert _versions_after("tpu") == _versions_after("cpu")
+    for dev in ("cpu", "tpu"):
+        w = torch.tensor([0.0, 1.0], device=dev, requires_grad=True)
+        for _ in range(3):
+            y = w.exp()  # saves its result for the backward
+            torch._foreach_mul_([y], 2.0)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.sum().backward()
+        p = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0], device=dev))
+        opt = torch.optim.SGD([p], lr=0.1, foreach=True)
+        loss = (p * p).sum()
+        loss.backward(retain_graph=True)
+        opt.step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()

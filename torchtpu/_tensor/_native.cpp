@@ -509,13 +509,15 @@ struct HotPlan {
   bool precision = false, mutated = false;
   std::vector<int> mutated_returns;
   int nret = 1;
+  std::vector<int> bumped_lists;  // Signature.bumped_lists: version counters to bump
 
   HotPlan(std::vector<int> codes_, py::list defaults_, py::list names_, py::dict table_,
           py::object prepare_, py::object op_, bool precision_, bool mutated_,
-          std::vector<int> mutated_returns_, int nret_)
+          std::vector<int> mutated_returns_, int nret_, std::vector<int> bumped_lists_)
       : codes(std::move(codes_)), defaults(defaults_), names(names_), table(table_),
         prepare(prepare_), op(op_), precision(precision_), mutated(mutated_),
-        mutated_returns(std::move(mutated_returns_)), nret(nret_) {}
+        mutated_returns(std::move(mutated_returns_)), nret(nret_),
+        bumped_lists(std::move(bumped_lists_)) {}
 
   // (key, arrays, storages, dyn), or None when the call is not a hot-path one.
   py::object gather(py::list vals, bool lazy) {
@@ -750,6 +752,14 @@ struct HotPlan {
       }
     }
     if (mutated) {
+      for (int i : bumped_lists) {  // as LoweredPlan._finish
+        py::object seq = steal(PySequence_Fast(PyList_GET_ITEM(vals.ptr(), i), "list"));
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(seq.ptr());
+        for (Py_ssize_t k = 0; k < m; ++k) {
+          PyObject* x = PySequence_Fast_GET_ITEM(seq.ptr(), k);
+          if (THPVariable_Check(x)) THPVariable_Unpack(x).unsafeGetTensorImpl()->bump_version();
+        }
+      }
       if (mutated_returns.size() == 1) return vals[mutated_returns[0]];
       if (mutated_returns.empty()) return py::none();
       py::tuple r(mutated_returns.size());
@@ -1157,7 +1167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hot_setup", &hot::setup, "Hand the hot path the Python objects it works with.");
   py::class_<hot::HotPlan>(m, "HotPlan")
       .def(py::init<std::vector<int>, py::list, py::list, py::dict, py::object, py::object,
-                    bool, bool, std::vector<int>, int>())
+                    bool, bool, std::vector<int>, int, std::vector<int>>())
       .def("gather", &hot::HotPlan::gather, py::arg("vals"), py::arg("lazy") = false)
       .def("__call__", &hot::HotPlan::operator());
   m.def("register_kernels", &hot::register_kernels,

@@ -58,6 +58,7 @@ M = _metrics.METRICS
 aten = torch.ops.aten
 _matmul_precision = torch._C._get_float32_matmul_precision
 
+_increment_version = torch._C._increment_version  # (tensors): autograd's _version += 1
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 
 
@@ -502,7 +503,7 @@ def _native_plan(plan, mod):
                        list(plan.sig.defaults), list(plan.sig.names), plan.hot,
                        plan.lowering.prepare, plan.op, bool(plan.lowering.precision),
                        bool(plan.sig.mutated), list(plan.sig.mutated_returns),
-                       plan.sig.nret)
+                       plan.sig.nret, list(plan.sig.bumped_lists))
 
 
 def _hot_donating(ex, arrays, dyn):
@@ -827,6 +828,8 @@ class LoweredPlan:
             if arr.__class__ is _st.Lazy:
                 arr.owner = _weakref(sd)
         if self.sig.mutated:
+            for i in self.sig.bumped_lists:
+                _increment_version(vals[i])
             ret = self.sig.mutated_returns
             if len(ret) == 1:
                 return vals[ret[0]]

@@ -71,6 +71,13 @@ class Signature:
             self.mutated_returns = self.mutated[: self.nret]
         # mutated Tensor[] arguments (in-place list ops: one write per element)
         self.mutated_lists = [i for i in self.mutated if self.kinds[i] in (T_LIST, OPT_T_LIST)]
+        # the lists whose tensors' version counters the kernel bumps (``_version``, what
+        # autograd checks saved tensors against): PyTorch's autograd layer bumps only the
+        # mutated tensors an op returns, and an in-place ``_foreach_*_`` op returns
+        # nothing, so CPU's and CUDA's foreach kernels bump their ``self`` list themselves
+        # (once per call); the amp list ops bump nothing
+        self.bumped_lists = (self.mutated_lists[:1] if self.mutated_lists and not self.nret
+                             and sch.name.startswith("aten::_foreach_") else [])
         self.is_view = (
             not self.mutated
             and any(r.alias_info is not None for r in sch.returns)
