@@ -258,3 +258,22 @@ def test_in_place_list_ops_bump_version_counters_as_cpu(eager_mode):
         opt.step()
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "pow", "clamp_min", "clamp_max",
+                                  "maximum", "minimum"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["functional", "inplace"])
+def test_list_length_mismatch_raises_as_cpu(name, inplace):
+    """A Scalar[] or Tensor[] argument shorter than the self list raises CPU's error
+    (an element-wise preparation indexed past its end: IndexError)."""
+    op = getattr(torch, f"_foreach_{name}{'_' if inplace else ''}")
+    errs = {}
+    for dev in ("cpu", "tpu"):
+        xs = [torch.ones(2, device=dev) + 1, torch.ones(3, device=dev) + 1]
+        for other in ([2.0], [torch.ones(2, device=dev)]):
+            if name in ("maximum", "minimum") and not isinstance(other[0], torch.Tensor):
+                continue
+            with pytest.raises(Exception) as e:
+                op(xs, other)
+            errs.setdefault(dev, []).append((type(e.value), str(e.value)))
+    assert errs["tpu"] == errs["cpu"]

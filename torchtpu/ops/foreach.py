@@ -109,6 +109,9 @@ def composed(op, el, low: Lowering) -> Lowering:
 
         def prepare(vals):
             n = len(vals)
+            m = len(vals[first])
+            if any(lst and v is not None and len(v) != m for v, lst in zip(vals, is_list)):
+                return vals  # lists of other lengths: PyTorch's checks raise its error
             res = [list(v) if lst else v for v, lst in zip(vals, is_list)]
             shared = None
             for e in range(len(vals[first])):
