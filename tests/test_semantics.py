@@ -634,3 +634,23 @@ def test_tpu_streams_carry_torch_stream_identity():
         assert st.device_type == ref.device_type
         assert st.device_index == ref.device_index
     assert isinstance(s.stream_id, int) and s.stream_id != cur.stream_id
+
+
+@pytest.mark.parametrize("fn", [
+    lambda b: b * float("inf"),
+    lambda b: b / 0,
+    lambda b: b * float("nan"),
+    lambda b: torch.mul(b, torch.tensor(float("inf"), device=b.device)),
+    lambda b: b.float() * float("inf"),
+    lambda b: b.to(torch.float64) / 0,
+    lambda b: torch._foreach_mul([b], 1e39)[0],
+    lambda b: torch.addcmul(torch.zeros(3, device=b.device), b,
+                            torch.full((3,), float("inf"), device=b.device)),
+], ids=["mul_inf", "div_zero", "mul_nan", "mul_tensor_inf", "float_then_mul",
+        "double_then_div", "foreach_mul_overflow", "addcmul_inf"])
+def test_bool_times_inf_is_nan_as_cpu(fn, eager_mode):
+    """A bool tensor promoted to float and multiplied by inf or divided by 0: False gives
+    NaN (0 * inf), as on CPU.  XLA's simplifier turns multiply(convert(bool), y) into
+    select(bool, y, 0), which gave 0."""
+    b = torch.tensor([False, True, False])
+    torch.testing.assert_close(fn(b.to("tpu")).cpu(), fn(b), equal_nan=True)

@@ -59,6 +59,10 @@ def cast(x, dtype: torch.dtype):
             # static_cast_with_inter_type), so CPU and CUDA agree: -1.0 -> 255, 300.0 -> 44
             x = (jnp().real(x) if jnp().issubdtype(x.dtype, jnp().complexfloating) else x)
             return x.astype(jnp().int64).astype(d)
+        if x.dtype == jnp().bool_ and jnp().issubdtype(d, jnp().inexact):
+            # through uint8: XLA rewrites multiply(convert(pred), y) to select(pred, y, 0),
+            # which gives 0 for False * inf or False / 0 where PyTorch gives NaN
+            return x.astype(jnp().uint8).astype(d)
         return x.astype(d)
     return x
 
