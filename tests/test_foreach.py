@@ -34,8 +34,7 @@ DTYPES = ([torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.co
 _B, _C = torch.bool, torch.complex64
 KNOWN_GAPS = {(n, _B) for n in ("_foreach_abs", "_foreach_ceil", "_foreach_floor",
                                 "_foreach_round", "_foreach_trunc", "_foreach_clamp_min",
-                                "_foreach_clamp_max", "_foreach_maximum", "_foreach_minimum",
-                                "_foreach_pow")} | {
+                                "_foreach_clamp_max", "_foreach_maximum", "_foreach_minimum")} | {
     (n, _C) for n in ("_foreach_clamp_min", "_foreach_clamp_max", "_foreach_maximum",
                       "_foreach_minimum", "_foreach_max", "_foreach_round", "_foreach_sign",
                       "_foreach_pow")}
@@ -277,3 +276,19 @@ def test_list_length_mismatch_raises_as_cpu(name, inplace):
                 op(xs, other)
             errs.setdefault(dev, []).append((type(e.value), str(e.value)))
     assert errs["tpu"] == errs["cpu"]
+
+
+@pytest.mark.parametrize("name", ["_foreach_add_", "_foreach_sub_", "_foreach_add",
+                                  "_foreach_sub"])
+def test_float_alpha_on_an_integer_list_raises_as_cpu(name):
+    """CPU's error for a float ``alpha`` with integer lists, also in place (the in-place
+    call's CPU stand-ins were expanded: CPU refused them for their aliasing, and
+    PyTorch's reference's ValueError came out instead)."""
+    op = getattr(torch, name)
+    errs = []
+    for dev in ("cpu", "tpu"):
+        x = torch.tensor([1, 2], device=dev)
+        with pytest.raises(RuntimeError) as e:
+            op([x], [x], alpha=0.5)
+        errs.append(str(e.value))
+    assert errs[0] == errs[1]

@@ -654,3 +654,31 @@ def test_bool_times_inf_is_nan_as_cpu(fn, eager_mode):
     select(bool, y, 0), which gave 0."""
     b = torch.tensor([False, True, False])
     torch.testing.assert_close(fn(b.to("tpu")).cpu(), fn(b), equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda b: b.pow(True), lambda b: b.pow(False), lambda b: b.clone().pow_(True),
+    lambda b: b.clone().pow_(False), lambda b: torch._foreach_pow([b], True)[0],
+    lambda b: torch._foreach_pow([b], [False])[0], lambda b: b.pow(2), lambda b: b ** 3.0,
+], ids=["pow_true", "pow_false", "pow_true_", "pow_false_", "foreach_scalar",
+        "foreach_scalar_list", "pow_int", "pow_float"])
+def test_bool_tensor_to_a_scalar_power_as_cpu(fn, eager_mode):
+    """``bool ** True`` is the tensor, ``bool ** False`` all True, both bool, as on CPU
+    (the integer-power lowering raised on bool)."""
+    b = torch.tensor([True, False, True])
+    got, want = fn(b.to("tpu")).cpu(), fn(b)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("fn", [lambda b: torch.pow(b, b), lambda b: torch.pow(True, b),
+                                lambda b: torch._foreach_pow([b], [b])],
+                         ids=["tensor_tensor", "scalar_tensor", "foreach_list"])
+def test_bool_tensor_power_raises_as_cpu(fn):
+    """CPU's pow kernels with a bool tensor exponent have no Bool instantiation."""
+    b = torch.tensor([True, False])
+    with pytest.raises(NotImplementedError) as cpu:
+        fn(b)
+    with pytest.raises(NotImplementedError) as tpu:
+        fn(b.to("tpu"))
+    assert str(tpu.value) == str(cpu.value)

@@ -194,10 +194,15 @@ def _raise_cpu_error(sig, op, meta_vals):
                 raise cpu_err.with_traceback(None) from None
             # an artifact of the stand-ins (an in-place op writing an expanded tensor):
             # once more with real (small) tensors for the written arguments
+            def real(v):
+                if isinstance(v, torch.Tensor) and v.numel() <= (1 << 20):
+                    return torch.zeros(v.shape, dtype=v.dtype)
+                return v
+
             for i in sig.mutated:
                 v = meta_vals[i]
-                if isinstance(v, torch.Tensor) and v.numel() <= (1 << 20):
-                    stand_ins[i] = torch.zeros(v.shape, dtype=v.dtype)
+                stand_ins[i] = (type(v)(real(x) for x in v) if isinstance(v, (list, tuple))
+                                else real(v))  # (a written Tensor[]: in-place list ops)
         else:
             return out
 

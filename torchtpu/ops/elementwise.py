@@ -406,14 +406,26 @@ def _pow_scalar_check(vals):
     return vals
 
 
-@lower(aten.pow.Tensor_Scalar, prepare=_pow_scalar_check)
+def _bool_pow_out(vals, dts):
+    """``out_dtypes`` hook: a bool tensor to a bool power is bool on CPU (PyTorch's meta
+    kernel says int64)."""
+    base, exp = vals[0], vals[1]
+    if isinstance(base, torch.Tensor) and base.dtype is torch.bool and isinstance(exp, bool):
+        return [torch.bool]
+    return dts
+
+
+@lower(aten.pow.Tensor_Scalar, prepare=_pow_scalar_check, out_dtypes=_bool_pow_out)
 def pow_tensor_scalar(a, b):
+    if promote(a, b) is torch.bool:  # CPU: x ** True is x, x ** False is True
+        return jnp().logical_or(cast(a, torch.bool), jnp().logical_not(cast(b, torch.bool)))
     return pow_(a, b)
 
 
 @lower(aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def pow_(a, b):
     dt = promote(a, b)
+    _not_for_bool(dt, "pow")  # (CPU's Tensor_Tensor and Scalar kernels)
     ct = opmath(dt)
     x, y = cast(a, ct), cast(b, ct)
     if dt.is_floating_point or dt.is_complex:
