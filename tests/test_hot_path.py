@@ -498,3 +498,24 @@ def test_hot_path_counts_reach_metrics_and_reset_drops_them(hot_impl):
         ta + ta
     torchtpu.reset_metrics()
     assert torchtpu.metrics()["hot_path_calls"] == 0
+
+
+def test_alpha_check_still_runs_for_explicit_alphas_on_the_hot_path(hot_impl):
+    """The C++ hot path skips ``add``'s alpha check only while alpha is the default: an
+    explicit alpha that does not fit the integer dtype still raises CPU's error on a hot
+    signature, an explicit ``alpha=1`` computes as the default, and other alphas compute
+    as CPU."""
+    a = torch.arange(6, dtype=torch.int8).reshape(2, 3)
+    _twice_then_hot(lambda x, y: torch.add(x, y), a, a)
+    _twice_then_hot(lambda x, y: torch.add(x, y, alpha=3), a, a)
+    ta = a.to("tpu")
+    for alpha in (300, 2.5):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.add(a, a, alpha=alpha)
+        with pytest.raises(RuntimeError) as tpu:
+            torch.add(ta, ta, alpha=alpha)
+        assert str(tpu.value) == str(cpu.value)
+    for alpha in (1, 3, -2):
+        assert torch.equal(torch.add(ta, ta, alpha=alpha).cpu(), torch.add(a, a, alpha=alpha))
+        assert torch.equal(torch.sub(ta, ta, alpha=alpha).cpu(), torch.sub(a, a, alpha=alpha))
+    assert torch.equal((ta + ta).cpu(), a + a)

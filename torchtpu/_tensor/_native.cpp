@@ -510,14 +510,24 @@ struct HotPlan {
   std::vector<int> mutated_returns;
   int nret = 1;
   std::vector<int> bumped_lists;  // Signature.bumped_lists: version counters to bump
+  // prepare's skip_at_defaults: positions at which the schema default objects make
+  // prepare a no-op (it is then not called); has_skip false: always called
+  bool has_skip = false;
+  std::vector<int> prepare_skip;
 
   HotPlan(std::vector<int> codes_, py::list defaults_, py::list names_, py::dict table_,
           py::object prepare_, py::object op_, bool precision_, bool mutated_,
-          std::vector<int> mutated_returns_, int nret_, std::vector<int> bumped_lists_)
+          std::vector<int> mutated_returns_, int nret_, std::vector<int> bumped_lists_,
+          py::object prepare_skip_)
       : codes(std::move(codes_)), defaults(defaults_), names(names_), table(table_),
         prepare(prepare_), op(op_), precision(precision_), mutated(mutated_),
         mutated_returns(std::move(mutated_returns_)), nret(nret_),
-        bumped_lists(std::move(bumped_lists_)) {}
+        bumped_lists(std::move(bumped_lists_)) {
+    if (!prepare_skip_.is_none()) {
+      has_skip = true;
+      prepare_skip = prepare_skip_.cast<std::vector<int>>();
+    }
+  }
 
   // (key, arrays, storages, dyn), or None when the call is not a hot-path one.
   py::object gather(py::list vals, bool lazy) {
@@ -630,7 +640,12 @@ struct HotPlan {
   // The call on its arguments in schema order with defaults filled (Signature.normalize).
   // defer: DeferAndFuse records the call (eager.defer.record) instead of running it.
   py::object call_vals(py::list vals, bool defer = false) {
-    if (!prepare.is_none()) {
+    bool skip = has_skip;
+    for (size_t k = 0; skip && k < prepare_skip.size(); ++k) {
+      int i = prepare_skip[k];
+      skip = PyList_GET_ITEM(vals.ptr(), i) == PyList_GET_ITEM(defaults.ptr(), i);
+    }
+    if (!prepare.is_none() && !skip) {
       py::object r = prepare(vals);
       if (!PyList_Check(r.ptr())) return miss(py::none(), py::none());
       vals = py::reinterpret_borrow<py::list>(r);
@@ -1167,7 +1182,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hot_setup", &hot::setup, "Hand the hot path the Python objects it works with.");
   py::class_<hot::HotPlan>(m, "HotPlan")
       .def(py::init<std::vector<int>, py::list, py::list, py::dict, py::object, py::object,
-                    bool, bool, std::vector<int>, int, std::vector<int>>())
+                    bool, bool, std::vector<int>, int, std::vector<int>, py::object>())
       .def("gather", &hot::HotPlan::gather, py::arg("vals"), py::arg("lazy") = false)
       .def("__call__", &hot::HotPlan::operator());
   m.def("register_kernels", &hot::register_kernels,

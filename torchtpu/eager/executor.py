@@ -508,7 +508,8 @@ def _native_plan(plan, mod):
                        list(plan.sig.defaults), list(plan.sig.names), plan.hot,
                        plan.lowering.prepare, plan.op, bool(plan.lowering.precision),
                        bool(plan.sig.mutated), list(plan.sig.mutated_returns),
-                       plan.sig.nret, list(plan.sig.bumped_lists))
+                       plan.sig.nret, list(plan.sig.bumped_lists),
+                       getattr(plan.lowering.prepare, "skip_at_defaults", None))
 
 
 def _hot_donating(ex, arrays, dyn):

@@ -49,7 +49,10 @@ class Lowering:
             passed as device scalars (for ops whose lowering needs Python values).
         prepare: optional host-side rewrite of the normalized argument list, run before
             the executable is looked up (e.g. boolean masks -> integer indices, which has
-            a data-dependent shape and so is a sync point).
+            a data-dependent shape and so is a sync point).  A hook whose attribute
+            ``skip_at_defaults`` is a tuple of argument positions does nothing while those
+            arguments are their schema defaults' objects; the C++ hot path then skips the
+            call (``add``'s alpha check).
         out_dtypes: optional host-side ``(vals, meta_dtypes) -> dtypes`` for ops whose
             CPU kernel gives other output dtypes than PyTorch's meta kernel (which follows
             CUDA): the eager executor allocates and casts the outputs to these.

@@ -96,6 +96,11 @@ def _alpha_fits(vals):
     return vals
 
 
+# (the C++ hot path does not call it while alpha is the schema default's object: a
+# Python frame in every add and sub)
+_alpha_fits.skip_at_defaults = (2,)
+
+
 @scalar_check
 def _value_fits(vals):
     """Host side: ``addcmul``/``addcdiv``'s ``value`` must fit the result dtype."""
