@@ -488,7 +488,7 @@ bool add_tensor(Gather& g, PyObject* x, bool lazy) {
   py::object shape = tuple_of(sizes);
   py::object jj = steal(PyLong_FromSsize_t(j));
   if (whole) {
-    g.key.append(py::make_tuple(jj, shape, py::handle(dtype)));
+    g.key.append(steal(PyTuple_Pack(3, jj.ptr(), shape.ptr(), dtype)));
   } else {
     g.key.append(py::make_tuple(jj, shape, py::handle(dtype), tuple_of(t.strides()),
                                 steal(PyLong_FromLongLong(off)), sshape, sdtype,
@@ -608,7 +608,7 @@ struct HotPlan {
         c10::typeMetaToScalarType(c10::get_default_dtype())))));
     if (precision) g.key.append(G->matmul_precision());
     py::object key = steal(PyList_AsTuple(g.key.ptr()));
-    return py::make_tuple(key, g.arrays, g.sds, g.dyn);
+    return steal(PyTuple_Pack(4, key.ptr(), g.arrays.ptr(), g.sds.ptr(), g.dyn.ptr()));
   }
 
   py::object miss(py::object vals, py::object hot) {
