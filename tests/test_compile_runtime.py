@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import torchtpu
-from torchtpu.eager import executor
+from torchtpu.eager import host_reads
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +131,7 @@ def test_donation_spares_an_array_the_user_holds_and_views_see_the_update():
     step_c, _ = _step_fns(cpu, False)
     step_t, _ = _step_fns(tpu, True)
     w_t, w_c = tpu[0].weight, cpu[0].weight
-    held = executor.to_jax(w_t)  # a JAX array of the weight's current values
+    held = host_reads.to_jax(w_t)  # a JAX array of the weight's current values
     before = w_c.detach().clone()
     row_t, row_c = w_t.detach()[1], w_c.detach()[1]  # views of the same storage
     for x, y in _batches(3):

@@ -1,5 +1,5 @@
 """STRICT eager: a hot in-place signature donates the written storage's old array to XLA
-(``executor._call_donating``).  The values must stay CPU's, and an array that anything but
+(``executables.call_donating``).  The values must stay CPU's, and an array that anything but
 the storage still holds (another tensor, the user through ``to_jax``/``from_jax``) must
 never be donated away."""
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import executor
+from torchtpu.eager import executables
 
 pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
 
 jnp = pytest.importorskip("jax.numpy")
 
-CALLS = executor._DONATE_AFTER + 6  # well past the point where a signature donates
+CALLS = executables.DONATE_AFTER + 6  # well past the point where a signature donates
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +24,8 @@ def donate_small_storages(monkeypatch, request):
     if request.node.name == "test_small_storages_copy_and_large_ones_donate":
         yield
         return
-    monkeypatch.setattr(executor, "_DONATE_MIN_BYTES", 0)
-    for ex in list(executor._CACHE.values()):
+    monkeypatch.setattr(executables, "DONATE_MIN_BYTES", 0)
+    for ex in list(executables.CACHE.values()):
         if ex.donating is False:
             ex.donating = None
     yield
@@ -34,7 +34,7 @@ def donate_small_storages(monkeypatch, request):
 def test_small_storages_copy_and_large_ones_donate():
     # the default threshold: a 4 KiB storage's in-place loop never donates (its copy is
     # cheaper than a second executable), a 256 KiB one does; both match CPU
-    assert 4096 < executor._DONATE_MIN_BYTES <= 65536 * 4
+    assert 4096 < executables.DONATE_MIN_BYTES <= 65536 * 4
     for n in (1024, 65536):
         x_c = torch.zeros(n)
         x_t = x_c.to("tpu")
@@ -43,7 +43,7 @@ def test_small_storages_copy_and_large_ones_donate():
             x_c.add_(k)
             x_t.add_(k)
         assert torch.equal(x_t.cpu(), x_c)
-        if n * 4 < executor._DONATE_MIN_BYTES:
+        if n * 4 < executables.DONATE_MIN_BYTES:
             assert _donated() == before, n
         else:
             assert _donated() > before, n

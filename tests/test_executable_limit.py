@@ -11,7 +11,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import torch, torchtpu
-    from torchtpu.eager import defer, executor
+    from torchtpu.eager import defer, executables
     lim = int(__import__("os").environ["TORCHTPU_MAX_EXECUTABLES"])
     for n in list(range(1, 40)) + [3, 1, 17]:  # the last ones were evicted by then
         x_c = torch.arange(n, dtype=torch.float32)
@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
         got = (x_t * 3 + 1).sum().cpu()
         want = (x_c * 3 + 1).sum()
         assert torch.equal(got, want), (n, got, want)
-        assert len(executor._CACHE) <= lim, len(executor._CACHE)
+        assert len(executables.CACHE) <= lim, len(executables.CACHE)
     with torch.tpu.set_eager_mode("defer_and_fuse"):  # segments: a quarter of the bound
         for n in list(range(1, 12)) + [2, 1]:
             x_c = torch.arange(n, dtype=torch.float32)
@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
             assert torch.equal(got, ((x_c - 2) * 5).max()), n
             assert len(defer._CACHE) <= max(1, lim // 4), len(defer._CACHE)
     m = torchtpu.metrics()
-    print("EVICTIONS", m["executable_evictions"], "CACHED", len(executor._CACHE))
+    print("EVICTIONS", m["executable_evictions"], "CACHED", len(executables.CACHE))
 """)
 
 

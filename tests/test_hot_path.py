@@ -226,7 +226,7 @@ def test_device_checks_still_raise_on_the_hot_path():
 
 def test_eviction_drops_the_hot_tables(monkeypatch):
     from torchtpu._device import executable_limit
-    from torchtpu.eager import executor
+    from torchtpu.eager import executables, executor
 
     a = torch.randn(3, 3)
     ta = a.to("tpu")
@@ -234,11 +234,11 @@ def test_eviction_drops_the_hot_tables(monkeypatch):
         ta.sin()
     plan = executor._PLANS[torch.ops.aten.sin.default]
     assert plan.hot
-    monkeypatch.setattr(executable_limit, "MAX_EXECUTABLES", len(executor._CACHE))
+    monkeypatch.setattr(executable_limit, "MAX_EXECUTABLES", len(executables.CACHE))
     ta.cos()  # a new executable: the cache evicts, and every hot table is dropped
     assert not plan.hot
     torch.testing.assert_close(ta.sin().cpu(), a.sin())
-    executor.clear_cache()
+    executables.clear_cache()
     assert not any(hotpath._TABLES)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import buckets, executor
+from torchtpu.eager import buckets, executables
 
 pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
 
@@ -19,7 +19,7 @@ def bucketed():
     """Bucket from an op's first call (after=0); restore the defaults afterwards.  The
     per-op executables are forgotten first: a signature another test file met in this
     process (``neg`` of 7 float32) would run its exact executable, not a bucket."""
-    executor._CACHE.clear()
+    executables.CACHE.clear()
     buckets.set_policy(enabled=True, after=0)
     yield
     buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER, buckets.DEFAULT_RECUR)
@@ -211,7 +211,7 @@ def test_index_put_out_of_range_raises(bucketed):
     i = torch.tensor([1.0, 7.0], device="tpu").long()
     with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 5"):
         x.index_put((i,), torch.ones(2, device="tpu"), accumulate=True).cpu()
-    torchtpu.eager.executor.check_pending()
+    torchtpu.eager.host_reads.check_pending()
 
 
 def test_index_put_loop_as_upstream(bucketed):
@@ -325,7 +325,7 @@ def test_adamw_training_leaves_buckets_after_the_first_steps():
     ``after`` in the first step; their signatures recur every step, so from step 3 no op
     runs bucketed and no bucket pads or unpads through the host.  Parameters equal CPU
     AdamW's.  (The default, ``foreach``, AdamW updates each list as one op: no churn.)"""
-    executor._CACHE.clear()
+    executables.CACHE.clear()
     buckets.set_policy(enabled=True, after=4, recur=32)  # the defaults, pinned
 
     def train(dev, steps, per_step=None):

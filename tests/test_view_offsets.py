@@ -153,15 +153,15 @@ VIEWS_OF_SMALL_STORAGES = {
                                    torch.complex64])
 def test_host_reads_of_views_of_small_storages_match_cpu(dtype, eager_mode):
     """``.cpu()``, ``.tolist()`` and ``.item()`` of a view of a small storage cut the
-    view on the host from one copy of the storage (``executor.to_numpy``): no reader
+    view on the host from one copy of the storage (``host_reads.to_numpy``): no reader
     executable per view geometry, CPU's values, conj/neg bits applied."""
-    from torchtpu.eager import executor
+    from torchtpu.eager import host_reads
 
     torch.manual_seed(0)
     base = torch.randn(6, 5, dtype=torch.complex64 if dtype.is_complex else torch.float32)
     base = (base * 4).to(dtype)
     t = base.to("tpu")
-    readers = len(executor._READERS)
+    readers = len(host_reads._READERS)
     views = dict(VIEWS_OF_SMALL_STORAGES)
     if dtype.is_complex:
         views["conj"] = lambda x: x[1:4].conj()
@@ -174,7 +174,7 @@ def test_host_reads_of_views_of_small_storages_match_cpu(dtype, eager_mode):
         assert got.tolist() == want.tolist(), name
         if want.numel() == 1:
             assert got.item() == want.item(), name
-    assert len(executor._READERS) == readers  # no executable was built to read
+    assert len(host_reads._READERS) == readers  # no executable was built to read
     # a write through one view is seen by the next host read of another
     t[2].fill_(1)
     base[2].fill_(1)

@@ -67,9 +67,9 @@ def to_jax(tensor: torch.Tensor):
         raise RuntimeError(
             f"torchtpu.to_jax: expected a tpu tensor, got a tensor on {tensor.device} "
             f"(move it with .to('tpu') first)")
-    from torchtpu.eager import executor
+    from torchtpu.eager import host_reads
 
-    return executor.to_jax(tensor.detach())
+    return host_reads.to_jax(tensor.detach())
 
 
 def _tpu_index(dev) -> int | None:

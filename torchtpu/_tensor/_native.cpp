@@ -216,7 +216,7 @@ py::object steal(PyObject* o) {
   return py::reinterpret_steal<py::object>(o);
 }
 
-// Slot attributes of executor.Executable and storage.StorageData (both __slots__ classes)
+// Slot attributes of executables.Executable and storage.StorageData (both __slots__ classes)
 // read and written at their offsets: the descriptor protocol of a getattr cost ~35 ns,
 // and a hit reads about fifteen of them.  An object of another class (a subclass) goes
 // through getattr/setattr as before.

@@ -76,10 +76,10 @@ def warm_up(step, sync, *, min_steps: int = 3, steps: int = 10, stable: int = 2,
 def min_warmup_steps(requested: int) -> int:
     """The fewest warm-up steps :func:`warm_up` runs for a request of ``requested``:
     at least two past the call from which a hot in-place signature donates (its donating
-    variant is built then, ``executor._DONATE_AFTER``)."""
-    from torchtpu.eager import executor
+    variant is built then, ``executables.DONATE_AFTER``)."""
+    from torchtpu.eager import executables
 
-    return max(requested, executor._DONATE_AFTER + 2)
+    return max(requested, executables.DONATE_AFTER + 2)
 
 
 def time_rounds(step, sync, *, rounds: int = 5, steps: int = 10,

@@ -542,7 +542,7 @@ class GraphExecutable:
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
-        defer, executor = _EAGER or _eager_modules()
+        defer, executor, host_reads = _EAGER or _eager_modules()
         if len(args) == 1 and isinstance(args[0], list):  # boxed call (a list of inputs)
             args = args[0]
         if self.arg_error is not None:  # a constant argument that eager also rejects
@@ -649,7 +649,7 @@ class GraphExecutable:
         if late:
             self._late(args, late)
         if check_info:
-            executor.report_device_checks(outs[-1], check_info, f"compiled graph {self.name}")
+            host_reads.report_device_checks(outs[-1], check_info, f"compiled graph {self.name}")
         for j, arr in zip(written, outs[n_new:]):
             sdatas[j].arr = arr
         if self.effects:
@@ -1347,12 +1347,12 @@ _EAGER = None
 
 
 def _eager_modules():
-    """``(torchtpu.eager.defer, torchtpu.eager.executor)``, imported at the first call
-    (they import this package)."""
+    """``(torchtpu.eager.defer, torchtpu.eager.executor, torchtpu.eager.host_reads)``,
+    imported at the first call (they import this package)."""
     global _EAGER
-    from torchtpu.eager import defer, executor
+    from torchtpu.eager import defer, executor, host_reads
 
-    _EAGER = (defer, executor)
+    _EAGER = (defer, executor, host_reads)
     return _EAGER
 
 

@@ -378,7 +378,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         zeros).  No host rendezvous: the program's
         "rows differ" flag is read by the returned work's ``wait()`` (:class:`_CheckedWork`,
         :meth:`_done`; a synchronous ``dist.all_reduce`` waits, so it raises in the call)
-        and is also queued as a device-side check (``executor.report_device_checks``),
+        and is also queued as a device-side check (``host_reads.report_device_checks``),
         raised at the next sync point (``.cpu()``, ``.item()``,
         ``torch.tpu.synchronize()``) if no ``wait()`` came first.
 
@@ -398,10 +398,10 @@ class ProcessGroupTPU(dist.ProcessGroup):
             out, rows, bad = collectives.run_checked(kind, self._procs, arr, sig, op, arg)
         except (RuntimeError, ValueError) as e:
             raise _failed(name, e) from e
-        from torchtpu.eager import executor
+        from torchtpu.eager import host_reads
 
         msg = _Mismatch(self, name, rows)
-        executor.report_device_checks(bad, [(ValueError, msg)], f"tpu_dist {name}")
+        host_reads.report_device_checks(bad, [(ValueError, msg)], f"tpu_dist {name}")
         # all_reduce / broadcast write their result into ``t``: on a mismatch, wait()
         # puts its old values back
         undo = (t, arr) if kind in ("allreduce", "broadcast") else None

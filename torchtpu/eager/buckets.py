@@ -73,6 +73,7 @@ from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import executables as _executables
 from torchtpu.eager import inflight
 from torchtpu.ops._schema import GEN, OPT_T, OPT_T_LIST, T, T_LIST
 
@@ -456,9 +457,9 @@ def run(plan, vals, c):
     edge = rule is _pointwise  # edge-padded inputs give edge-padded results
     shape = tuple(pads[0][0].shape)  # every rule's results: this shape, or 0-d
     _ex = _executor()
-    ex = _ex._CACHE.get(_padded_key(plan, vals, c, by_sd))
+    ex = _executables.CACHE.get(_padded_key(plan, vals, c, by_sd))
     if ex is not None and ex.compiled and ex.resize is None and not _ex.CONFIG.debug_sync:
-        _ex._CACHE.move_to_end(ex.key)
+        _executables.CACHE.move_to_end(ex.key)
         return _run_known(plan, vals, c, ex, by_sd, shape, n_x, edge)
     # first run of this signature: through the executor on padded tensors
     padded = {cid: _st.wrap(arr, index, t.dtype) for cid, (t, arr) in by_storage.items()}

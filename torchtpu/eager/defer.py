@@ -72,7 +72,7 @@ class Segment:
         self.inputs = []  # concrete JAX arrays read by the segment
         self.input_ids = {}  # id(array) -> position in inputs
         self.dyn = []  # host scalars / RNG key data, in op order
-        self.nodes = []  # (traced fn, input refs, number of dyn values, executor.Executable)
+        self.nodes = []  # (traced fn, input refs, number of dyn values, executables.Executable)
         self.key = []  # structure, for the compiled-segment cache
         self.lazies = []  # weakref to each node output's Lazy, with (node, out)
 
@@ -302,7 +302,7 @@ def _churning(seg, key) -> bool:
 def _replay(seg, inputs, live):
     """Run ``seg``'s ops one by one through their per-op executables; the ``live``
     (node, output) values, as the fused program would return them."""
-    from torchtpu.eager import executor
+    from torchtpu.eager import executables
 
     dyn = seg.dyn
     nodes = seg.nodes
@@ -317,7 +317,7 @@ def _replay(seg, inputs, live):
     for n, (_, refs, ndyn, ex) in enumerate(nodes):
         arrays = [None if r is None else (inputs[r] if r.__class__ is int else vals[r])
                   for r in refs]
-        outs = executor.run_executable(ex, arrays, dyn[d:d + ndyn])
+        outs = executables.run_executable(ex, arrays, dyn[d:d + ndyn])
         d += ndyn
         del arrays
         for i, o in enumerate(outs):

@@ -27,25 +27,23 @@ import os
 import sys
 import time
 import warnings
-from sys import getrefcount as _getrefcount
 from weakref import ref as _weakref
 
 import numpy as np
 import torch
 
 from torchtpu import _metrics
-from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime, state
 from torchtpu._tensor import native as _native
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
+from torchtpu.eager import executables as _ex
 from torchtpu.eager import hotpath as _hot
+from torchtpu.eager.host_reads import check_pending, to_jax
 from torchtpu.eager import inflight as _inflight
 from torchtpu.eager import modes as _modes
-from torchtpu.eager import signature_cache as _sigcache
-from torchtpu.eager import tiers as _tiers
 from torchtpu.ops import set_plan_runner as _set_plan_runner
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, SCALAR_LIST, STATIC, T, T_LIST, Signature,
@@ -55,6 +53,10 @@ from torchtpu.ops._schema import flatten as _flatten
 from torchtpu.ops._util import scalar_type_name
 
 M = _metrics.METRICS
+# device-side checks not verified yet (``inflight.PENDING_CHECKS``, one list for the whole
+# process): the per-op paths append to it directly
+_PENDING = _inflight.PENDING_CHECKS
+_CHECK_LIMIT = _inflight.CHECK_LIMIT
 aten = torch.ops.aten
 _matmul_precision = torch._C._get_float32_matmul_precision
 
@@ -99,62 +101,6 @@ def describe(vals) -> str:
     return ", ".join(parts)
 
 
-# ------------------------------------------------------------------------ the cache
-
-
-_SERIALS = itertools.count()
-
-
-class Executable:
-    """A compiled per-op executable and what is needed to wrap its results.
-
-    Attributes:
-        call: ``call(arrays, dyn) -> tuple of arrays`` (new storage arrays first).
-        out_meta: ``(size, stride, dtype, perm)`` per new output tensor.
-        writes: storage slots written back, in the order of the returned arrays.
-        resize: for ``out=`` calls whose out tensors need resizing first, their shapes.
-    """
-
-    __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
-                 "out_avals", "name", "check_info", "groups", "key", "jitted", "calls",
-                 "donating", "serial")
-
-    def __init__(self, call, out_meta, writes, device_index, resize=None):
-        self.compiled = False
-        self.traced = None  # the pure function (DeferAndFuse composes these)
-        self.out_avals = None
-        self.name = ""
-        self.check_info = ()  # device checks (exception type, message), see ops._checks
-        self.groups = None  # Tensor[] results: per ATen output, its list length (else None)
-        self.key = None  # the signature (executor cache key): names it on disk
-        self.jitted = None  # the jax.jit function (ex.call may be a loaded executable)
-        self.calls = 0  # calls so far (a hot in-place signature donates, see _call_donating)
-        # never reused, unlike id(): DeferAndFuse keys its fused segments on it, and an
-        # evicted executable's address can be a new one's (executable_limit)
-        self.serial = next(_SERIALS)
-        # the variant donating the written storages' old arrays (False: too small to)
-        self.donating = None
-        self.call = call
-        self.out_meta = out_meta
-        self.writes = writes
-        self.device_index = device_index
-        self.resize = resize
-
-
-_CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
-_CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
-# device-side checks not verified yet (``inflight.PENDING_CHECKS``, one list for the whole
-# process): the per-op paths append to it directly
-_PENDING = _inflight.PENDING_CHECKS
-_CHECK_LIMIT = _inflight.CHECK_LIMIT
-
-
-def cache_info() -> dict:
-    return {"entries": len(_CACHE)}
-
-
-def clear_cache():
-    _CACHE.clear()
 
 
 def _meta_of(v):
@@ -449,41 +395,6 @@ def call_op(sig, op, vals):
     return op(*pos, **kws)
 
 
-def first_call(ex, arrays, dyn):
-    """An executable's first call traces and compiles, at the quick tier where the
-    platform has one (``eager.tiers``); the signature's next call recompiles it at the
-    full tier and sets ``ex.call`` to the fully optimized executable."""
-    entry = _sigcache.entry(ex.key, ex.device_index) if ex.key is not None else None
-    outs, ex.call = _tiers.first_call(ex.call, (arrays, dyn),
-                                      lambda full: setattr(ex, "call", full),
-                                      entry, ex.check_info)
-    ex.compiled = True
-    return outs
-
-
-def run_executable(ex, arrays, dyn):
-    """Run per-op executable ``ex`` on storage ``arrays`` and host values ``dyn``
-    (DeferAndFuse replays a segment's ops through this): its results, as a tuple."""
-    if not ex.compiled:
-        return first_call(ex, arrays, dyn)
-    try:
-        return ex.call(arrays, dyn)
-    except TypeError:
-        return _through_jit(ex, arrays, dyn)
-
-
-def _through_jit(ex, arrays, dyn):
-    """Called while handling a TypeError of ``ex.call``: a call whose inputs' structure
-    the signature does not capture (``jax.jit`` traces such a call again; a ``Compiled``
-    from the signature cache refuses it).  Run it, and the signature's later calls,
-    through ``jax.jit`` (``ex.jitted``), and count it
-    (``metrics()["signature_cache"]["structure_mismatches"]``: a key that should name
-    more); re-raise when ``ex.call`` is ``jax.jit`` already."""
-    if ex.jitted is None or ex.call is ex.jitted:
-        raise
-    M.signature_cache["structure_mismatches"] += 1
-    ex.call = ex.jitted
-    return ex.call(arrays, dyn)
 
 
 class _Recorded:
@@ -514,16 +425,16 @@ def _native_plan(plan, mod):
 
 def _hot_donating(ex, arrays, dyn):
     try:
-        return _call_donating(ex, arrays, dyn)
+        return _ex.call_donating(ex, arrays, dyn)
     except TypeError:
-        return _through_jit(ex, arrays, dyn)
+        return _ex.through_jit(ex, arrays, dyn)
 
 
 def _hot_other_structure(ex, arrays, dyn):
     try:
         return ex.call(arrays, dyn)
     except TypeError:
-        return _through_jit(ex, arrays, dyn)
+        return _ex.through_jit(ex, arrays, dyn)
 
 
 def _hot_wrap_permuted(ex, arr, meta):
@@ -542,16 +453,16 @@ def _native_loaded(mod):
     a hot-path table its C++ form."""
     mod.hot_setup({
         "array_cls": _hot._ARRAY[0], "storage_data_cls": _st.StorageData,
-        "executable_cls": Executable, "allocator": _st.ALLOCATOR,
+        "executable_cls": _ex.Executable, "allocator": _st.ALLOCATOR,
         "lazy_cls": _st.Lazy,
         "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
         "np_float": np.float64, "np_complex": np.complex128,
         "default_marker": _hot._DEFAULT, "miss": _hot.MISS, "metrics": M,
-        "inflight": _inflight, "cache": _CACHE,
+        "inflight": _inflight, "cache": _ex.CACHE,
         "call_donating": _hot_donating, "call_other": _hot_other_structure,
         "wrap_other": _hot_wrap_permuted, "group_results": _group_results,
         "check_pending": check_pending, "next_addr": _st._next_addr,
-        "matmul_precision": _matmul_precision, "donate_after": _DONATE_AFTER,
+        "matmul_precision": _matmul_precision, "donate_after": _ex.DONATE_AFTER,
         "addr_align": _st._ADDR_ALIGN, "check_limit": _CHECK_LIMIT,
         "defer_record": _defer.record_arrays,  # (ex, arrays, dyn): DEFER's recording
     })
@@ -626,7 +537,7 @@ class LoweredPlan:
         # (for overlap.foreach_in_order); None for every other op
         self.in_order = [k in (T_LIST, OPT_T_LIST) for k in sig.kinds] if (
             sig.mutated_lists and op._schema.name.startswith("aten::_foreach_")) else None
-        # the hot path (eager.hotpath): argument codes, hot key -> (Executable, offsets),
+        # the hot path (eager.hotpath): argument codes, hot key -> (_ex.Executable, offsets),
         # and its C++ form once the C++ helper is loaded
         self.hot_codes = _hot.codes_for(self)
         self.hot = _hot.new_table() if self.hot_codes is not None else None
@@ -684,7 +595,7 @@ class LoweredPlan:
         cache hit."""
         M.cache_hits += 1
         M.hot_path_calls += 1
-        _CACHE.move_to_end(ex.key)
+        _ex.CACHE.move_to_end(ex.key)
         _, arrays, sdatas, dyn = hot
         if offs is not None:  # the views' storage offsets (fixed by the hot key)
             dyn.append(offs)
@@ -699,12 +610,12 @@ class LoweredPlan:
         else:
             ex.calls += 1
             try:
-                if ex.writes and ex.calls > _DONATE_AFTER:
-                    outs = _call_donating(ex, arrays, dyn)
+                if ex.writes and ex.calls > _ex.DONATE_AFTER:
+                    outs = _ex.call_donating(ex, arrays, dyn)
                 else:
                     outs = ex.call(arrays, dyn)
             except TypeError:
-                outs = _through_jit(ex, arrays, dyn)
+                outs = _ex.through_jit(ex, arrays, dyn)
         _inflight.LAST_OUTPUTS = outs  # (inflight.dispatched, inlined: the hot path)
         if ex.check_info:
             _PENDING.append((outs[-1], ex.check_info, self.op))
@@ -722,7 +633,7 @@ class LoweredPlan:
             _hot_start()
         c = gather(self, vals)
         key = tuple(c.key)
-        ex = _CACHE.get(key)
+        ex = _ex.CACHE.get(key)
         if ex is None:
             if _buckets.ON[0] and not CONFIG.defer:
                 # an op churning through shapes: an executable shared by a bucket of sizes
@@ -732,7 +643,7 @@ class LoweredPlan:
                     return res
             M.cache_misses += 1
             try:
-                ex = _CACHE.put(key, self._build(vals, c, key))
+                ex = _ex.CACHE.put(key, self._build(vals, c, key))
             except _InOrder:
                 if args is None:
                     raise NotImplementedError(f"torchtpu: {self.op} on aliased lists") from None
@@ -745,7 +656,7 @@ class LoweredPlan:
                 return UnsupportedPlan(self.op).fallback_or_raise(args, kwargs, refused)
         else:
             M.cache_hits += 1
-            _CACHE.move_to_end(key)
+            _ex.CACHE.move_to_end(key)
         if c.padded:
             c.unpad()
         if ex.resize is not None:
@@ -767,8 +678,8 @@ class LoweredPlan:
         if ex.compiled:
             ex.calls += 1
             try:
-                if ex.writes and ex.calls > _DONATE_AFTER:
-                    outs = _call_donating(ex, c.arrays, c.dyn)
+                if ex.writes and ex.calls > _ex.DONATE_AFTER:
+                    outs = _ex.call_donating(ex, c.arrays, c.dyn)
                 else:
                     outs = ex.call(c.arrays, c.dyn)
             except TypeError:
@@ -792,15 +703,15 @@ class LoweredPlan:
 
     def _first_call(self, ex, c, vals):
         try:
-            return first_call(ex, c.arrays, c.dyn)
+            return _ex.first_call(ex, c.arrays, c.dyn)
         except (TypeError, ValueError) as e:
             raise RuntimeError(
                 f"torchtpu: lowering {self.op} failed for ({describe(vals)}): {e}"
             ) from e
 
     def _other_structure(self, ex, c):
-        """See :func:`_through_jit` (called while handling ``ex.call``'s TypeError)."""
-        return _through_jit(ex, c.arrays, c.dyn)
+        """See :func:`_ex.through_jit` (called while handling ``ex.call``'s TypeError)."""
+        return _ex.through_jit(ex, c.arrays, c.dyn)
 
     def _resize_outs(self, vals, shapes):
         inputs = {x.untyped_storage()._cdata for j in self.sig.tensor_idx
@@ -961,7 +872,7 @@ class LoweredPlan:
             want = [out_meta[k][0] for k in range(len(self.sig.out_args))]
             have = [tuple(vals[i].shape) for i in self.sig.out_args]
             if want != have:
-                return Executable(None, None, None, c.index, resize=want)
+                return _ex.Executable(None, None, None, c.index, resize=want)
         # Rebuild plan of the lowering's arguments from (arrays, dyn), and the writes.
         writes, write_specs, layout = [], [], []
         pos = 1  # position in key after the op
@@ -1072,7 +983,7 @@ class LoweredPlan:
                 if perm == "nondense":
                     stride, perm = _st.contiguous_strides(size), None
                 final_meta.append((size, stride, dt, perm))
-        ex = Executable(jitted, final_meta, list(dict.fromkeys(writes)), c.index)
+        ex = _ex.Executable(jitted, final_meta, list(dict.fromkeys(writes)), c.index)
         if not mutated:
             ex.groups = self._groups
         ex.check_info = check_info
@@ -1145,61 +1056,6 @@ class LoweredPlan:
         return outs[0] if self.sig.nret == 1 else tuple(outs)
 
 
-# An in-place (or out=) signature called more than this many times runs a second
-# executable that donates the written storages' old arrays to XLA, which then updates them
-# in place instead of copying the whole storage (x[i] = row on a large x: ~28 -> 12 us on
-# CPU).  Not from the first call: a signature used a few times (tests looping over shapes)
-# would pay a second compile for nothing.
-_DONATE_AFTER = 4
-# ... and only when the written storages hold at least this many bytes together: below it
-# the copy costs less than a microsecond, while the donating variant costs a trace and a
-# compile per signature (a loop over small shapes met 0.5-5 ms of that per signature).
-_DONATE_MIN_BYTES = 64 * 1024
-# sys.getrefcount of a storage array nobody else holds, seen from _call_donating: the
-# storage's ``arr``, the call's ``arrays`` list, the local ``a`` and getrefcount's argument
-_REFS_IF_ONLY_STORAGE = 4
-
-
-def _call_donating(ex, arrays, dyn):
-    """Run ``ex`` handing XLA the old arrays of the storages it writes, when nothing but
-    those storages references them (no other storage sharing the array, no array handed
-    out by ``to_jax``, no host view of it): the array is then dead once the op returns,
-    as after an in-place kernel on CUDA.  Otherwise the ordinary, copying executable runs.
-    Donated arrays are counted in ``metrics()["donated_buffers"]``."""
-    d = ex.donating
-    if d is False:
-        return ex.call(arrays, dyn)
-    # (inflight.clear_last, inlined) the previous op's results: replaced after this call anyway
-    _inflight.LAST_OUTPUTS = ()
-    for j in ex.writes:
-        a = arrays[j]
-        if a is None or a.__class__ is _st.Lazy or _getrefcount(a) > _REFS_IF_ONLY_STORAGE:
-            return ex.call(arrays, dyn)
-    if d is None:
-        if sum(arrays[j].nbytes for j in ex.writes) < _DONATE_MIN_BYTES:
-            ex.donating = False  # too small to be worth a second executable
-            return ex.call(arrays, dyn)
-        d = ex.donating = _donating_variant(ex, len(arrays))
-        M.donated_buffers += len(ex.writes)
-        with _metrics.compile_kind("op_donating"):  # its first call compiles it
-            return d(*arrays, dyn)
-    M.donated_buffers += len(ex.writes)
-    return d(*arrays, dyn)
-
-
-def _donating_variant(ex, n_arrays):
-    """``ex.traced`` jitted with the written storage arrays donated: called as
-    ``f(*arrays, dyn)`` (donation is per positional argument)."""
-    from jax.sharding import SingleDeviceSharding
-
-    jax = runtime.jax()
-    traced = ex.traced
-
-    def donating(*args):
-        return traced(list(args[:n_arrays]), args[n_arrays])
-
-    sharding = SingleDeviceSharding(runtime.jax_device(ex.device_index))
-    return jax.jit(donating, out_shardings=sharding, donate_argnums=tuple(ex.writes))
 
 
 def _view_offsets(spec):
@@ -1267,114 +1123,6 @@ def _rebuild(item, arrays, dyn_it, slot_meta, offs=None):
     raise AssertionError(tag)
 
 
-# ----------------------------------------------------------------- host reads
-
-
-_READERS = _executable_limit.LRUCache(share=0.25)  # one executable per view geometry
-
-
-def to_jax(t: torch.Tensor):
-    """The JAX array holding the elements of ``tpu`` tensor ``t`` (its own shape)."""
-    sd = _st.data(t)
-    offs = []
-    spec = _st.dynamic_view_spec(t, sd, offs)
-    arr = sd.get()
-    if len(spec) == 2:
-        return arr
-    f = _READERS.get(spec)
-    if f is not None:
-        _READERS.move_to_end(spec)
-    else:  # one reader per view geometry; the offset is an argument
-        f = _READERS.put(spec, runtime.jax().jit(lambda a, o, _s=spec: _st.read_view(a, _s, o)))
-    return f(arr, np.asarray(offs, dtype=np.int32))
-
-
-def report_device_checks(flags, info, where) -> None:
-    """Queue device-side checks computed by an executable that is not a per-op one (a
-    torch.compile graph): ``flags`` is a bool[n] array (or a DeferAndFuse ``Lazy``),
-    ``info`` the ``(exception type, message)`` per flag, ``where`` what to name in the
-    error.  They are verified at the next sync point, like a per-op executable's."""
-    if _inflight.add_check(flags, info, where):
-        check_pending()
-
-
-def check_pending() -> None:
-    """Verify the device-side checks of every op run so far (a sync on their flags);
-    raise the first failure as PyTorch's CPU kernel would have (``ops._checks``)."""
-    if not _PENDING:
-        return
-    pending = _inflight.take_checks()
-    flags = []
-    for flag, info, op in pending:
-        if flag.__class__ is _st.Lazy:
-            if flag.value is None:
-                _defer.flush("device_check")
-            flag = flag.value
-        flags.append(flag)
-    if len(flags) > 16 and len({f.device for f in flags}) == 1:
-        # one device op and one transfer for all of them
-        allbad = np.asarray(runtime.jax().numpy.concatenate(flags))
-    else:
-        # a few transfers, and no new device op: one would queue behind work dispatched
-        # since (e.g. a DeferAndFuse optimizer segment) and make this sync wait for it
-        allbad = np.concatenate([np.asarray(f) for f in flags])
-    if not allbad.any():
-        return
-    pos = 0
-    for (flag, info, op), f in zip(pending, flags):
-        bad = allbad[pos:pos + f.shape[0]]
-        pos += f.shape[0]
-        if bad.any():
-            exc, msg = info[int(np.argmax(bad))]
-            raise exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
-
-
-_RETYPERS = _executable_limit.LRUCache(share=0.125)
-
-
-def retype(arr, dtype: torch.dtype, shape: tuple):
-    """``arr``'s bytes reinterpreted as ``dtype`` elements of ``shape`` (device op)."""
-    key = (arr.shape, arr.dtype, dtype, shape)
-    f = _RETYPERS.get(key)
-    if f is None:
-        f = _RETYPERS.put(key, runtime.jax().jit(
-            lambda a: _st._bitcast(a.reshape(-1), dtype).reshape(shape)
-        ))
-    return f(arr)
-
-
-def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
-    """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
-    if _defer.pending_ops():
-        # A host read ends the segment even when ``t`` is already computed: the pending
-        # ops (e.g. an optimizer step after the forward that produced a logged loss) are
-        # dispatched now, asynchronously, so every training step cuts at the same point
-        # and the host does not wait for them.
-        _defer.flush(cause)  # counts the sync
-    else:
-        M.sync(cause)
-    check_pending()
-    p = _st.data(t).arr
-    if p.__class__ is _st.Padded and _buckets.whole(t):  # the front of a bucketed array
-        arr = p.host(tuple(t.shape))
-        M.transfers_to_host_bytes += arr.nbytes
-        return arr
-    sd = _st.data(t)
-    if (t.dtype is sd.dtype and sd.nbytes <= _HOST_VIEW_READ_BYTES
-            and len(_st.view_spec(t, sd)) != 2):
-        # a view of a small storage: the whole storage comes to the host (one transfer,
-        # kept by the array for later reads) and the view is cut there, instead of a
-        # reader executable per view geometry (``x[i].item()`` in a loop over shapes)
-        host = np.asarray(sd.get())
-        M.transfers_to_host_bytes += host.nbytes
-        return _st.read_view_host(host, t)
-    arr = np.asarray(to_jax(t))
-    M.transfers_to_host_bytes += arr.nbytes
-    return arr
-
-
-# Views of storages up to this size are read to the host whole (``to_numpy``).
-_HOST_VIEW_READ_BYTES = 1 << 20
 
 
 # ------------------------------------------------------------------------ plans

@@ -14,6 +14,7 @@ import torch
 from torchtpu import _metrics
 from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import host_reads as _hr
 
 M = _metrics.METRICS
 aten = torch.ops.aten
@@ -168,9 +169,8 @@ def copy_(self, src, non_blocking=False):
             src = _st.wrap(arr, self.device.index, src.dtype)
         return _copy_plan()((self, src, non_blocking), {})
     # tpu -> cpu
-    from torchtpu.eager import executor as ex
 
-    host = _host_tensor(ex.to_numpy(src, "to_cpu"), src)
+    host = _host_tensor(_hr.to_numpy(src, "to_cpu"), src)
     return self.copy_(host)
 
 
@@ -188,9 +188,8 @@ def _copy_from_and_resize(self, dst):
 
 @handles(aten._local_scalar_dense.default)
 def _local_scalar_dense(self):
-    from torchtpu.eager import executor as ex
 
-    arr = ex.to_numpy(self, "item")
+    arr = _hr.to_numpy(self, "item")
     if self.dtype in _BITS_AS:  # an ml_dtypes scalar is not a Python float
         return arr.astype(np.float32).item()  # any one-element shape, as CPU
     return arr.item()
@@ -208,7 +207,6 @@ def resize_(self, size, memory_format=None):
     need = (self.storage_offset() + math.prod(size)) * self.dtype.itemsize
     st = self.untyped_storage()
     if need > st.nbytes():
-        from torchtpu.eager import executor as ex
 
         old = st._tpu
         n = self.storage_offset() + math.prod(size)
@@ -230,13 +228,12 @@ def _adopt_dtype(t: torch.Tensor) -> torch.Tensor:
     The bytes are unchanged, so views of any dtype still read the same values."""
     sd = _st.data(t)
     if sd.dtype is torch.uint8 and t.dtype is not torch.uint8 and sd.nbytes % t.dtype.itemsize == 0:
-        from torchtpu.eager import executor as ex
 
         n = sd.nbytes // t.dtype.itemsize
         whole = (t.storage_offset() == 0 and t.is_contiguous() and t.numel() == n)
         shape = tuple(t.shape) if whole else (n,)
         if sd.arr is not None:
-            sd.arr = ex.retype(sd.get(), t.dtype, shape)
+            sd.arr = _hr.retype(sd.get(), t.dtype, shape)
         sd.dtype, sd.shape = t.dtype, shape
     return t
 
@@ -296,9 +293,7 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
             return out.copy_(x.contiguous())
         return to_device(x, _check_index(dst.index))
     if dst.type == "cpu":  # tpu -> host
-        from torchtpu.eager import executor as ex
-
-        host = _host_tensor(ex.to_numpy(x, "to_cpu"), x)
+        host = _host_tensor(_hr.to_numpy(x, "to_cpu"), x)
         if dtype is not None and dtype != host.dtype:
             host = host.to(dtype)
         strides = _result_strides(x, memory_format)
@@ -310,9 +305,7 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
     if dst.type != "tpu":
         raise RuntimeError(f"_to_copy: cannot copy from {x.device} to {dst}")
     if dst.index != x.device.index:  # tpu:i -> tpu:j
-        from torchtpu.eager import executor as ex
-
-        arr = runtime.jax().device_put(ex.to_jax(x), runtime.jax_device(_check_index(dst.index)))
+        arr = runtime.jax().device_put(_hr.to_jax(x), runtime.jax_device(_check_index(dst.index)))
         x = _st.wrap(arr, dst.index, x.dtype)
         if dtype is None or dtype == x.dtype:
             return x

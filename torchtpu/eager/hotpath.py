@@ -9,7 +9,7 @@ item by item, then wrapping each result in a new storage and tensor through PyTo
 boxed ``set_`` (~2.6 us a tensor).
 
 What: each :class:`~torchtpu.eager.executor.LoweredPlan` keeps a small table from a
-*hot key* to the :class:`~torchtpu.eager.executor.Executable` its signature resolved to.
+*hot key* to the :class:`~torchtpu.eager.executables.Executable` its signature resolved to.
 The hot key is built straight from the normalized arguments.  It admits calls whose tpu
 tensors' storages hold a concrete JAX array (not uninitialized, not a pending
 DeferAndFuse value, not bucket-padded), and holds everything the general path's key is

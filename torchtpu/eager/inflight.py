@@ -8,7 +8,7 @@ collectives) and read at the sync points (``eager.sync``, ``_device.streams``):
   runs a device's executables in dispatch order, so waiting for them
   (``torch.tpu.synchronize``) waits for everything dispatched before.
 * :data:`PENDING_CHECKS`: device-side error flags (an out-of-range index, a collective's
-  mismatched signatures) not verified yet; ``executor.check_pending`` verifies and clears
+  mismatched signatures) not verified yet; ``host_reads.check_pending`` verifies and clears
   them at the next sync point.
 
 Everyone calls the functions below.  The executor's per-op paths (``executor.py`` and
@@ -29,7 +29,7 @@ LAST_OUTPUTS = ()
 # ``(exception type, message)`` pairs (see ``ops._checks``), ``op`` what the error names
 PENDING_CHECKS: list = []
 
-# more pending checks than this are verified at once (``executor.check_pending``): the
+# more pending checks than this are verified at once (``host_reads.check_pending``): the
 # flags are small, but each holds a device buffer
 CHECK_LIMIT = 256
 
@@ -61,7 +61,7 @@ def add_check(flags, info, op) -> bool:
     ``Lazy``), true where check ``i`` failed; ``info`` the n ``(exception type,
     message)`` pairs; ``op`` what the error names.  Returns whether more than
     :data:`CHECK_LIMIT` are pending (the caller then verifies them:
-    ``executor.check_pending``)."""
+    ``host_reads.check_pending``)."""
     PENDING_CHECKS.append((flags, info, op))
     return len(PENDING_CHECKS) > CHECK_LIMIT
 

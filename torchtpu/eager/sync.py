@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torchtpu import _metrics
 from torchtpu._device import runtime
-from torchtpu.eager import defer, executor, inflight
+from torchtpu.eager import defer, host_reads, inflight
 
 
 def synchronize() -> None:
@@ -20,11 +20,11 @@ def synchronize() -> None:
 
     Raises:
         RuntimeError: a device-side check of an op dispatched earlier failed
-            (``executor.check_pending``).
+            (``host_reads.check_pending``).
     """
     if defer.pending_ops():
         defer.flush("synchronize")
     else:
         _metrics.METRICS.sync("synchronize")
     runtime.jax().block_until_ready(inflight.last_outputs())
-    executor.check_pending()
+    host_reads.check_pending()

@@ -1,0 +1,135 @@
+"""Host reads and device-side check verification of ``tpu`` tensors: what a sync point
+does (``.cpu()``, ``.item()``, ``torch.tpu.synchronize``, a JAX view of a tensor).
+
+* :func:`to_jax`: the JAX array holding a tensor's elements (a view's elements are read
+  by one small executable per view geometry, its offset an argument);
+* :func:`to_numpy`: the same on the host, a sync point counted by cause (it ends a
+  pending DeferAndFuse segment first and verifies the pending device-side checks);
+* :func:`check_pending` / :func:`report_device_checks`: the device-side error flags of
+  executables run so far (``eager.inflight.PENDING_CHECKS``), raised as CPU's errors;
+* :func:`retype`: a storage's bytes reinterpreted as another dtype (device op).
+
+Split out of ``eager/executor.py`` (which runs ops): nothing here plans or runs an op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from torchtpu import _metrics
+from torchtpu._device import executable_limit as _executable_limit
+from torchtpu._device import runtime
+from torchtpu._tensor import storage as _st
+from torchtpu.eager import buckets as _buckets
+from torchtpu.eager import defer as _defer
+from torchtpu.eager import inflight as _inflight
+
+M = _metrics.METRICS
+_PENDING = _inflight.PENDING_CHECKS  # (one list for the process: appended in place)
+
+_READERS = _executable_limit.LRUCache(share=0.25)  # one executable per view geometry
+
+
+def to_jax(t: torch.Tensor):
+    """The JAX array holding the elements of ``tpu`` tensor ``t`` (its own shape)."""
+    sd = _st.data(t)
+    offs = []
+    spec = _st.dynamic_view_spec(t, sd, offs)
+    arr = sd.get()
+    if len(spec) == 2:
+        return arr
+    f = _READERS.get(spec)
+    if f is not None:
+        _READERS.move_to_end(spec)
+    else:  # one reader per view geometry; the offset is an argument
+        f = _READERS.put(spec, runtime.jax().jit(lambda a, o, _s=spec: _st.read_view(a, _s, o)))
+    return f(arr, np.asarray(offs, dtype=np.int32))
+
+
+def report_device_checks(flags, info, where) -> None:
+    """Queue device-side checks computed by an executable that is not a per-op one (a
+    torch.compile graph): ``flags`` is a bool[n] array (or a DeferAndFuse ``Lazy``),
+    ``info`` the ``(exception type, message)`` per flag, ``where`` what to name in the
+    error.  They are verified at the next sync point, like a per-op executable's."""
+    if _inflight.add_check(flags, info, where):
+        check_pending()
+
+
+def check_pending() -> None:
+    """Verify the device-side checks of every op run so far (a sync on their flags);
+    raise the first failure as PyTorch's CPU kernel would have (``ops._checks``)."""
+    if not _PENDING:
+        return
+    pending = _inflight.take_checks()
+    flags = []
+    for flag, info, op in pending:
+        if flag.__class__ is _st.Lazy:
+            if flag.value is None:
+                _defer.flush("device_check")
+            flag = flag.value
+        flags.append(flag)
+    if len(flags) > 16 and len({f.device for f in flags}) == 1:
+        # one device op and one transfer for all of them
+        allbad = np.asarray(runtime.jax().numpy.concatenate(flags))
+    else:
+        # a few transfers, and no new device op: one would queue behind work dispatched
+        # since (e.g. a DeferAndFuse optimizer segment) and make this sync wait for it
+        allbad = np.concatenate([np.asarray(f) for f in flags])
+    if not allbad.any():
+        return
+    pos = 0
+    for (flag, info, op), f in zip(pending, flags):
+        bad = allbad[pos:pos + f.shape[0]]
+        pos += f.shape[0]
+        if bad.any():
+            exc, msg = info[int(np.argmax(bad))]
+            raise exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
+
+
+_RETYPERS = _executable_limit.LRUCache(share=0.125)
+
+
+def retype(arr, dtype: torch.dtype, shape: tuple):
+    """``arr``'s bytes reinterpreted as ``dtype`` elements of ``shape`` (device op)."""
+    key = (arr.shape, arr.dtype, dtype, shape)
+    f = _RETYPERS.get(key)
+    if f is None:
+        f = _RETYPERS.put(key, runtime.jax().jit(
+            lambda a: _st._bitcast(a.reshape(-1), dtype).reshape(shape)
+        ))
+    return f(arr)
+
+
+def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
+    """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
+    if _defer.pending_ops():
+        # A host read ends the segment even when ``t`` is already computed: the pending
+        # ops (e.g. an optimizer step after the forward that produced a logged loss) are
+        # dispatched now, asynchronously, so every training step cuts at the same point
+        # and the host does not wait for them.
+        _defer.flush(cause)  # counts the sync
+    else:
+        M.sync(cause)
+    check_pending()
+    p = _st.data(t).arr
+    if p.__class__ is _st.Padded and _buckets.whole(t):  # the front of a bucketed array
+        arr = p.host(tuple(t.shape))
+        M.transfers_to_host_bytes += arr.nbytes
+        return arr
+    sd = _st.data(t)
+    if (t.dtype is sd.dtype and sd.nbytes <= _HOST_VIEW_READ_BYTES
+            and len(_st.view_spec(t, sd)) != 2):
+        # a view of a small storage: the whole storage comes to the host (one transfer,
+        # kept by the array for later reads) and the view is cut there, instead of a
+        # reader executable per view geometry (``x[i].item()`` in a loop over shapes)
+        host = np.asarray(sd.get())
+        M.transfers_to_host_bytes += host.nbytes
+        return _st.read_view_host(host, t)
+    arr = np.asarray(to_jax(t))
+    M.transfers_to_host_bytes += arr.nbytes
+    return arr
+
+
+# Views of storages up to this size are read to the host whole (``to_numpy``).
+_HOST_VIEW_READ_BYTES = 1 << 20
