@@ -194,17 +194,14 @@ struct Globals {
   py::object executable_cls, allocator;
   py::object array_cls, storage_data_cls, asarray, np_bool, np_int, np_float, np_complex,
       lazy_cls;
-  py::object default_marker, miss, metrics, inflight, cache, call_donating, call_other,
+  py::object default_marker, miss, inflight, cache, call_donating, call_other,
       wrap_other, group_results, check_pending, next_addr,
       matmul_precision, float_tag, defer_record;
   int64_t donate_after = 0, addr_align = 512, check_limit = 256;
 };
 Globals* G = nullptr;  // set once by setup(); lives as long as the process
 
-PyObject *s_tpu, *s_arr, *s_dtype, *s_shape, *s_key, *s_calls, *s_writes, *s_call,
-    *s_check_info, *s_out_meta, *s_groups, *s_device_index, *s_move_to_end, *s_last_outputs,
-    *s_pending_checks, *s_cache_hits, *s_hot_path_calls, *s_lowered_ops, *s_compiled,
-    *s_value, *s_resolve, *s_owner;
+PyObject *s_tpu, *s_move_to_end, *s_last_outputs, *s_pending_checks, *s_value, *s_resolve, *s_owner;
 
 // Counters of the C++ kernels, folded into torchtpu.metrics() when it is read
 // (take_counts): a Python attribute increment per op cost ~0.1 us each.
@@ -354,7 +351,6 @@ void setup(py::dict g) {
   G->np_complex = g["np_complex"];
   G->default_marker = g["default_marker"];
   G->miss = g["miss"];
-  G->metrics = g["metrics"];
   G->inflight = g["inflight"];  // torchtpu.eager.inflight: LAST_OUTPUTS, PENDING_CHECKS
   G->cache = g["cache"];
   G->call_donating = g["call_donating"];
@@ -371,24 +367,9 @@ void setup(py::dict g) {
   G->check_limit = g["check_limit"].cast<int64_t>();
 #define INTERN(var, text) var = PyUnicode_InternFromString(text)
   INTERN(s_tpu, "_tpu");
-  INTERN(s_arr, "arr");
-  INTERN(s_dtype, "dtype");
-  INTERN(s_shape, "shape");
-  INTERN(s_key, "key");
-  INTERN(s_calls, "calls");
-  INTERN(s_writes, "writes");
-  INTERN(s_call, "call");
-  INTERN(s_check_info, "check_info");
-  INTERN(s_out_meta, "out_meta");
-  INTERN(s_groups, "groups");
-  INTERN(s_device_index, "device_index");
   INTERN(s_move_to_end, "move_to_end");
   INTERN(s_last_outputs, "LAST_OUTPUTS");
   INTERN(s_pending_checks, "PENDING_CHECKS");
-  INTERN(s_cache_hits, "cache_hits");
-  INTERN(s_hot_path_calls, "hot_path_calls");
-  INTERN(s_lowered_ops, "lowered_ops");
-  INTERN(s_compiled, "compiled");
   INTERN(s_value, "value");
   INTERN(s_resolve, "resolve");
   INTERN(s_owner, "owner");
@@ -891,7 +872,7 @@ struct KernelState {
 enum ArgKind { ARG_OTHER = 0, ARG_TENSOR, ARG_DTYPE, ARG_LAYOUT, ARG_MEMFMT };
 std::unordered_map<std::string, KernelState*>* g_kernels = nullptr;  // leaked: see below
 torch::Library* g_kernel_lib = nullptr;
-PyObject *s_ops_dispatched = nullptr, *s_defer = nullptr, *s_debug_sync = nullptr;
+PyObject *s_defer = nullptr, *s_debug_sync = nullptr;
 py::object* g_config = nullptr;       // eager.modes.CONFIG
 py::object* g_hot_switches = nullptr;  // (hotpath.ENABLED, hotpath.NATIVE): one-item lists
 
@@ -1042,8 +1023,7 @@ struct FallbackKernel final : public c10::OperatorKernel {
 
 bool register_fallback(py::object make_runner) {
   if (g_fallback_lib != nullptr) return false;
-  if (s_ops_dispatched == nullptr) {
-    s_ops_dispatched = PyUnicode_InternFromString("ops_dispatched");
+  if (s_defer == nullptr) {
     s_defer = PyUnicode_InternFromString("defer");
     s_debug_sync = PyUnicode_InternFromString("debug_sync");
   }
@@ -1127,8 +1107,7 @@ void register_kernels(std::vector<std::string> names, std::vector<std::string> k
     g_kernel_lib = new torch::Library(torch::Library::IMPL, "aten",
                                       c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   }
-  if (s_ops_dispatched == nullptr) {
-    s_ops_dispatched = PyUnicode_InternFromString("ops_dispatched");
+  if (s_defer == nullptr) {
     s_defer = PyUnicode_InternFromString("defer");
     s_debug_sync = PyUnicode_InternFromString("debug_sync");
   }

@@ -457,7 +457,7 @@ def _native_loaded(mod):
         "lazy_cls": _st.Lazy,
         "asarray": np.asarray, "np_bool": np.bool_, "np_int": np.int64,
         "np_float": np.float64, "np_complex": np.complex128,
-        "default_marker": _hot._DEFAULT, "miss": _hot.MISS, "metrics": M,
+        "default_marker": _hot._DEFAULT, "miss": _hot.MISS,
         "inflight": _inflight, "cache": _ex.CACHE,
         "call_donating": _hot_donating, "call_other": _hot_other_structure,
         "wrap_other": _hot_wrap_permuted, "group_results": _group_results,
