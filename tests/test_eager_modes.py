@@ -261,7 +261,7 @@ def test_rng_streams_same_in_every_mode():
 
 
 def test_debug_log_ops(capfd):
-    from torchtpu.eager.executor import CONFIG
+    from torchtpu.eager.modes import CONFIG
 
     with torch.tpu.set_eager_mode(EM.DEBUG):
         CONFIG.log_ops = True

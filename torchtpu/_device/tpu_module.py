@@ -236,7 +236,7 @@ from torchtpu._device.memory import (  # noqa: E402,F401
 
 
 # ``torch.tpu.enable_cpu_fallback``: a property of the module (below), stored in
-# ``torchtpu.eager.executor.CONFIG.cpu_fallback``
+# ``torchtpu.eager.modes.CONFIG.cpu_fallback``
 
 
 # ------------------------------------------------------------------ JAX interop
@@ -255,13 +255,13 @@ class _TpuModule(type(os)):
         """Run ops that have no lowering on the CPU (copying inputs and results), warning
         once per op, instead of raising ``NotImplementedError`` (settable; starts as
         ``TORCHTPU_CPU_FALLBACK=1`` says)."""
-        from torchtpu.eager.executor import CONFIG
+        from torchtpu.eager.modes import CONFIG
 
         return CONFIG.cpu_fallback
 
     @enable_cpu_fallback.setter
     def enable_cpu_fallback(self, value: bool) -> None:
-        from torchtpu.eager.executor import CONFIG
+        from torchtpu.eager.modes import CONFIG
 
         CONFIG.cpu_fallback = bool(value)
 
@@ -281,13 +281,13 @@ class _TpuModule(type(os)):
     @property
     def debug_nans(self) -> bool:
         """DEBUG mode: raise at the first op producing NaN/Inf (``TORCHTPU_DEBUG_NANS``)."""
-        from torchtpu.eager.executor import CONFIG
+        from torchtpu.eager.modes import CONFIG
 
         return CONFIG.debug_nans
 
     @debug_nans.setter
     def debug_nans(self, value: bool) -> None:
-        from torchtpu.eager.executor import CONFIG
+        from torchtpu.eager.modes import CONFIG
 
         CONFIG.debug_nans = bool(value)
 

@@ -75,6 +75,7 @@ from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import executables as _executables
 from torchtpu.eager import inflight
+from torchtpu.eager.modes import CONFIG
 from torchtpu.ops._schema import GEN, OPT_T, OPT_T_LIST, T, T_LIST
 
 M = _metrics.METRICS
@@ -376,7 +377,7 @@ def run(plan, vals, c):
     """Run ``plan`` (a ``LoweredPlan``) on ``vals`` bucketed, or return :data:`NO`.
 
     Called on a miss of the executable cache with the call's normalized (and prepared)
-    arguments and what ``executor.gather`` made of them (``c``: the signature ``c.key``,
+    arguments and what ``keying.gather`` made of them (``c``: the signature ``c.key``,
     the storages, the dynamic inputs, the tpu index).  Returns the
     op's result as the exact path would (in-place and ``out=`` ops: their written tensors
     updated), its tensors holding :class:`~torchtpu._tensor.storage.Padded` arrays.
@@ -391,7 +392,7 @@ def run(plan, vals, c):
     pads = rule(plan, vals)
     if pads is None or not _consistent(plan, vals, pads):
         return NO
-    if _executor().CONFIG.debug_sync:
+    if CONFIG.debug_sync:
         return NO  # DEBUG checks every output, padding included (an overflowing cumsum)
     seen = _churn.get(plan.op, 0)
     _churn[plan.op] = seen + 1
@@ -456,9 +457,8 @@ def run(plan, vals, c):
     M.shape_buckets["runs"] += 1
     edge = rule is _pointwise  # edge-padded inputs give edge-padded results
     shape = tuple(pads[0][0].shape)  # every rule's results: this shape, or 0-d
-    _ex = _executor()
     ex = _executables.CACHE.get(_padded_key(plan, vals, c, by_sd))
-    if ex is not None and ex.compiled and ex.resize is None and not _ex.CONFIG.debug_sync:
+    if ex is not None and ex.compiled and ex.resize is None and not CONFIG.debug_sync:
         _executables.CACHE.move_to_end(ex.key)
         return _run_known(plan, vals, c, ex, by_sd, shape, n_x, edge)
     # first run of this signature: through the executor on padded tensors
@@ -513,7 +513,7 @@ def _mutated_result(plan, vals):
 
 
 def _padded_key(plan, vals, c, by_sd):
-    """The signature the call gets with its padded tensors (``executor.gather``'s key,
+    """The signature the call gets with its padded tensors (``keying.gather``'s key,
     with each padded storage's item that of a whole ``(B,)`` tensor)."""
     key = list(c.key)
     pos = 1  # gather's layout: the op, then one item per argument (a list: its length,

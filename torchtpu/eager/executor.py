@@ -23,8 +23,6 @@ host never waits for device results except at sync points (``item``, ``.cpu()``.
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 import time
 import warnings
 from weakref import ref as _weakref
@@ -43,7 +41,9 @@ from torchtpu.eager import executables as _ex
 from torchtpu.eager import hotpath as _hot
 from torchtpu.eager.host_reads import check_pending, to_jax
 from torchtpu.eager import inflight as _inflight
+from torchtpu.eager import keying as _keying
 from torchtpu.eager import modes as _modes
+from torchtpu.eager.modes import CONFIG
 from torchtpu.ops import set_plan_runner as _set_plan_runner
 from torchtpu.ops._schema import (  # noqa: F401  (re-exported: eager's names)
     GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, SCALAR_LIST, STATIC, T, T_LIST, Signature,
@@ -61,32 +61,10 @@ aten = torch.ops.aten
 _matmul_precision = torch._C._get_float32_matmul_precision
 
 _increment_version = torch._C._increment_version  # (tensors): autograd's _version += 1
-_SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
-
-
-class Config:
-    """Executor switches (the eager mode, :mod:`torchtpu.eager.modes`, sets ``debug_sync``
-    and ``defer``; their start values are the mode already applied at registration)."""
-
-    debug_sync = _modes.get_eager_mode() is _modes.EagerMode.DEBUG  # wait for every op
-    defer = _modes.get_eager_mode() is _modes.EagerMode.DEFER_AND_FUSE  # record ops
-    debug_nans = os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("", "0")
-    log_ops = os.environ.get("TORCHTPU_LOG_OPS", "0") not in ("", "0")
-    # torch.tpu.enable_cpu_fallback: ops without a lowering run on the CPU
-    cpu_fallback = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0")
-
-
-CONFIG = Config()
+_modes.get_eager_mode()  # the start-up mode (TORCHTPU_EAGER_MODE) applied to CONFIG
 
 
 # ------------------------------------------------------------------ errors and helpers
-
-
-def device_mismatch(op, a: torch.device, b: torch.device):
-    return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, "
-        f"{a} and {b}!"
-    )
 
 
 def describe(vals) -> str:
@@ -162,95 +140,6 @@ def _meta_number(v):
                        device="meta")
 
 
-class _Call:
-    """Gathers the dynamic inputs and the cache key of one op call."""
-
-    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs",
-                 "padded")
-
-    def __init__(self, dynamic_offsets=True):
-        self.arrays = []
-        self.slots = {}
-        self.sdatas = []
-        self.dyn = []
-        self.key = []
-        self.index = None
-        self.first_dev = None
-        # views' storage offsets, passed at run time (storage.dynamic_view_spec); None:
-        # compiled in (ops writing tensor lists check their views for overlap when built)
-        self.offs = [] if dynamic_offsets else None
-        self.padded = False  # an input array is eager.buckets' Padded (see unpad)
-
-    def unpad(self):
-        """Replace bucket-padded input arrays by their storages' own arrays (a call
-        that is not bucketed)."""
-        for j, a in enumerate(self.arrays):
-            if a.__class__ is _st.Padded:
-                self.arrays[j] = self.sdatas[j].get()
-
-    def tensor(self, op, t, writeonly=False):
-        st = t.untyped_storage()
-        sd = getattr(st, "_tpu", None)
-        if sd is None:  # not a tpu tensor
-            dev = t.device
-            if dev.type == "cpu" and t.dim() == 0:  # CPU scalars are allowed, as for CUDA
-                self.dyn.append(_host_scalar(t))
-                self.key.append(("cpu0", t.dtype))
-                return
-            if dev.type == "tpu":  # reports tpu but has no tpu storage (a FakeTensor)
-                raise RuntimeError(
-                    f"torchtpu: {op} got a tensor that reports device {dev} but has no tpu "
-                    f"storage ({type(t).__name__}, e.g. a fake tensor of torch.compile's "
-                    f"shape propagation); only real tpu tensors can run on tpu")
-            other = self.first_dev or torch.device("tpu", state.current_device)
-            raise device_mismatch(op, other, dev)
-        if self.index is None:
-            self.index = sd.index
-            self.first_dev = t.device
-        elif sd.index != self.index:
-            raise device_mismatch(op, self.first_dev, t.device)
-        cid = st._cdata
-        j = self.slots.get(cid)
-        if j is None:
-            j = len(self.arrays)
-            self.slots[cid] = j
-            self.sdatas.append(sd)
-            a = _input_array(sd, writeonly)
-            if a.__class__ is _st.Padded:
-                self.padded = True
-            self.arrays.append(a)
-        elif self.arrays[j] is None and not writeonly:
-            a = self.arrays[j] = _input_array(sd, False)
-            if a.__class__ is _st.Padded:
-                self.padded = True
-        offs = self.offs
-        spec = _st.view_spec(t, sd) if offs is None else _st.dynamic_view_spec(t, sd, offs)
-        if sd.arr is None:
-            # an uninitialized storage (torch.empty): read, the executable reads zeros made
-            # inside it, not a zeros array compiled per shape beforehand; written only
-            # (out=), it is passed as None, which the key must tell from an array
-            self.key.append((j, spec, "uninit_out" if writeonly else "uninit"))
-        else:
-            self.key.append((j, spec))
-
-
-def _input_array(sd, writeonly):
-    """The storage array to pass to an executable: concrete, or (DeferAndFuse) a pending
-    ``Lazy`` value; ``None`` for an uninitialized storage (``torch.empty``)."""
-    a = sd.arr
-    if a is None:  # uninitialized: the executable makes the zeros it reads, if any
-        return None
-    if a.__class__ is _st.Lazy:
-        if a.value is not None:
-            sd.resolve(a.value)
-            a = sd.arr
-        elif not CONFIG.defer:
-            a = sd.get()
-    # (an eager.buckets Padded array is returned as is: kept for a bucketed call, cut to
-    # the storage's own array otherwise, see _Call.unpad)
-    return a
-
-
 def _debug_checks(op, vals, outs):
     """DEBUG mode: wait for the op; optionally check for NaN/Inf and log it."""
     t0 = time.perf_counter()
@@ -271,123 +160,6 @@ def _debug_checks(op, vals, outs):
               file=sys.stderr)
 
 
-def _host_scalar(t):
-    if t.dtype == torch.bfloat16:
-        return np.asarray(t.float().item(), dtype=runtime.to_np_dtype(torch.bfloat16))
-    return np.asarray(t.item(), dtype=runtime.to_np_dtype(t.dtype))
-
-
-_default_dtype = torch.get_default_dtype
-
-
-def _float_key(v: float):
-    """A constant float argument as the cache key holds it where ``==`` misleads: -0.0
-    equals 0.0 (an executable built for one returned the other's sign) and NaN equals
-    nothing (every call compiled again)."""
-    return ("float", repr(v))
-
-
-def _key_float(k):
-    """The constant a key item holds: the float back from :func:`_float_key`'s form."""
-    if k.__class__ is tuple and len(k) == 2 and k[0] == "float":
-        return float(k[1])
-    return k
-
-
-def _numbers(v) -> bool:
-    """Whether ``v`` is a list of Python numbers (bool, int, float, complex)."""
-    return isinstance(v, (list, tuple)) and all(x.__class__ in _SCALAR_NP for x in v)
-
-
-def gather(plan, vals):
-    """Walk the normalized arguments: build the cache key and the dynamic inputs."""
-    c = _Call(not plan.sig.mutated_lists)
-    op = plan.op
-    key = c.key
-    key.append(op)
-    kinds = plan.sig.kinds
-    defaults = plan.sig.defaults
-    for i, v in enumerate(vals):
-        k = kinds[i]
-        if k == T or k == OPT_T:
-            if v is None:
-                key.append(None)
-            elif isinstance(v, torch.Tensor):
-                c.tensor(op, v, writeonly=i in plan.writeonly)
-            else:  # a wrapped number (Python scalar promoted to a 0-d tensor by PyTorch)
-                kind = bool if isinstance(v, bool) else int if isinstance(v, int) else (
-                    float if isinstance(v, float) else complex)
-                key.append(("S", kind))
-                c.dyn.append(np.asarray(v, dtype=_SCALAR_NP[kind]))
-        elif k == T_LIST or k == OPT_T_LIST:
-            key.append(("list", len(v)))
-            for x in v:
-                if x is None:
-                    key.append(None)
-                else:
-                    c.tensor(op, x)
-        elif k == SCALAR or k == OPT_SCALAR:
-            if v is None:
-                key.append(None)
-            elif plan.lowering.static_scalars or v is defaults[i]:
-                # static: compiled in as a constant (schema defaults such as alpha=1
-                # never change, so passing them as device scalars would only cost)
-                if v.__class__ is float and (v == 0 or v != v):
-                    v = _float_key(v)
-                key.append(("s", type(v), v))
-            else:
-                if isinstance(v, torch.Tensor):  # a Scalar passed as 0-d tensor
-                    v = v.item()
-                kind = type(v) if type(v) in _SCALAR_NP else (
-                    bool if isinstance(v, bool) else int if isinstance(v, int) else
-                    float if isinstance(v, float) else complex)
-                key.append(("S", kind))
-                c.dyn.append(np.asarray(v, dtype=_SCALAR_NP[kind]))
-        elif k == GEN:
-            key.append("gen")
-        elif k == SCALAR_LIST and not plan.lowering.static_scalars and _numbers(v):
-            # a Scalar[] of Python numbers: runtime inputs, as Scalar arguments are (an
-            # optimizer's per-step bias corrections must not compile an executable each)
-            key.append(("SL", tuple(x.__class__ for x in v)))
-            c.dyn.extend(np.asarray(x, dtype=_SCALAR_NP[x.__class__]) for x in v)
-        else:
-            if isinstance(v, list):
-                v = tuple(v)
-            elif v.__class__ is float and (v == 0 or v != v):
-                v = _float_key(v)
-            key.append(v)
-    if c.index is None:
-        # factory-like call: the device comes from a static `device` argument
-        dev = None
-        for i, n in enumerate(plan.sig.names):
-            if n == "device" and vals[i] is not None:
-                dev = torch.device(vals[i])
-        c.index = dev.index if dev is not None and dev.index is not None else state.current_device
-    key.append(c.index)
-    # the default dtype decides result dtypes the arguments do not show (an int or bool
-    # tensor with a Python float, integer true division, factories without dtype=): an
-    # executable built under torch.set_default_dtype(torch.float64) is not float32's
-    key.append(_default_dtype())
-    if plan.lowering.precision:  # torch.set_float32_matmul_precision, read at each call
-        key.append(_matmul_precision())
-    if plan.lowering.random:
-        gen = None
-        for i, k in enumerate(kinds):
-            if k == GEN:
-                gen = vals[i]
-        rs = state.rng(c.index) if gen is None else _generator_state(gen, c.index)
-        c.dyn.append(rs.next_key_data())
-    if c.offs:  # the views' storage offsets: one int32 array, always last
-        c.dyn.append(np.asarray(c.offs, dtype=np.int32))
-    return c
-
-
-def _generator_state(gen, index):
-    from torchtpu._device import generator as _gen
-
-    return _gen.state_of(gen, index)
-
-
 def call_op(sig, op, vals):
     """Call ``op`` with normalized ``vals``, passing kwarg-only arguments by name."""
     pos = [v for v, kw in zip(vals, sig.kwarg_only) if not kw]
@@ -399,7 +171,7 @@ def call_op(sig, op, vals):
 
 class _Recorded:
     """What ``defer.record`` reads of a call (``index``, ``arrays``, ``dyn``): the hot
-    path's form of a gathered ``_Call``."""
+    path's form of a gathered ``_keying.Call``."""
 
     __slots__ = ("index", "arrays", "dyn")
 
@@ -631,7 +403,7 @@ class LoweredPlan:
         ``hot``: the call's hot-path gather, to remember the executable under)."""
         if _hot._ARRAY[0] is None:
             _hot_start()
-        c = gather(self, vals)
+        c = _keying.gather(self, vals)
         key = tuple(c.key)
         ex = _ex.CACHE.get(key)
         if ex is None:
@@ -885,7 +657,8 @@ class LoweredPlan:
                     item = ("const", None)
                 elif kk[0] == "cpu0":
                     if i in mutated:  # an in-place write to a CPU tensor: as CUDA, refuse
-                        raise device_mismatch(self.op, torch.device("tpu", c.index), v.device)
+                        raise _keying.device_mismatch(self.op, torch.device("tpu", c.index),
+                                                      v.device)
                     item = ("dyn",)
                 elif kk[0] == "S":
                     item = ("scalar", kk[1])
@@ -916,7 +689,7 @@ class LoweredPlan:
                 if v is None:
                     item = ("const", None)
                 elif kk[0] == "s":
-                    item = ("const", _key_float(kk[2]))
+                    item = ("const", _keying.key_float(kk[2]))
                 else:
                     item = ("scalar", kk[1])
             elif k == GEN:
@@ -1025,7 +798,7 @@ class LoweredPlan:
                         index = v.device.index if index is None else index
                         v = to_jax(v)
                     else:
-                        v = runtime.jax().numpy.asarray(_host_scalar(v))
+                        v = runtime.jax().numpy.asarray(_keying.host_scalar(v))
                 largs.append(v)
             elif k in (T_LIST, OPT_T_LIST):
                 largs.append([to_jax(x) if x is not None else None for x in v])
@@ -1047,7 +820,7 @@ class LoweredPlan:
             targets = [vals[i] for i in self.sig.out_args]
             for o in targets:  # as CUDA: out= on another device is an error, not a copy
                 if o.device.type != "tpu":
-                    raise device_mismatch(self.op, torch.device("tpu", index), o.device)
+                    raise _keying.device_mismatch(self.op, torch.device("tpu", index), o.device)
             for o, r in zip(targets, outs):
                 if tuple(o.shape) != tuple(r.shape):
                     o.resize_(r.shape)
@@ -1106,7 +879,7 @@ def _rebuild(item, arrays, dyn_it, slot_meta, offs=None):
     tag = item[0]
     if tag == "view":
         arr = arrays[item[1]]
-        if arr is None:  # an uninitialized storage reads as zeros (see _Call.tensor)
+        if arr is None:  # an uninitialized storage reads as zeros (see _keying.Call.tensor)
             shape, dtype = slot_meta[item[1]]
             arr = runtime.jax().numpy.zeros(shape, runtime.to_np_dtype(dtype))
         return _st.read_view(arr, item[2], offs)

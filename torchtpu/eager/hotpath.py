@@ -3,7 +3,7 @@ executor's general machinery.
 
 Why: a strict op's host cost was ~27 us for a 16x16 ``a + b`` against ~5 us for the
 compiled JAX executable it runs (``python -m torchtpu.bench overhead``).  Most of it was
-the general path, paid again at every call: normalizing the arguments into a ``_Call``
+the general path, paid again at every call: normalizing the arguments into a ``keying.Call``
 object, a view spec per tensor (strides, offsets, windows), building the signature key
 item by item, then wrapping each result in a new storage and tensor through PyTorch's
 boxed ``set_`` (~2.6 us a tensor).
@@ -132,7 +132,7 @@ def drop_all() -> None:
 
 def _const(v):
     """A constant argument as the general path's key holds it (lists as tuples; -0.0 and
-    NaN by their text, as ``executor._float_key``)."""
+    NaN by their text, as ``keying.float_key``)."""
     cls = v.__class__
     if cls is list:
         return tuple(v)
@@ -254,7 +254,7 @@ def gather(codes, precision, vals, lazy=None):
 
 def entry(hot, c, ex):
     """The table entry for executable ``ex``, when the hot gather ``hot`` and the general
-    path's ``_Call`` ``c`` of one call pass it the same inputs (checked once, before an
+    path's ``keying.Call`` ``c`` of one call pass it the same inputs (checked once, before an
     entry is written), else None.  An entry is ``(ex, offsets)``: ``offsets`` is the
     general path's array of view offsets (always its last dynamic input), which the hot
     key fixes (it holds every view's offset), or None."""

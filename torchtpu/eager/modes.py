@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import enum
 import os
-import sys
 
 
 class EagerMode(enum.Enum):
@@ -75,6 +74,23 @@ def from_environment() -> EagerMode:
     return parse(v) if v.strip() else EagerMode.STRICT
 
 
+class Config:
+    """The eager executor's switches, one object for the process (``CONFIG``): the eager
+    mode sets ``debug_sync`` (wait for every op) and ``defer`` (record ops) in
+    :func:`_apply`; ``debug_nans``, ``log_ops`` and ``cpu_fallback`` start from
+    ``TORCHTPU_DEBUG_NANS``, ``TORCHTPU_LOG_OPS`` and ``TORCHTPU_CPU_FALLBACK`` and are
+    set by ``torch.tpu.debug_nans`` / ``torch.tpu.enable_cpu_fallback``.  The C++ op
+    kernels read the same object (``set_kernel_switches``)."""
+
+    debug_sync = False
+    defer = False
+    debug_nans = os.environ.get("TORCHTPU_DEBUG_NANS", "0") not in ("", "0")
+    log_ops = os.environ.get("TORCHTPU_LOG_OPS", "0") not in ("", "0")
+    # torch.tpu.enable_cpu_fallback: ops without a lowering run on the CPU
+    cpu_fallback = os.environ.get("TORCHTPU_CPU_FALLBACK", "0") not in ("", "0")
+
+
+CONFIG = Config()
 _mode: EagerMode | None = None
 
 
@@ -98,17 +114,13 @@ def get_eager_mode() -> EagerMode:
 
 def _apply(mode: EagerMode) -> None:
     global _mode
-    # The executor imports JAX: set its switches only once it is loaded; when it loads
-    # it takes them from get_eager_mode() (executor.Config).
-    executor = sys.modules.get("torchtpu.eager.executor")
     if _mode is EagerMode.DEFER_AND_FUSE and mode is not EagerMode.DEFER_AND_FUSE:
         from torchtpu.eager import defer
 
         defer.flush("mode_change")
     _mode = mode
-    if executor is not None and hasattr(executor, "CONFIG"):
-        executor.CONFIG.debug_sync = mode is EagerMode.DEBUG
-        executor.CONFIG.defer = mode is EagerMode.DEFER_AND_FUSE
+    CONFIG.debug_sync = mode is EagerMode.DEBUG
+    CONFIG.defer = mode is EagerMode.DEFER_AND_FUSE
 
 
 def set_eager_mode_now(mode) -> None:

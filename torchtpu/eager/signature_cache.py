@@ -1,7 +1,7 @@
 """On-disk cache of the eager per-op executables, keyed by op signature.
 
 The executor keys each per-op executable by its signature (the op, every argument's
-geometry and dtype, the static arguments, the default dtype: ``executor.gather``).  A
+geometry and dtype, the static arguments, the default dtype: ``keying.gather``).  A
 fresh process used to trace and lower each signature again before JAX's persistent cache
 could find the stored executable by its StableHLO.  Here the executable is stored under
 its signature (plus :mod:`torchtpu._device.executable_store`'s source version and

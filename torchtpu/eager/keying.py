@@ -1,0 +1,239 @@
+"""Signature keying: what one op call's cache key and runtime inputs are.
+
+:func:`gather` walks a call's normalized arguments (``ops._schema.Signature.normalize``)
+and returns a :class:`Call`: the key of the executable that computes it (op, per tensor
+its storage slot and view spec (``storage.view_spec`` / ``dynamic_view_spec``), dtypes,
+static arguments, Python-number kinds, device index, default dtype, float32 matmul
+precision where the lowering reads it) and the values passed at run time (one array per
+distinct storage, the numbers that are runtime scalars, the RNG key, the views' storage
+offsets).  Two calls with equal keys run the same executable; everything an executable
+compiles in is in its key.  The executor (``eager.executor``) plans and runs; the hot
+path (``eager.hotpath`` and the C++ helper) keys hot calls its own shorter way and falls
+back to this one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from torchtpu._device import runtime, state
+from torchtpu._tensor import storage as _st
+from torchtpu.eager.modes import CONFIG
+from torchtpu.ops._schema import GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, SCALAR_LIST, T, T_LIST
+
+SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
+_matmul_precision = torch._C._get_float32_matmul_precision
+
+
+def device_mismatch(op, a: torch.device, b: torch.device):
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{a} and {b}!"
+    )
+
+
+class Call:
+    """Gathers the dynamic inputs and the cache key of one op call."""
+
+    __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs",
+                 "padded")
+
+    def __init__(self, dynamic_offsets=True):
+        self.arrays = []
+        self.slots = {}
+        self.sdatas = []
+        self.dyn = []
+        self.key = []
+        self.index = None
+        self.first_dev = None
+        # views' storage offsets, passed at run time (storage.dynamic_view_spec); None:
+        # compiled in (ops writing tensor lists check their views for overlap when built)
+        self.offs = [] if dynamic_offsets else None
+        self.padded = False  # an input array is eager.buckets' Padded (see unpad)
+
+    def unpad(self):
+        """Replace bucket-padded input arrays by their storages' own arrays (a call
+        that is not bucketed)."""
+        for j, a in enumerate(self.arrays):
+            if a.__class__ is _st.Padded:
+                self.arrays[j] = self.sdatas[j].get()
+
+    def tensor(self, op, t, writeonly=False):
+        st = t.untyped_storage()
+        sd = getattr(st, "_tpu", None)
+        if sd is None:  # not a tpu tensor
+            dev = t.device
+            if dev.type == "cpu" and t.dim() == 0:  # CPU scalars are allowed, as for CUDA
+                self.dyn.append(host_scalar(t))
+                self.key.append(("cpu0", t.dtype))
+                return
+            if dev.type == "tpu":  # reports tpu but has no tpu storage (a FakeTensor)
+                raise RuntimeError(
+                    f"torchtpu: {op} got a tensor that reports device {dev} but has no tpu "
+                    f"storage ({type(t).__name__}, e.g. a fake tensor of torch.compile's "
+                    f"shape propagation); only real tpu tensors can run on tpu")
+            other = self.first_dev or torch.device("tpu", state.current_device)
+            raise device_mismatch(op, other, dev)
+        if self.index is None:
+            self.index = sd.index
+            self.first_dev = t.device
+        elif sd.index != self.index:
+            raise device_mismatch(op, self.first_dev, t.device)
+        cid = st._cdata
+        j = self.slots.get(cid)
+        if j is None:
+            j = len(self.arrays)
+            self.slots[cid] = j
+            self.sdatas.append(sd)
+            a = input_array(sd, writeonly)
+            if a.__class__ is _st.Padded:
+                self.padded = True
+            self.arrays.append(a)
+        elif self.arrays[j] is None and not writeonly:
+            a = self.arrays[j] = input_array(sd, False)
+            if a.__class__ is _st.Padded:
+                self.padded = True
+        offs = self.offs
+        spec = _st.view_spec(t, sd) if offs is None else _st.dynamic_view_spec(t, sd, offs)
+        if sd.arr is None:
+            # an uninitialized storage (torch.empty): read, the executable reads zeros made
+            # inside it, not a zeros array compiled per shape beforehand; written only
+            # (out=), it is passed as None, which the key must tell from an array
+            self.key.append((j, spec, "uninit_out" if writeonly else "uninit"))
+        else:
+            self.key.append((j, spec))
+
+
+def input_array(sd, writeonly):
+    """The storage array to pass to an executable: concrete, or (DeferAndFuse) a pending
+    ``Lazy`` value; ``None`` for an uninitialized storage (``torch.empty``)."""
+    a = sd.arr
+    if a is None:  # uninitialized: the executable makes the zeros it reads, if any
+        return None
+    if a.__class__ is _st.Lazy:
+        if a.value is not None:
+            sd.resolve(a.value)
+            a = sd.arr
+        elif not CONFIG.defer:
+            a = sd.get()
+    # (an eager.buckets Padded array is returned as is: kept for a bucketed call, cut to
+    # the storage's own array otherwise, see Call.unpad)
+    return a
+
+
+def host_scalar(t):
+    if t.dtype == torch.bfloat16:
+        return np.asarray(t.float().item(), dtype=runtime.to_np_dtype(torch.bfloat16))
+    return np.asarray(t.item(), dtype=runtime.to_np_dtype(t.dtype))
+
+
+_default_dtype = torch.get_default_dtype
+
+
+def float_key(v: float):
+    """A constant float argument as the cache key holds it where ``==`` misleads: -0.0
+    equals 0.0 (an executable built for one returned the other's sign) and NaN equals
+    nothing (every call compiled again)."""
+    return ("float", repr(v))
+
+
+def key_float(k):
+    """The constant a key item holds: the float back from :func:`float_key`'s form."""
+    if k.__class__ is tuple and len(k) == 2 and k[0] == "float":
+        return float(k[1])
+    return k
+
+
+def numbers(v) -> bool:
+    """Whether ``v`` is a list of Python numbers (bool, int, float, complex)."""
+    return isinstance(v, (list, tuple)) and all(x.__class__ in SCALAR_NP for x in v)
+
+
+def gather(plan, vals):
+    """Walk the normalized arguments: build the cache key and the dynamic inputs."""
+    c = Call(not plan.sig.mutated_lists)
+    op = plan.op
+    key = c.key
+    key.append(op)
+    kinds = plan.sig.kinds
+    defaults = plan.sig.defaults
+    for i, v in enumerate(vals):
+        k = kinds[i]
+        if k == T or k == OPT_T:
+            if v is None:
+                key.append(None)
+            elif isinstance(v, torch.Tensor):
+                c.tensor(op, v, writeonly=i in plan.writeonly)
+            else:  # a wrapped number (Python scalar promoted to a 0-d tensor by PyTorch)
+                kind = bool if isinstance(v, bool) else int if isinstance(v, int) else (
+                    float if isinstance(v, float) else complex)
+                key.append(("S", kind))
+                c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+        elif k == T_LIST or k == OPT_T_LIST:
+            key.append(("list", len(v)))
+            for x in v:
+                if x is None:
+                    key.append(None)
+                else:
+                    c.tensor(op, x)
+        elif k == SCALAR or k == OPT_SCALAR:
+            if v is None:
+                key.append(None)
+            elif plan.lowering.static_scalars or v is defaults[i]:
+                # static: compiled in as a constant (schema defaults such as alpha=1
+                # never change, so passing them as device scalars would only cost)
+                if v.__class__ is float and (v == 0 or v != v):
+                    v = float_key(v)
+                key.append(("s", type(v), v))
+            else:
+                if isinstance(v, torch.Tensor):  # a Scalar passed as 0-d tensor
+                    v = v.item()
+                kind = type(v) if type(v) in SCALAR_NP else (
+                    bool if isinstance(v, bool) else int if isinstance(v, int) else
+                    float if isinstance(v, float) else complex)
+                key.append(("S", kind))
+                c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+        elif k == GEN:
+            key.append("gen")
+        elif k == SCALAR_LIST and not plan.lowering.static_scalars and numbers(v):
+            # a Scalar[] of Python numbers: runtime inputs, as Scalar arguments are (an
+            # optimizer's per-step bias corrections must not compile an executable each)
+            key.append(("SL", tuple(x.__class__ for x in v)))
+            c.dyn.extend(np.asarray(x, dtype=SCALAR_NP[x.__class__]) for x in v)
+        else:
+            if isinstance(v, list):
+                v = tuple(v)
+            elif v.__class__ is float and (v == 0 or v != v):
+                v = float_key(v)
+            key.append(v)
+    if c.index is None:
+        # factory-like call: the device comes from a static `device` argument
+        dev = None
+        for i, n in enumerate(plan.sig.names):
+            if n == "device" and vals[i] is not None:
+                dev = torch.device(vals[i])
+        c.index = dev.index if dev is not None and dev.index is not None else state.current_device
+    key.append(c.index)
+    # the default dtype decides result dtypes the arguments do not show (an int or bool
+    # tensor with a Python float, integer true division, factories without dtype=): an
+    # executable built under torch.set_default_dtype(torch.float64) is not float32's
+    key.append(_default_dtype())
+    if plan.lowering.precision:  # torch.set_float32_matmul_precision, read at each call
+        key.append(_matmul_precision())
+    if plan.lowering.random:
+        gen = None
+        for i, k in enumerate(kinds):
+            if k == GEN:
+                gen = vals[i]
+        rs = state.rng(c.index) if gen is None else generator_state(gen, c.index)
+        c.dyn.append(rs.next_key_data())
+    if c.offs:  # the views' storage offsets: one int32 array, always last
+        c.dyn.append(np.asarray(c.offs, dtype=np.int32))
+    return c
+
+
+def generator_state(gen, index):
+    from torchtpu._device import generator as _gen
+
+    return _gen.state_of(gen, index)
