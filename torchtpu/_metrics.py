@@ -72,6 +72,12 @@ class Metrics:
             meeting new shapes, run op by op through per-op executables instead of
             compiled fused), ``fused_variants`` (a family's second and later shape
             variants that were compiled fused).
+        growth: tensors that grow by ``torch.cat`` each step (a KV cache, generated ids)
+            held with spare capacity (``torchtpu.eager.growth``): ``started`` (cat
+            chains switched to a capacity array), ``appends`` (cats written into spare
+            capacity at a runtime offset), ``regrows`` (capacity doubled),
+            ``attention_calls`` (attention run over the capacity with a length mask),
+            ``cuts`` (reads that needed the exact array, cut on the device).
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
         compile: torch.compile on tpu (``torchtpu.compile``): ``graphs_compiled`` (FX
             graphs handed to the backend, forward and backward count separately),
@@ -188,6 +194,8 @@ class Metrics:
                      "fused_failures": 0}
         self.shape_buckets = {"runs": 0, "hot_signatures": 0, "recurring_signatures": 0,
                               "churning_ops": 0}
+        self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
+                       "cuts": 0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

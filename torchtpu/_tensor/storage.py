@@ -131,6 +131,11 @@ class StorageData:
 
             _metrics.METRICS.sync("shape_bucket_unpad")
             self.arr = runtime.put_host(a.host(self.shape), self.index)
+        elif a.__class__ is Grown:  # cut the spare capacity off, on the device
+            from torchtpu import _metrics
+
+            _metrics.METRICS.growth["cuts"] += 1
+            self.arr = a.exact(self.shape, self.dtype, self.index)
         return self.arr
 
 
@@ -209,6 +214,82 @@ class Padded:
     def host(self, shape: tuple) -> np.ndarray:
         """The storage's elements on the host, in ``shape`` (a sync point)."""
         return np.array(np.asarray(self.arr)[: self.n]).reshape(shape)
+
+
+class Grown:
+    """A storage's elements held in a JAX array with spare capacity along one dim
+    (``eager.growth``: a tensor that grows by ``torch.cat`` each step, a KV cache).
+
+    Attributes:
+        arr: JAX array of the storage's logical shape except along ``dim``, where it has
+            ``arr.shape[dim] >= n`` entries; entries ``n:`` along ``dim`` are zeros.
+        dim: the dim along which the storage grows.
+        n: the storage's logical length along ``dim``.
+
+    The growth rules (``eager.growth``) and window views (:func:`grown_view_spec`) read
+    the capacity array directly, with ``n`` a runtime value, so one executable serves
+    every length up to the capacity; anything else gets the storage's own array from
+    :meth:`StorageData.get`, which cuts the capacity off on the device (no host sync).
+    """
+
+    __slots__ = ("arr", "dim", "n")
+
+    def __init__(self, arr, dim: int, n: int):
+        self.arr = arr
+        self.dim = dim
+        self.n = n
+
+    def exact(self, shape: tuple, dtype: torch.dtype, index: int):
+        """The storage's own array (of ``shape``): the capacity cut off, on the device
+        (one executable per capacity and length)."""
+        key = (tuple(self.arr.shape), shape, dtype, index)
+        f = _CUT.get(key)
+        if f is None:
+            jax = runtime.jax()
+            from jax.sharding import SingleDeviceSharding
+
+            box = tuple(slice(0, k) for k in shape)
+            f = _CUT.put(key, jax.jit(
+                lambda a: a[box],
+                out_shardings=SingleDeviceSharding(runtime.jax_device(index))))
+        return f(self.arr)
+
+    def host(self, shape: tuple) -> np.ndarray:
+        """The storage's elements on the host, in ``shape`` (a sync point: the capacity
+        array comes to the host and is cut there)."""
+        return np.ascontiguousarray(np.asarray(self.arr)[tuple(slice(0, k) for k in shape)])
+
+
+_CUT = _executable_limit.LRUCache(share=0.125)  # Grown.exact: one per capacity and length
+
+
+def grown_view_spec(t: torch.Tensor, sd: StorageData, g: Grown, offs: list):
+    """:func:`dynamic_view_spec` of a window view ``t`` of the :class:`Grown` storage
+    ``sd``, in the coordinates of its capacity array ``g.arr``: the box's start per
+    storage dim is appended to ``offs`` (runtime values) and the spec names the capacity
+    shape, so the key does not depend on the logical length.  None when ``t`` is not a
+    window (a whole read, a view that wraps, other dtype, conj/neg bits): the caller then
+    reads the exact array (``sd.get()``)."""
+    if offs is None or t.dtype is not sd.dtype or t.is_neg() or (t.dtype.is_complex
+                                                                  and t.is_conj()):
+        return None
+    size = tuple(t.shape)
+    if 0 in size or size == sd.shape:
+        return None
+    stride = tuple(t.stride())
+    win = _window_plan(size, stride, sd.shape)
+    if win is None:
+        return None
+    starts = _window_starts(t.storage_offset(), sd.shape, win)
+    if starts is None:
+        return None
+    cap = tuple(g.arr.shape)
+    nat = contiguous_strides(cap)
+    # a unit view dim maps to no storage dim: its stride is never read (0 in the key)
+    cstride = tuple(0 if d is None else nat[d] for d in win[1])
+    k = len(offs)
+    offs.extend(starts)
+    return (size, t.dtype, cstride, ("w", k), cap, sd.dtype)
 
 
 def new_storage(shape: tuple, dtype: torch.dtype, index: int, arr=None):

@@ -1,16 +1,20 @@
 """Greedy ``generate()`` of tiny MoE (and dense) models, per eager mode, fresh processes.
 
-    python -m torchtpu.bench generate [--models mixtral,qwen_moe,llama] [--tokens 16]
-                                      [--modes strict,defer_and_fuse] [--calls 3]
-                                      [--json PATH]
+    python -m torchtpu.bench generate [--models mixtral,qwen_moe,llama,llama128]
+                                      [--tokens 16] [--modes strict,defer_and_fuse]
+                                      [--calls 3 | --prompts 12,17,17] [--json PATH]
 
 Each (model, mode) runs in a child process of its own with an empty persistent cache
 (``TORCHTPU_CACHE_DIR`` in a new temporary folder), as a new user's first run would: the
 model is built from a config (random weights, ``torch.manual_seed(0)``), its CPU
-``generate`` gives the reference ids, then ``generate`` runs ``--calls`` times on ``tpu``
-with the same prompt.  Reported per call: wall seconds, XLA compiles and their seconds,
+``generate`` gives the reference ids (and the CPU time of each call), then ``generate``
+runs ``--calls`` times on ``tpu`` with the same prompt, or once per length in
+``--prompts`` (``--models llama128 --modes strict --tokens 64 --prompts 12,17,17``:
+issue 29's rows, first call, a new prompt length, the same call again).  Reported per
+call: wall seconds, CPU seconds and the ratio, XLA compiles and their seconds,
 fused segments compiled / run from cache / replayed op by op (DEFER_AND_FUSE,
-``metrics()["defer_adaptive"]``), and whether the ids equal CPU's; then each mode's
+``metrics()["defer_adaptive"]``), cat appends into spare capacity
+(``metrics()["growth"]``), host syncs, and whether the ids equal CPU's; then each mode's
 first-call and steady-call ratios to STRICT.  The load average is printed beside the
 table.
 """
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-MODELS = ("mixtral", "qwen_moe", "llama")
+MODELS = ("mixtral", "qwen_moe", "llama", "llama128")
 
 
 def build(kind: str):
@@ -47,13 +51,18 @@ def build(kind: str):
             **common))
     elif kind == "llama":
         m = tf.LlamaForCausalLM(tf.LlamaConfig(intermediate_size=128, **common))
+    elif kind == "llama128":  # issue 29's tiny Llama: hidden 128, 2 layers
+        common.update(hidden_size=128, max_position_embeddings=512)
+        m = tf.LlamaForCausalLM(tf.LlamaConfig(intermediate_size=256, **common))
     else:
         raise ValueError(f"unknown model {kind!r}: expected one of {', '.join(MODELS)}")
     return m.eval()
 
 
-def child(kind: str, mode: str, tokens: int, calls: int) -> list:
-    """Run in a fresh process: the per-call rows of one (model, mode)."""
+def child(kind: str, mode: str, tokens: int, prompts: list) -> list:
+    """Run in a fresh process: the per-call rows of one (model, mode), one call per
+    prompt length in ``prompts``; each call's CPU time is the same call on CPU PyTorch
+    (after one CPU warm-up call), measured in this process."""
     import time
 
     import torch
@@ -61,21 +70,35 @@ def child(kind: str, mode: str, tokens: int, calls: int) -> list:
     import torchtpu
 
     model = build(kind)
-    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = model.generate(ids, max_new_tokens=tokens, do_sample=False)
+
+    def prompt(n):
+        return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
+
+    def gen(ids):
+        with torch.no_grad():  # min_new_tokens: every call makes ``tokens`` tokens
+            return model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens,
+                                  do_sample=False)
+
+    gen(prompt(prompts[0]))  # CPU warm-up
+    refs, cpu_s = {}, {}
+    for n in dict.fromkeys(prompts):
+        t0 = time.perf_counter()
+        refs[n] = gen(prompt(n))
+        cpu_s[n] = time.perf_counter() - t0
     model.to("tpu")
     torch.tpu.set_eager_mode(mode)
     rows = []
-    for call in range(calls):
+    for call, n in enumerate(prompts):
         torchtpu.reset_metrics()
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(ids.to("tpu"), max_new_tokens=tokens, do_sample=False).cpu()
+        out = gen(prompt(n).to("tpu")).cpu()
         dt = time.perf_counter() - t0
         m = torchtpu.metrics()
+        ref = refs[n]
         rows.append({
-            "model": kind, "mode": mode, "call": call + 1, "seconds": dt,
+            "model": kind, "mode": mode, "call": call + 1, "prompt": n, "seconds": dt,
+            "cpu_seconds": cpu_s[n], "growth_appends": m["growth"]["appends"],
+            "host_syncs": m["host_syncs_total"],
             "compiles": m["compiles"], "compile_seconds": m["compile_seconds"],
             "segments_compiled": m["segment_cache_misses"]
             - m["defer_adaptive"]["segments_replayed"],
@@ -86,13 +109,13 @@ def child(kind: str, mode: str, tokens: int, calls: int) -> list:
     return rows
 
 
-def _run_child(kind, mode, tokens, calls):
+def _run_child(kind, mode, tokens, prompts):
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
         env.pop("TORCHTPU_EAGER_MODE", None)
         p = subprocess.run(
             [sys.executable, "-m", "torchtpu.bench.generate", "--child", kind, mode,
-             str(tokens), str(calls)],
+             str(tokens), ",".join(map(str, prompts))],
             capture_output=True, text=True, env=env, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"generate bench child {kind}/{mode} failed:\n{p.stderr[-3000:]}")
@@ -104,34 +127,45 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="mixtral,qwen_moe")
     p.add_argument("--modes", default="strict,defer_and_fuse")
     p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--calls", type=int, default=3,
+                   help="calls with the same 12-token prompt (unless --prompts)")
+    p.add_argument("--prompts", help="prompt length of each call, e.g. 12,17,17 (issue 29's "
+                   "rows: first call, a new prompt length, the same again)")
     p.add_argument("--json")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        kind, mode, tokens, calls = args.child
-        print(json.dumps(child(kind, mode, int(tokens), int(calls))))
+        kind, mode, tokens, prompts = args.child
+        print(json.dumps(child(kind, mode, int(tokens), [int(x) for x in prompts.split(",")])))
         return 0
+    prompts = ([int(x) for x in args.prompts.split(",")] if args.prompts
+               else [12] * args.calls)
     load0 = os.getloadavg()
     rows = []
     for kind in args.models.split(","):
         for mode in args.modes.split(","):
-            rows += _run_child(kind, mode, args.tokens, args.calls)
+            rows += _run_child(kind, mode, args.tokens, prompts)
     load1 = os.getloadavg()
     print(f"generate(max_new_tokens={args.tokens}), greedy; fresh process and empty "
-          f"cache per (model, mode); load average {load0[0]:.2f} -> {load1[0]:.2f}")
-    hdr = (f"{'model':<9} {'mode':<15} {'call':>4} {'s':>7} {'/strict':>7} {'compiles':>8} "
-           f"{'compile s':>9} {'seg comp':>8} {'seg hit':>7} {'replayed':>8} {'= cpu':>5}")
+          f"cache per (model, mode); load average {load0[0]:.2f} -> {load1[0]:.2f}; "
+          f"cpu s: the same call on CPU PyTorch in the same process")
+    hdr = (f"{'model':<9} {'mode':<15} {'call':>4} {'prompt':>6} {'s':>7} {'cpu s':>6} "
+           f"{'/cpu':>7} {'/strict':>7} {'compiles':>8} "
+           f"{'compile s':>9} {'seg comp':>8} {'seg hit':>7} {'replayed':>8} {'grown':>5} "
+           f"{'syncs':>5} {'= cpu':>5}")
     print(hdr)
     base = {(r["model"], r["call"]): r["seconds"] for r in rows if r["mode"] == "strict"}
     for r in rows:
         b = base.get((r["model"], r["call"]))
         ratio = f"{r['seconds'] / b:.2f}x" if b else "-"
         r["ratio_to_strict"] = r["seconds"] / b if b else None
-        print(f"{r['model']:<9} {r['mode']:<15} {r['call']:>4} {r['seconds']:>7.2f} "
+        print(f"{r['model']:<9} {r['mode']:<15} {r['call']:>4} {r['prompt']:>6} "
+              f"{r['seconds']:>7.2f} {r['cpu_seconds']:>6.2f} "
+              f"{r['seconds'] / r['cpu_seconds']:>6.1f}x "
               f"{ratio:>7} {r['compiles']:>8} {r['compile_seconds']:>9.2f} "
               f"{r['segments_compiled']:>8} {r['segment_hits']:>7} "
-              f"{r['segments_replayed']:>8} {str(r['same_ids_as_cpu']):>5}")
+              f"{r['segments_replayed']:>8} {r['growth_appends']:>5} {r['host_syncs']:>5} "
+              f"{str(r['same_ids_as_cpu']):>5}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "loadavg": [load0, load1], "tokens": args.tokens}, f,

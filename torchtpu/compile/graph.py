@@ -1359,7 +1359,7 @@ def _eager_modules():
 _CPU_KEY = ("c",)
 # StorageData.arr classes that StorageData.get() must resolve first (uninitialized storage,
 # pending DeferAndFuse value)
-_NOT_CONCRETE = (type(None), _st.Lazy, _st.Padded)
+_NOT_CONCRETE = (type(None), _st.Lazy, _st.Padded, _st.Grown)
 _NOT_FED = ("n",)
 # sys.getrefcount of an input array held only by its storage: the storage's StorageData,
 # the call's list of input arrays and getrefcount's own argument

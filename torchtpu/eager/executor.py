@@ -38,6 +38,7 @@ from torchtpu._tensor import storage as _st
 from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
 from torchtpu.eager import executables as _ex
+from torchtpu.eager import growth as _growth
 from torchtpu.eager import hotpath as _hot
 from torchtpu.eager.host_reads import check_pending, to_jax
 from torchtpu.eager import inflight as _inflight
@@ -314,6 +315,7 @@ class LoweredPlan:
         self.hot_codes = _hot.codes_for(self)
         self.hot = _hot.new_table() if self.hot_codes is not None else None
         self.native = None
+        self.grow = _growth.rule_for(op)  # cat / attention over grown storages, or None
         if self.hot is not None:
             _HOT_PLANS.append(self)
             if _NATIVE_READY[0]:
@@ -403,6 +405,10 @@ class LoweredPlan:
         ``hot``: the call's hot-path gather, to remember the executable under)."""
         if _hot._ARRAY[0] is None:
             _hot_start()
+        if self.grow is not None:  # eager.growth: a cat chain, attention over capacity
+            r = self.grow(self, vals)
+            if r is not _growth.NO:
+                return r
         c = _keying.gather(self, vals)
         key = tuple(c.key)
         ex = _ex.CACHE.get(key)

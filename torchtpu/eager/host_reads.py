@@ -118,6 +118,10 @@ def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
         M.transfers_to_host_bytes += arr.nbytes
         return arr
     sd = _st.data(t)
+    if p.__class__ is _st.Grown and t.dtype is sd.dtype:  # capacity to the host, cut there
+        host = p.host(sd.shape)
+        M.transfers_to_host_bytes += host.nbytes
+        return _st.read_view_host(host, t)
     if (t.dtype is sd.dtype and sd.nbytes <= _HOST_VIEW_READ_BYTES
             and len(_st.view_spec(t, sd)) != 2):
         # a view of a small storage: the whole storage comes to the host (one transfer,

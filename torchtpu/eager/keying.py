@@ -37,7 +37,7 @@ class Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
     __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs",
-                 "padded")
+                 "padded", "grow_ok", "regather")
 
     def __init__(self, dynamic_offsets=True):
         self.arrays = []
@@ -51,6 +51,10 @@ class Call:
         # compiled in (ops writing tensor lists check their views for overlap when built)
         self.offs = [] if dynamic_offsets else None
         self.padded = False  # an input array is eager.buckets' Padded (see unpad)
+        # window views of a Grown storage (eager.growth) may read its capacity array: a
+        # call that writes no argument, outside DeferAndFuse (set by gather)
+        self.grow_ok = False
+        self.regather = False  # a Grown storage was cut after its slot was taken
 
     def unpad(self):
         """Replace bucket-padded input arrays by their storages' own arrays (a call
@@ -82,6 +86,23 @@ class Call:
             raise device_mismatch(op, self.first_dev, t.device)
         cid = st._cdata
         j = self.slots.get(cid)
+        g = sd.arr
+        if g.__class__ is _st.Grown:
+            # a storage with spare capacity (eager.growth): a window view reads the
+            # capacity array at runtime starts (one executable for every length);
+            # anything else reads the exact array, cut on the device
+            spec = (_st.grown_view_spec(t, sd, g, self.offs)
+                    if self.grow_ok and not writeonly else None)
+            if spec is not None:
+                if j is None:
+                    j = self.slots[cid] = len(self.arrays)
+                    self.sdatas.append(sd)
+                    self.arrays.append(g.arr)
+                self.key.append((j, spec))
+                return
+            sd.get()
+            if j is not None:  # its slot holds the capacity array: gather again
+                self.regather = True
         if j is None:
             j = len(self.arrays)
             self.slots[cid] = j
@@ -153,6 +174,7 @@ def numbers(v) -> bool:
 def gather(plan, vals):
     """Walk the normalized arguments: build the cache key and the dynamic inputs."""
     c = Call(not plan.sig.mutated_lists)
+    c.grow_ok = not plan.sig.mutated and not CONFIG.defer
     op = plan.op
     key = c.key
     key.append(op)
@@ -230,6 +252,8 @@ def gather(plan, vals):
         c.dyn.append(rs.next_key_data())
     if c.offs:  # the views' storage offsets: one int32 array, always last
         c.dyn.append(np.asarray(c.offs, dtype=np.int32))
+    if c.regather:  # a Grown storage was cut to its exact array midway
+        return gather(plan, vals)
     return c
 
 

@@ -1,0 +1,227 @@
+"""Growing tensors: a tensor that grows by ``torch.cat`` each step is held with spare
+capacity, so a decoding loop does not compile an executable per length.
+
+Why: HF's ``DynamicCache`` appends each new token's keys and values with
+``torch.cat([cache, new], dim=-2)``, and ``generate()`` appends each token to
+``input_ids`` and ``attention_mask`` the same way.  Per-op executables are compiled for
+exact shapes, so every new length compiled the ``cat``, the attention over the cache and
+every small read of the ids again (``generate(max_new_tokens=64)`` of a 2-layer Llama:
+617 compiles, ~9 per token).
+
+What: ``cat([a, b], dim)`` whose ``a`` is the result of an earlier such ``cat`` (a
+*chain*: the same shapes but for ``dim``, the same ``b`` shape, and ``a``'s length along
+``dim`` one of the lengths the last eight such cats produced) returns a tensor whose storage holds a
+:class:`~torchtpu._tensor.storage.Grown` array: capacity for a power of two more
+entries along ``dim`` than its length (zeros there).  From then on, in STRICT and DEBUG:
+
+* ``cat([grown, b], dim)`` writes ``b`` into the spare capacity at the runtime offset
+  (``index_copy`` with the positions as a runtime input): one executable per capacity,
+  not per length; when the capacity is full it doubles (``constant_pad_nd``, one
+  executable per capacity pair);
+* attention (``torchtpu_attn::flash_fwd``, what ``scaled_dot_product_attention``
+  lowers to) whose keys and values are grown storages of one length runs over the whole
+  capacity with an additive mask that is ``-inf`` at positions past the length (the
+  mask computed from the length as a runtime value);
+* any window view of a grown storage (``ids[:, -1]``, ``mask[:, -1:]``) reads the
+  capacity array at runtime starts (``storage.grown_view_spec``): one executable;
+* every other read gets the exact array, cut from the capacity on the device
+  (``StorageData.get``, counted as ``cuts``), as does every write (the storage then
+  stays exact); ``.cpu()`` cuts on the host.
+
+Values: ``cat`` and the window reads are exact copies; masked attention adds exact zeros
+for the masked positions, so it equals the exact executable's result up to the order of
+the floating-point sums (it is compared against CPU with the usual tolerances).  Results
+keep their logical shape, strides and device bytes (``memory_allocated`` counts the
+logical bytes; the capacity array may be up to twice as large on the device).
+
+Not grown: DeferAndFuse (its fused segments already hold the whole step), ``cat`` of
+more than two tensors, of mixed dtypes or devices, or whose first tensor is a view;
+tensors over ``MAX_BYTES``.  ``TORCHTPU_GROWTH=0`` switches growth off.
+
+Counters: ``torchtpu.metrics()["growth"]`` (see ``torchtpu._metrics``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from torchtpu import _metrics
+from torchtpu._tensor import storage as _st
+from torchtpu.eager.modes import CONFIG
+
+M = _metrics.METRICS
+NO = object()  # a rule's answer: not for this call (the executor runs it as usual)
+ON = [os.environ.get("TORCHTPU_GROWTH", "1") not in ("0", "")]
+MAX_BYTES = 1 << 30  # capacity arrays above this many bytes are not made
+_MIN_CAPACITY = 16
+
+# chain key -> the lengths along dim the last few such cats produced
+_CHAINS: dict = {}
+_CHAIN_LIMIT = 4096
+_ACTIVE = [False]  # a rule is running its replacement ops (no rule inside a rule)
+
+_cat = torch.ops.aten.cat.default
+_index_copy = torch.ops.aten.index_copy.default
+_pad = torch.ops.aten.constant_pad_nd.default
+
+
+def set_enabled(enabled: bool) -> None:
+    """Switch growth on or off for cats and reads from now on (``TORCHTPU_GROWTH``
+    sets the start-up value); storages already grown keep their capacity."""
+    ON[0] = bool(enabled)
+    _CHAINS.clear()
+
+
+def rule_for(op):
+    """The growth rule of ``op`` (``rule(plan, vals) -> result or NO``), or None."""
+    if op is _cat:
+        return _cat_rule
+    if str(op) == "torchtpu_attn.flash_fwd.default":
+        _FLASH[0] = op
+        return _attention_rule
+    return None
+
+
+def _capacity(n: int) -> int:
+    """The capacity for ``n`` entries: a power of two above ``n``, at least 16."""
+    return max(_MIN_CAPACITY, 1 << n.bit_length())
+
+
+def _whole(t, sd) -> bool:
+    """Whether ``t`` reads its whole storage, contiguous, in the storage's dtype."""
+    return (t.dtype is sd.dtype and tuple(t.shape) == sd.shape and t.storage_offset() == 0
+            and t.is_contiguous() and not t.is_neg() and not t.is_conj())
+
+
+def _concrete(a) -> bool:
+    return a is not None and a.__class__ not in (_st.Lazy, _st.Padded)
+
+
+def _cat_rule(plan, vals):
+    """``cat([a, b], dim)``: an append into ``a``'s spare capacity, a chain's start, or
+    NO (see the module docstring)."""
+    if not ON[0] or CONFIG.defer or _ACTIVE[0]:
+        return NO
+    tensors, dim = vals[0], vals[1]
+    if len(tensors) != 2:
+        return NO
+    a, b = tensors
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return NO
+    sa = getattr(a.untyped_storage(), "_tpu", None)
+    sb = getattr(b.untyped_storage(), "_tpu", None)
+    nd = a.dim()
+    if sa is None or sb is None or sa.index != sb.index or nd == 0 or b.dim() != nd \
+            or a.dtype is not b.dtype or not -nd <= dim < nd:
+        return NO
+    d = dim % nd
+    sa_shape, sb_shape = tuple(a.shape), tuple(b.shape)
+    if sa_shape[:d] != sb_shape[:d] or sa_shape[d + 1:] != sb_shape[d + 1:] \
+            or sb_shape[d] == 0 or not _whole(a, sa):
+        return NO
+    n, k = sa_shape[d], sb_shape[d]
+    g = sa.arr
+    grown = g.__class__ is _st.Grown
+    if grown and g.dim != d or not grown and (not _concrete(g) or n == 0):
+        return NO
+    key = (sa_shape[:d], sa_shape[d + 1:], d, a.dtype, sb_shape, sa.index)
+    made = _CHAINS.get(key)
+    if made is None:
+        if len(_CHAINS) >= _CHAIN_LIMIT:
+            _CHAINS.clear()
+        made = _CHAINS[key] = []
+    grows = n in made  # a is (by its length) what such a cat made: a chain
+    if n + k not in made:  # (a chain cut to its exact array resumes at its next cat)
+        made.append(n + k)
+        if len(made) > 8:
+            del made[0]
+    if grown:
+        return _append(a, sa, g.arr, b, d, n, k)
+    if not grows:  # an ordinary cat, remembered
+        return NO
+    if _capacity(n + k) * math.prod(sa_shape) // n * a.dtype.itemsize > MAX_BYTES:
+        return NO
+    M.growth["started"] += 1
+    return _append(a, sa, None, b, d, n, k)
+
+
+def _append(a, sa, cap_arr, b, d, n, k):
+    """The result of ``cat([a, b], d)`` as a grown storage: ``b`` written at ``n`` into
+    ``a``'s capacity array ``cap_arr`` (None: ``a`` is exact, a new capacity), the
+    capacity doubled first where it is full."""
+    index = sa.index
+    _ACTIVE[0] = True
+    try:
+        if cap_arr is None:
+            base = a
+            have = n
+        else:
+            base = _st.wrap(cap_arr, index, a.dtype)
+            have = cap_arr.shape[d]
+        if n + k > have or cap_arr is None:
+            want = _capacity(n + k)
+            if cap_arr is not None:
+                M.growth["regrows"] += 1
+            pad = [0, 0] * (a.dim() - 1 - d) + [0, want - have]
+            base = _pad(base, pad, 0)
+        pos = torch.arange(n, n + k).to(a.device)  # the offset: a runtime input
+        out = _index_copy(base, d, pos, b)
+        arr = _st.data(out).get()
+    finally:
+        _ACTIVE[0] = False
+    M.growth["appends"] += 1
+    size = tuple(a.shape[:d]) + (n + k,) + tuple(a.shape[d + 1:])
+    st = _st.new_storage(size, a.dtype, index, _st.Grown(arr, d, n + k))
+    return _st.tensor_on(st, size, _st.contiguous_strides(size), 0, a.dtype)
+
+
+# --------------------------------------------------------------------------- attention
+
+_FLASH = [None]  # torchtpu_attn::flash_fwd (ops.sdpa defines it; set by rule_for)
+_BIAS: dict = {}  # (capacity, length, dtype, index) -> the last mask made (one entry)
+
+
+def _attention_rule(plan, vals):
+    """``flash_fwd(q, k, v, None, is_causal, scale)`` with ``k`` and ``v`` grown storages
+    of one length along dim -2: the same op over their capacity arrays, with an
+    additive mask that is -inf past the length."""
+    if not ON[0] or CONFIG.defer or _ACTIVE[0]:
+        return NO
+    q, k, v, bias, is_causal, scale = vals
+    if bias is not None or not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor):
+        return NO
+    sk = getattr(k.untyped_storage(), "_tpu", None)
+    sv = getattr(v.untyped_storage(), "_tpu", None)
+    if sk is None or sv is None:
+        return NO
+    gk, gv = sk.arr, sv.arr
+    if gk.__class__ is not _st.Grown or gv.__class__ is not _st.Grown:
+        return NO
+    d = k.dim() - 2
+    if gk.dim != d or gv.dim != d or gk.n != gv.n or gk.arr.shape[d] != gv.arr.shape[d] \
+            or not _whole(k, sk) or not _whole(v, sv):
+        return NO
+    cap, n, index = gk.arr.shape[d], gk.n, sk.index
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    _ACTIVE[0] = True
+    try:
+        key = (cap, n, dtype, index)
+        mask = _BIAS.get(key)
+        if mask is None:
+            pos = torch.arange(cap, device=k.device)
+            # 0 where the position holds a value, -inf past the length (n: a runtime
+            # input, so one executable serves every length of this capacity)
+            mask = torch.zeros((cap,), dtype=dtype, device=k.device).masked_fill(
+                pos >= torch.tensor(n), float("-inf"))
+            _BIAS.clear()
+            _BIAS[key] = mask
+        kc = _st.wrap(gk.arr, index, k.dtype)
+        vc = _st.wrap(gv.arr, index, v.dtype)
+        out = _FLASH[0](q, kc, vc, mask, is_causal, scale)
+    finally:
+        _ACTIVE[0] = False
+    M.growth["attention_calls"] += 1
+    return out
