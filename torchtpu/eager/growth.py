@@ -10,7 +10,7 @@ every small read of the ids again (``generate(max_new_tokens=64)`` of a 2-layer 
 
 What: ``cat([a, b], dim)`` whose ``a`` is the result of an earlier such ``cat`` (a
 *chain*: the same shapes but for ``dim``, the same ``b`` shape, and ``a``'s length along
-``dim`` one of the lengths the last eight such cats produced) returns a tensor whose storage holds a
+``dim`` one of the lengths such cats produced) returns a tensor whose storage holds a
 :class:`~torchtpu._tensor.storage.Grown` array: capacity for a power of two more
 entries along ``dim`` than its length (zeros there).  From then on, in STRICT and DEBUG:
 
@@ -58,9 +58,10 @@ ON = [os.environ.get("TORCHTPU_GROWTH", "1") not in ("0", "")]
 MAX_BYTES = 1 << 30  # capacity arrays above this many bytes are not made
 _MIN_CAPACITY = 16
 
-# chain key -> the lengths along dim the last few such cats produced
+# chain key -> the lengths along dim such cats produced
 _CHAINS: dict = {}
 _CHAIN_LIMIT = 4096
+_LENGTH_LIMIT = 4096
 _ACTIVE = [False]  # a rule is running its replacement ops (no rule inside a rule)
 
 _cat = torch.ops.aten.cat.default
@@ -132,12 +133,14 @@ def _cat_rule(plan, vals):
     if made is None:
         if len(_CHAINS) >= _CHAIN_LIMIT:
             _CHAINS.clear()
-        made = _CHAINS[key] = []
+        made = _CHAINS[key] = set()
     grows = n in made  # a is (by its length) what such a cat made: a chain
-    if n + k not in made:  # (a chain cut to its exact array resumes at its next cat)
-        made.append(n + k)
-        if len(made) > 8:
-            del made[0]
+    # every length such a cat made is kept (up to _LENGTH_LIMIT): a call of the
+    # executor's hot path does not reach this rule, so a second generate() with the same
+    # prompt length starts its chains at the same step as the first
+    if len(made) >= _LENGTH_LIMIT:
+        made.clear()
+    made.add(n + k)
     if grown:
         return _append(a, sa, g.arr, b, d, n, k)
     if not grows:  # an ordinary cat, remembered
