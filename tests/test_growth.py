@@ -74,6 +74,19 @@ def test_cat_chain_compiles_per_capacity_not_per_length(strict_mode):
     assert torch.equal(x.cpu(), ref)
 
 
+def test_capacity_doubles_past_its_end(strict_mode):
+    regrows = _metric("regrows")
+    x = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    xd = x.to("tpu")
+    for i in range(300):
+        y = torch.full((2, 1), i, dtype=torch.int32)
+        x, xd = torch.cat([x, y], 1), torch.cat([xd, y.to("tpu")], 1)
+    assert _grown(xd) and _st.data(xd).arr.arr.shape[1] == 512
+    assert _metric("regrows") - regrows == 2  # 128 -> 256 -> 512
+    assert torch.equal(xd.cpu(), x)
+    assert torch.equal(xd[:, 125:131].cpu(), x[:, 125:131])
+
+
 def test_growth_off_gives_exact_storages(strict_mode):
     growth.set_enabled(False)
     x = torch.zeros(3, 3, device="tpu")

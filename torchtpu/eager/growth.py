@@ -11,8 +11,9 @@ every small read of the ids again (``generate(max_new_tokens=64)`` of a 2-layer 
 What: ``cat([a, b], dim)`` whose ``a`` is the result of an earlier such ``cat`` (a
 *chain*: the same shapes but for ``dim``, the same ``b`` shape, and ``a``'s length along
 ``dim`` one of the lengths such cats produced) returns a tensor whose storage holds a
-:class:`~torchtpu._tensor.storage.Grown` array: capacity for a power of two more
-entries along ``dim`` than its length (zeros there).  From then on, in STRICT and DEBUG:
+:class:`~torchtpu._tensor.storage.Grown` array: capacity along ``dim`` for the next
+power of two above its length, at least 128 entries where those take at most 16 MiB
+(zeros past the length).  From then on, in STRICT and DEBUG:
 
 * ``cat([grown, b], dim)`` writes ``b`` into the spare capacity at the runtime offset
   (``index_copy`` with the positions as a runtime input): one executable per capacity,
@@ -43,7 +44,6 @@ Counters: ``torchtpu.metrics()["growth"]`` (see ``torchtpu._metrics``).
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
@@ -56,7 +56,8 @@ M = _metrics.METRICS
 NO = object()  # a rule's answer: not for this call (the executor runs it as usual)
 ON = [os.environ.get("TORCHTPU_GROWTH", "1") not in ("0", "")]
 MAX_BYTES = 1 << 30  # capacity arrays above this many bytes are not made
-_MIN_CAPACITY = 16
+_MIN_CAPACITY = 128
+_SMALL_BYTES = 16 << 20
 
 # chain key -> the lengths along dim such cats produced
 _CHAINS: dict = {}
@@ -86,9 +87,20 @@ def rule_for(op):
     return None
 
 
-def _capacity(n: int) -> int:
-    """The capacity for ``n`` entries: a power of two above ``n``, at least 16."""
-    return max(_MIN_CAPACITY, 1 << n.bit_length())
+def _capacity(n: int, unit: int) -> int:
+    """The capacity for ``n`` entries of ``unit`` bytes each: a power of two above ``n``,
+    and at least 128 while that costs at most ``_SMALL_BYTES`` (fewer capacities, so
+    fewer executables, for short sequences: a 12-token prompt and 64 new tokens need one
+    capacity instead of four)."""
+    cap = 1 << n.bit_length()
+    if cap < _MIN_CAPACITY and _MIN_CAPACITY * unit <= _SMALL_BYTES:
+        cap = _MIN_CAPACITY
+    return cap
+
+
+def _unit(a, n: int) -> int:
+    """Bytes per entry along the growing dim of ``a`` (length ``n > 0`` there)."""
+    return a.numel() // n * a.dtype.itemsize
 
 
 def _whole(t, sd) -> bool:
@@ -145,7 +157,7 @@ def _cat_rule(plan, vals):
         return _append(a, sa, g.arr, b, d, n, k)
     if not grows:  # an ordinary cat, remembered
         return NO
-    if _capacity(n + k) * math.prod(sa_shape) // n * a.dtype.itemsize > MAX_BYTES:
+    if _capacity(n + k, _unit(a, n)) * _unit(a, n) > MAX_BYTES:
         return NO
     M.growth["started"] += 1
     return _append(a, sa, None, b, d, n, k)
@@ -165,7 +177,7 @@ def _append(a, sa, cap_arr, b, d, n, k):
             base = _st.wrap(cap_arr, index, a.dtype)
             have = cap_arr.shape[d]
         if n + k > have or cap_arr is None:
-            want = _capacity(n + k)
+            want = _capacity(n + k, _unit(a, n))
             if cap_arr is not None:
                 M.growth["regrows"] += 1
             pad = [0, 0] * (a.dim() - 1 - d) + [0, want - have]
