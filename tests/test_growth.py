@@ -61,7 +61,10 @@ def test_cat_chain_matches_cpu_and_holds_capacity(strict_mode, dim, shape, step,
 
 
 def test_cat_chain_compiles_per_capacity_not_per_length(strict_mode):
+    import torchtpu
+
     x = torch.zeros(1, 2, 7, 4, device="tpu")
+    torchtpu.reset_metrics()
     before = _executables_of(aten.cat.default) + _executables_of(aten.index_copy.default)
     for i in range(60):
         x = torch.cat([x, torch.full((1, 2, 1, 4), float(i), device="tpu")], dim=-2)
@@ -69,6 +72,9 @@ def test_cat_chain_compiles_per_capacity_not_per_length(strict_mode):
     # exact shapes would need one cat executable per length (60); capacity: two exact cats
     # before the chain is known, then one append executable per capacity (16..128)
     assert made <= 8, made
+    built = torchtpu.metrics()["op_executables"]  # the same, from the counter
+    assert built.get("aten.cat.default", 0) + built.get("aten.index_copy.default", 0) <= 8
+    assert built.get("aten.index_copy.default", 0) >= 1
     ref = torch.cat([torch.zeros(1, 2, 7, 4)] + [torch.full((1, 2, 1, 4), float(i))
                                                    for i in range(60)], dim=-2)
     assert torch.equal(x.cpu(), ref)

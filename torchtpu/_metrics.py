@@ -72,6 +72,9 @@ class Metrics:
             meeting new shapes, run op by op through per-op executables instead of
             compiled fused), ``fused_variants`` (a family's second and later shape
             variants that were compiled fused).
+        op_executables: per-op executables built (their first call: a compile or a load
+            from the signature cache) by op, most first (``{"aten.cat.default": 12, ...}``;
+            ``executables`` of shape buckets included).
         growth: tensors that grow by ``torch.cat`` each step (a KV cache, generated ids)
             held with spare capacity (``torchtpu.eager.growth``): ``started`` (cat
             chains switched to a capacity array), ``appends`` (cats written into spare
@@ -196,6 +199,7 @@ class Metrics:
                               "churning_ops": 0}
         self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
                        "cuts": 0}
+        self.op_executables = collections.Counter()
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1
@@ -208,6 +212,7 @@ class Metrics:
         d["host_syncs"] = dict(d["host_syncs"])
         d["host_syncs_total"] = sum(d["host_syncs"].values())
         d["fallbacks"] = dict(d["fallbacks"])
+        d["op_executables"] = dict(d["op_executables"].most_common())
         d["segment_cuts"] = dict(d["segment_cuts"])
         d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
         d["compile"]["recompile_reasons"] = dict(d["compile"]["recompile_reasons"])

@@ -85,7 +85,10 @@ def first_call(ex, arrays, dyn):
     """An executable's first call traces and compiles, at the quick tier where the
     platform has one (``eager.tiers``); the signature's next call recompiles it at the
     full tier and sets ``ex.call`` to the fully optimized executable."""
-    entry = _sigcache.entry(ex.key, ex.device_index) if ex.key is not None else None
+    key = ex.key
+    entry = _sigcache.entry(key, ex.device_index) if key is not None else None
+    if key:
+        M.op_executables[str(key[0])] += 1
     outs, ex.call = _tiers.first_call(ex.call, (arrays, dyn),
                                       lambda full: setattr(ex, "call", full),
                                       entry, ex.check_info)
