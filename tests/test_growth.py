@@ -93,6 +93,23 @@ def test_capacity_doubles_past_its_end(strict_mode):
     assert torch.equal(xd[:, 125:131].cpu(), x[:, 125:131])
 
 
+def test_chain_read_whole_every_step_goes_on_exact(strict_mode):
+    # an attention mask turned into a bias each step: growing it again after each cut
+    # would add a capacity and a cut per length; after two cuts the chain stays exact
+    x = torch.ones(3, 5, dtype=torch.int16)
+    xd = x.to("tpu")
+    started = []
+    for i in range(12):
+        y = torch.full((3, 1), i, dtype=torch.int16)
+        x, xd = torch.cat([x, y], 1), torch.cat([xd, y.to("tpu")], 1)
+        assert torch.equal((xd * 2).cpu(), x * 2)  # a whole read: cuts a grown storage
+        started.append(_metric("started"))
+    assert started[-1] - started[0] <= 2
+    assert started[-1] == started[-5]  # no restarts any more
+    assert not _grown(xd)
+    assert torch.equal(xd.cpu(), x)
+
+
 def test_growth_off_gives_exact_storages(strict_mode):
     growth.set_enabled(False)
     x = torch.zeros(3, 3, device="tpu")

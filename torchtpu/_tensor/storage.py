@@ -136,6 +136,8 @@ class StorageData:
 
             _metrics.METRICS.growth["cuts"] += 1
             self.arr = a.exact(self.shape, self.dtype, self.index)
+            if a.chain is not None:
+                a.chain.cut(self)
         return self.arr
 
 
@@ -232,12 +234,15 @@ class Grown:
     :meth:`StorageData.get`, which cuts the capacity off on the device (no host sync).
     """
 
-    __slots__ = ("arr", "dim", "n")
+    __slots__ = ("arr", "dim", "n", "chain")
 
-    def __init__(self, arr, dim: int, n: int):
+    def __init__(self, arr, dim: int, n: int, chain=None):
         self.arr = arr
         self.dim = dim
         self.n = n
+        # the maker's record of this storage's chain (eager.growth): told, with
+        # ``chain.cut(storage_data)``, when the storage is cut to its exact array
+        self.chain = chain
 
     def exact(self, shape: tuple, dtype: torch.dtype, index: int):
         """The storage's own array (of ``shape``): the capacity cut off, on the device

@@ -27,7 +27,9 @@ power of two above its length, at least 128 entries where those take at most 16 
   capacity array at runtime starts (``storage.grown_view_spec``): one executable;
 * every other read gets the exact array, cut from the capacity on the device
   (``StorageData.get``, counted as ``cuts``), as does every write (the storage then
-  stays exact); ``.cpu()`` cuts on the host.
+  stays exact); ``.cpu()`` cuts on the host.  The chain's next cat grows it again; a
+  chain cut twice (read whole every step, e.g. an attention mask turned into a bias) goes
+  on as ordinary exact cats.
 
 Values: ``cat`` and the window reads are exact copies; masked attention adds exact zeros
 for the masked positions, so it equals the exact executable's result up to the order of
@@ -45,6 +47,7 @@ Counters: ``torchtpu.metrics()["growth"]`` (see ``torchtpu._metrics``).
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -59,8 +62,11 @@ MAX_BYTES = 1 << 30  # capacity arrays above this many bytes are not made
 _MIN_CAPACITY = 128
 _SMALL_BYTES = 16 << 20
 
-# chain key -> the lengths along dim such cats produced
-_CHAINS: dict = {}
+# family key -> the lengths along dim such cats produced
+_MADE: dict = {}
+# exact storages that were grown (cut) -> their Chain; weakly held
+_CUT = weakref.WeakKeyDictionary()
+_CUT_LIMIT = 2  # a chain cut this often goes on as exact cats
 _CHAIN_LIMIT = 4096
 _LENGTH_LIMIT = 4096
 _ACTIVE = [False]  # a rule is running its replacement ops (no rule inside a rule)
@@ -74,7 +80,8 @@ def set_enabled(enabled: bool) -> None:
     """Switch growth on or off for cats and reads from now on (``TORCHTPU_GROWTH``
     sets the start-up value); storages already grown keep their capacity."""
     ON[0] = bool(enabled)
-    _CHAINS.clear()
+    _MADE.clear()
+    _CUT.clear()
 
 
 def rule_for(op):
@@ -141,11 +148,11 @@ def _cat_rule(plan, vals):
     if grown and g.dim != d or not grown and (not _concrete(g) or n == 0):
         return NO
     key = (sa_shape[:d], sa_shape[d + 1:], d, a.dtype, sb_shape, sa.index)
-    made = _CHAINS.get(key)
+    made = _MADE.get(key)
     if made is None:
-        if len(_CHAINS) >= _CHAIN_LIMIT:
-            _CHAINS.clear()
-        made = _CHAINS[key] = set()
+        if len(_MADE) >= _CHAIN_LIMIT:
+            _MADE.clear()
+        made = _MADE[key] = set()
     grows = n in made  # a is (by its length) what such a cat made: a chain
     # every length such a cat made is kept (up to _LENGTH_LIMIT): a call of the
     # executor's hot path does not reach this rule, so a second generate() with the same
@@ -154,16 +161,44 @@ def _cat_rule(plan, vals):
         made.clear()
     made.add(n + k)
     if grown:
-        return _append(a, sa, g.arr, b, d, n, k)
+        return _append(a, sa, g.arr, b, d, n, k, g.chain)
+    chain = _CUT.get(sa)
+    if chain is not None and chain.cuts >= _CUT_LIMIT:
+        # a chain that keeps being read whole (an attention mask turned into a bias each
+        # step): grown again it would cost a capacity and a cut per length; it goes on
+        # as exact cats, remembered as the same chain
+        _ACTIVE[0] = True
+        try:
+            out = _cat([a, b], d)
+        finally:
+            _ACTIVE[0] = False
+        _CUT[_st.data(out)] = chain
+        return out
     if not grows:  # an ordinary cat, remembered
         return NO
     if _capacity(n + k, _unit(a, n)) * _unit(a, n) > MAX_BYTES:
         return NO
     M.growth["started"] += 1
-    return _append(a, sa, None, b, d, n, k)
+    return _append(a, sa, None, b, d, n, k, chain or Chain())
 
 
-def _append(a, sa, cap_arr, b, d, n, k):
+class Chain:
+    """One chain of cats (one growing tensor's history): how often its grown storages
+    were cut to their exact arrays (``StorageData.get`` calls :meth:`cut`)."""
+
+    __slots__ = ("cuts",)
+
+    def __init__(self):
+        self.cuts = 0
+
+    def cut(self, sd) -> None:
+        """Grown storage ``sd`` of this chain was cut: the chain's next cat takes it
+        as its first input (remembered, weakly, in ``_CUT``)."""
+        self.cuts += 1
+        _CUT[sd] = self
+
+
+def _append(a, sa, cap_arr, b, d, n, k, chain):
     """The result of ``cat([a, b], d)`` as a grown storage: ``b`` written at ``n`` into
     ``a``'s capacity array ``cap_arr`` (None: ``a`` is exact, a new capacity), the
     capacity doubled first where it is full."""
@@ -189,7 +224,7 @@ def _append(a, sa, cap_arr, b, d, n, k):
         _ACTIVE[0] = False
     M.growth["appends"] += 1
     size = tuple(a.shape[:d]) + (n + k,) + tuple(a.shape[d + 1:])
-    st = _st.new_storage(size, a.dtype, index, _st.Grown(arr, d, n + k))
+    st = _st.new_storage(size, a.dtype, index, _st.Grown(arr, d, n + k, chain))
     return _st.tensor_on(st, size, _st.contiguous_strides(size), 0, a.dtype)
 
 
