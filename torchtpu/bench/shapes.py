@@ -9,6 +9,10 @@ their cost is compile cost, not per-op dispatch.  For each of N shapes this runs
 and prints the time per shape (wall and process CPU seconds), the tpu/CPU ratio and the
 compile counters (``compiles``, ``quick_compiles``, ``tier_ups``, compile seconds).
 ``--tiers`` switches the opt-in quick compile tier on (``torchtpu.eager.tiers``).
+
+Decoding with growing shapes (a first ``generate()``, a new prompt length, the same call
+again, each against CPU in the same process) is ``python -m torchtpu.bench generate
+--models llama128 --modes strict --tokens 64 --prompts 12,17,17``.
 """
 
 from __future__ import annotations
