@@ -145,6 +145,24 @@ def test_attention_over_capacity_matches_cpu_and_exact_path(strict_mode, is_caus
     torch.testing.assert_close(got.cpu(), exact.cpu(), rtol=1e-6, atol=1e-6)
 
 
+def test_device_bytes_return_to_baseline(strict_mode):
+    import gc
+
+    gc.collect()
+    base = torch.tpu.memory_allocated()
+    k = torch.zeros(1, 2, 3, 8, device="tpu")
+    for i in range(20):
+        k = torch.cat([k, torch.full((1, 2, 1, 8), float(i), device="tpu")], -2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            torch.ones(1, 2, 1, 8, device="tpu"), k, k)
+        # logical bytes only, whatever the capacity
+        assert torch.tpu.memory_allocated() - base == (k.numel() + out.numel()) * 4
+    assert _grown(k)
+    del k, out
+    gc.collect()
+    assert torch.tpu.memory_allocated() == base
+
+
 def test_window_reads_whole_reads_and_writes_match_cpu(strict_mode):
     # (float64 ids of a shape no other test here grows: a chain starts at a cat that
     # compiles, and a signature another test ran is already known)

@@ -231,7 +231,7 @@ def _append(a, sa, cap_arr, b, d, n, k, chain):
 # --------------------------------------------------------------------------- attention
 
 _FLASH = [None]  # torchtpu_attn::flash_fwd (ops.sdpa defines it; set by rule_for)
-_BIAS: dict = {}  # (capacity, length, dtype, index) -> the last mask made (one entry)
+_BIAS: dict = {}  # (capacity, length, dtype, index) -> the last mask's array (one entry)
 
 
 def _attention_rule(plan, vals):
@@ -259,15 +259,19 @@ def _attention_rule(plan, vals):
     _ACTIVE[0] = True
     try:
         key = (cap, n, dtype, index)
-        mask = _BIAS.get(key)
-        if mask is None:
+        arr = _BIAS.get(key)
+        if arr is None:
             pos = torch.arange(cap, device=k.device)
             # 0 where the position holds a value, -inf past the length (n: a runtime
             # input, so one executable serves every length of this capacity)
             mask = torch.zeros((cap,), dtype=dtype, device=k.device).masked_fill(
                 pos >= torch.tensor(n), float("-inf"))
             _BIAS.clear()
-            _BIAS[key] = mask
+            # the array is kept, not the tensor: a kept tensor would stay counted in
+            # memory_allocated() after the user's tensors are gone
+            _BIAS[key] = _st.data(mask).get()
+        else:
+            mask = _st.wrap(arr, index, dtype)
         kc = _st.wrap(gk.arr, index, k.dtype)
         vc = _st.wrap(gv.arr, index, v.dtype)
         out = _FLASH[0](q, kc, vc, mask, is_causal, scale)
