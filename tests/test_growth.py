@@ -110,6 +110,37 @@ def test_chain_read_whole_every_step_goes_on_exact(strict_mode):
     assert torch.equal(xd.cpu(), x)
 
 
+def test_growth_on_again_reaches_cats_the_hot_path_knows(strict_mode):
+    def chain():
+        x = torch.zeros(2, 5, device="tpu", dtype=torch.float16)
+        for i in range(20):
+            x = torch.cat([x, torch.ones(2, 1, device="tpu", dtype=torch.float16)], 1)
+        return x
+
+    growth.set_enabled(False)
+    assert not _grown(chain()) and not _grown(chain())  # every cat now on the hot path
+    growth.set_enabled(True)
+    x = chain()
+    assert _grown(x)
+    assert torch.equal(x.cpu(), torch.cat([torch.zeros(2, 5), torch.ones(2, 20)], 1).half())
+
+
+def test_family_whose_chains_are_cut_starts_no_more(strict_mode):
+    # a beam search's cache: reordered (a new tensor) and so cut after every cat
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(2, 3, 4, generator=g)
+    kd = k.to("tpu")
+    for i in range(30):
+        y = torch.randn(2, 1, 4, generator=g)
+        k, kd = torch.cat([k, y], 1), torch.cat([kd, y.to("tpu")], 1)
+        order = torch.tensor([1, 0]) if i % 2 else torch.tensor([0, 1])
+        k, kd = k.index_select(0, order), kd.index_select(0, order.to("tpu"))
+        if i == 10:
+            started = _metric("started")
+    assert _metric("started") == started
+    assert torch.equal(kd.cpu(), k)
+
+
 def test_growth_off_gives_exact_storages(strict_mode):
     growth.set_enabled(False)
     x = torch.zeros(3, 3, device="tpu")

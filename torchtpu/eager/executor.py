@@ -316,6 +316,8 @@ class LoweredPlan:
         self.hot = _hot.new_table() if self.hot_codes is not None else None
         self.native = None
         self.grow = _growth.rule_for(op)  # cat / attention over grown storages, or None
+        if self.grow is not None:
+            _growth.watch(self)
         if self.hot is not None:
             _HOT_PLANS.append(self)
             if _NATIVE_READY[0]:

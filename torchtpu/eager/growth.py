@@ -29,7 +29,9 @@ power of two above its length, at least 128 entries where those take at most 16 
   (``StorageData.get``, counted as ``cuts``), as does every write (the storage then
   stays exact); ``.cpu()`` cuts on the host.  The chain's next cat grows it again; a
   chain cut twice (read whole every step, e.g. an attention mask turned into a bias) goes
-  on as ordinary exact cats.
+  on as ordinary exact cats, and a family whose chains are mostly cut (at least 4 cuts,
+  and half as many as chains started: a beam search reorders its cache each step) starts
+  no more chains.
 
 Values: ``cat`` and the window reads are exact copies; masked attention adds exact zeros
 for the masked positions, so it equals the exact executable's result up to the order of
@@ -62,11 +64,12 @@ MAX_BYTES = 1 << 30  # capacity arrays above this many bytes are not made
 _MIN_CAPACITY = 128
 _SMALL_BYTES = 16 << 20
 
-# family key -> the lengths along dim such cats produced
+# family key -> _Family: the lengths along dim such cats produced, starts and cuts
 _MADE: dict = {}
 # exact storages that were grown (cut) -> their Chain; weakly held
 _CUT = weakref.WeakKeyDictionary()
 _CUT_LIMIT = 2  # a chain cut this often goes on as exact cats
+_PLANS = weakref.WeakSet()  # executor plans of the ruled ops (see watch)
 _CHAIN_LIMIT = 4096
 _LENGTH_LIMIT = 4096
 _ACTIVE = [False]  # a rule is running its replacement ops (no rule inside a rule)
@@ -82,6 +85,17 @@ def set_enabled(enabled: bool) -> None:
     ON[0] = bool(enabled)
     _MADE.clear()
     _CUT.clear()
+    # the rules run only when a call misses the executor's hot path: forget the hot
+    # entries of the ruled ops, so cats that ran while growth was off reach the rule
+    for plan in list(_PLANS):
+        if plan.hot is not None:
+            plan.hot.clear()
+
+
+def watch(plan) -> None:
+    """Remember ``plan`` (an executor plan whose op has a rule, with a ``hot`` table
+    or None) for :func:`set_enabled`."""
+    _PLANS.add(plan)
 
 
 def rule_for(op):
@@ -148,11 +162,12 @@ def _cat_rule(plan, vals):
     if grown and g.dim != d or not grown and (not _concrete(g) or n == 0):
         return NO
     key = (sa_shape[:d], sa_shape[d + 1:], d, a.dtype, sb_shape, sa.index)
-    made = _MADE.get(key)
-    if made is None:
+    fam = _MADE.get(key)
+    if fam is None:
         if len(_MADE) >= _CHAIN_LIMIT:
             _MADE.clear()
-        made = _MADE[key] = set()
+        fam = _MADE[key] = _Family()
+    made = fam.made
     grows = n in made  # a is (by its length) what such a cat made: a chain
     # every length such a cat made is kept (up to _LENGTH_LIMIT): a call of the
     # executor's hot path does not reach this rule, so a second generate() with the same
@@ -176,25 +191,44 @@ def _cat_rule(plan, vals):
         return out
     if not grows:  # an ordinary cat, remembered
         return NO
+    if fam.cuts >= _CUT_LIMIT * 2 and fam.cuts * 2 >= fam.starts:
+        # most chains of this family were cut soon after they started (a beam search
+        # reorders its cache each step: a new tensor, so no chain of it lasts)
+        return NO
     if _capacity(n + k, _unit(a, n)) * _unit(a, n) > MAX_BYTES:
         return NO
     M.growth["started"] += 1
-    return _append(a, sa, None, b, d, n, k, chain or Chain())
+    fam.starts += 1
+    return _append(a, sa, None, b, d, n, k, chain or Chain(fam))
+
+
+class _Family:
+    """What growth knows of one family of cats (shapes but the dim, ``b``'s shape,
+    dtype, device): the lengths they made, chains started, cuts of their storages."""
+
+    __slots__ = ("made", "starts", "cuts")
+
+    def __init__(self):
+        self.made = set()
+        self.starts = 0
+        self.cuts = 0
 
 
 class Chain:
     """One chain of cats (one growing tensor's history): how often its grown storages
     were cut to their exact arrays (``StorageData.get`` calls :meth:`cut`)."""
 
-    __slots__ = ("cuts",)
+    __slots__ = ("cuts", "family")
 
-    def __init__(self):
+    def __init__(self, family):
         self.cuts = 0
+        self.family = family
 
     def cut(self, sd) -> None:
         """Grown storage ``sd`` of this chain was cut: the chain's next cat takes it
         as its first input (remembered, weakly, in ``_CUT``)."""
         self.cuts += 1
+        self.family.cuts += 1
         _CUT[sd] = self
 
 
