@@ -35,7 +35,10 @@ power of two above its length, at least 128 entries where those take at most 16 
 
 Values: ``cat`` and the window reads are exact copies; masked attention adds exact zeros
 for the masked positions, so it equals the exact executable's result up to the order of
-the floating-point sums (it is compared against CPU with the usual tolerances).  Results
+the floating-point sums (it is compared against CPU with the usual tolerances).  A
+reduction fused with a window read may also round differently (1 ulp seen: the sum of a
+``(2, 2, 1, 1)`` window read from a ``(2, 2, 128, 1)`` capacity array), since XLA's
+reduction order depends on the fused input's shape.  Results
 keep their logical shape, strides and device bytes (``memory_allocated`` counts the
 logical bytes; the capacity array may be up to twice as large on the device).
 
