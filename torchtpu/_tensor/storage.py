@@ -248,13 +248,13 @@ class Grown:
         """The storage's own array (of ``shape``): the capacity cut off, on the device
         (one executable per capacity and length)."""
         key = (tuple(self.arr.shape), shape, dtype, index)
-        f = _CUT.get(key)
+        f = _CUTTERS.get(key)
         if f is None:
             jax = runtime.jax()
             from jax.sharding import SingleDeviceSharding
 
             box = tuple(slice(0, k) for k in shape)
-            f = _CUT.put(key, jax.jit(
+            f = _CUTTERS.put(key, jax.jit(
                 lambda a: a[box],
                 out_shardings=SingleDeviceSharding(runtime.jax_device(index))))
         return f(self.arr)
@@ -265,7 +265,7 @@ class Grown:
         return np.ascontiguousarray(np.asarray(self.arr)[tuple(slice(0, k) for k in shape)])
 
 
-_CUT = _executable_limit.LRUCache(share=0.125)  # Grown.exact: one per capacity and length
+_CUTTERS = _executable_limit.LRUCache(share=0.125)  # Grown.exact: one per capacity and length
 
 
 def grown_view_spec(t: torch.Tensor, sd: StorageData, g: Grown, offs: list):
