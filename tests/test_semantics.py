@@ -682,3 +682,20 @@ def test_bool_tensor_power_raises_as_cpu(fn):
     with pytest.raises(NotImplementedError) as tpu:
         fn(b.to("tpu"))
     assert str(tpu.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (2, 0, 4), (3, 0)])
+def test_empty_tensors_come_back_with_cpu_strides(eager_mode, shape):
+    # numpy gives an empty array all-zero strides; CPU's empty tensors keep theirs
+    pairs = [
+        (torch.empty(shape, device="tpu").cpu(), torch.empty(shape).cpu()),
+        (torch.empty(shape).to("tpu").cpu(), torch.empty(shape)),
+        (torch.zeros(shape, device="tpu").to("cpu", torch.float64),
+         torch.zeros(shape).to("cpu", torch.float64)),
+        (torch.zeros(shape, device="tpu").flip(0).cpu(), torch.zeros(shape).flip(0)),
+    ]
+    if len(shape) == 2:
+        pairs.append((torch.zeros(shape, device="tpu").t().cpu(), torch.zeros(shape).t().cpu()))
+    for got, ref in pairs:
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        assert got.stride() == ref.stride(), (got.stride(), ref.stride())

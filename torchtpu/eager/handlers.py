@@ -163,7 +163,7 @@ def copy_(self, src, non_blocking=False):
     if dst_tpu and src_tpu:
         if src.device.index != self.device.index:
             arr = runtime.jax().device_put(
-                __import__("torchtpu.eager.executor", fromlist=["to_jax"]).to_jax(src),
+                _hr.to_jax(src),
                 runtime.jax_device(self.device.index),
             )
             src = _st.wrap(arr, self.device.index, src.dtype)
@@ -338,6 +338,9 @@ def _result_strides(x: torch.Tensor, memory_format) -> tuple | None:
 
 def _host_tensor(arr: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor (own memory) from a host array read off tpu tensor ``like``."""
+    if like.numel() == 0:
+        # numpy gives an empty array all-zero strides, which from_numpy would keep
+        return torch.empty(tuple(like.shape), dtype=like.dtype)
     bits = _BITS_AS.get(like.dtype)
     if bits is not None:
         host = torch.from_numpy(np.array(arr.view(npdt_bits[bits]), copy=True)).view(like.dtype)
