@@ -128,9 +128,9 @@ def _unit(a, n: int) -> int:
 
 
 def _whole(t, sd) -> bool:
-    """Whether ``t`` reads its whole storage, contiguous, in the storage's dtype."""
-    return (t.dtype is sd.dtype and tuple(t.shape) == sd.shape and t.storage_offset() == 0
-            and t.is_contiguous() and not t.is_neg() and not t.is_conj())
+    """Whether ``t`` reads its whole storage, contiguous, in the storage's dtype, without
+    conj/neg bits (``storage.view_spec``'s short form)."""
+    return len(_st.view_spec(t, sd)) == 2
 
 
 def _concrete(a) -> bool:
