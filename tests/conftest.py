@@ -25,6 +25,22 @@ def strict_mode(monkeypatch):
 
 
 @pytest.fixture
+def sync_first_calls(monkeypatch):
+    """First calls compile on the calling thread (``eager.async_compile`` off) for the
+    test body and the processes it starts: for tests that count what STRICT's hot path or
+    donation did in a short loop.  With asynchronous first calls, a loop shorter than the
+    first compile runs queued on a worker (correct values, no hot path, no donation)
+    until the compile ends; ``tests/test_async_compile.py`` tests that mode."""
+    from torchtpu.eager import async_compile
+
+    monkeypatch.setenv("TORCHTPU_COMPILE_WORKERS", "0")
+    prev = async_compile.workers()
+    async_compile.set_workers(0)
+    yield
+    async_compile.set_workers(prev)
+
+
+@pytest.fixture
 def fresh_shape_buckets():
     """Forget which ops the shape buckets saw churning (``buckets.set_policy()``), before
     and after the test body: for tests that count compiles or cache hits of one op.  The

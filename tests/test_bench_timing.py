@@ -25,7 +25,7 @@ def _inplace_step(n):
     return x, step, sync
 
 
-def test_donating_variants_are_counted_as_executables():
+def test_donating_variants_are_counted_as_executables(sync_first_calls):
     # the donating variant of a hot in-place signature is compiled lazily at its 5th
     # call; metrics()["compiles"] never saw it, so benchmarks timed its compile
     torchtpu.reset_metrics()

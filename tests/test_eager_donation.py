@@ -10,7 +10,7 @@ import torch
 import torchtpu
 from torchtpu.eager import executables
 
-pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
+pytestmark = pytest.mark.usefixtures("strict_mode", "sync_first_calls")  # STRICT's own
 
 jnp = pytest.importorskip("jax.numpy")
 

@@ -193,7 +193,8 @@ def test_foreach_with_mixed_dtypes_and_partial_overlap_as_cpu():
         assert torch.equal(errs["cpu"][1], errs["tpu"][1])
 
 
-def test_scalar_list_values_are_runtime_inputs(strict_mode, fresh_shape_buckets):
+def test_scalar_list_values_are_runtime_inputs(strict_mode, fresh_shape_buckets,
+                                                sync_first_calls):
     """A ``Scalar[]`` argument with new values (an optimizer's per-step bias corrections)
     reuses the executable: one compile for three calls with three value lists, values as
     CPU, and the later calls take the hot path."""

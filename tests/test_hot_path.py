@@ -15,7 +15,7 @@ import torch
 import torchtpu
 from torchtpu.eager import hotpath
 
-pytestmark = pytest.mark.usefixtures("strict_mode", "hot_impl")
+pytestmark = pytest.mark.usefixtures("strict_mode", "hot_impl", "sync_first_calls")
 
 
 @pytest.fixture(params=["native", "python"], autouse=False)

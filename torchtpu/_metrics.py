@@ -81,6 +81,12 @@ class Metrics:
             capacity at a runtime offset), ``regrows`` (capacity doubled),
             ``attention_calls`` (attention run over the capacity with a length mask),
             ``cuts`` (reads that needed the exact array, cut on the device).
+        async_compile: STRICT first calls compiled on worker threads
+            (``torchtpu.eager.async_compile``): ``jobs`` (first calls), ``queued_runs``
+            (calls run on a worker behind a pending value or compile), ``waits`` /
+            ``wait_seconds`` (the calling thread waited for a pending value; not a host
+            sync), ``compile_seconds`` (of the jobs, also in ``compile_seconds``),
+            ``errors`` (compiles that failed; raised where their values are read).
         sync_sites: Counter of (cause, "file:line") — the user's line behind each sync.
         compile: torch.compile on tpu (``torchtpu.compile``): ``graphs_compiled`` (FX
             graphs handed to the backend, forward and backward count separately),
@@ -200,6 +206,8 @@ class Metrics:
         self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
                        "cuts": 0}
         self.op_executables = collections.Counter()
+        self.async_compile = {"jobs": 0, "queued_runs": 0, "waits": 0, "wait_seconds": 0.0,
+                              "compile_seconds": 0.0, "errors": 0}
 
     def sync(self, cause: str):
         self.host_syncs[cause] += 1

@@ -65,16 +65,18 @@ def _stat(stats: dict, key: str):
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live ``tpu`` storages on ``device`` (``torch.cuda.memory_allocated``):
-    our own count, on every platform."""
-    from torchtpu._tensor.storage import ALLOCATOR
+    our own count, on every platform (pending first calls are waited for first)."""
+    from torchtpu._tensor.storage import ALLOCATOR, settle_all
 
+    settle_all()
     return ALLOCATOR.allocated.get(to_index(device), 0)
 
 
 def max_memory_allocated(device=None) -> int:
     """Peak of :func:`memory_allocated` since start or the last reset (bytes)."""
-    from torchtpu._tensor.storage import ALLOCATOR
+    from torchtpu._tensor.storage import ALLOCATOR, settle_all
 
+    settle_all()
     return ALLOCATOR.peak.get(to_index(device), 0)
 
 
@@ -143,8 +145,9 @@ def max_memory_reserved(device=None) -> int:
 def reset_peak_memory_stats(device=None) -> None:
     """Reset :func:`max_memory_allocated` to the current :func:`memory_allocated`.  PJRT's
     own peaks (:func:`max_memory_reserved` on TPU/GPU) cannot be reset."""
-    from torchtpu._tensor.storage import ALLOCATOR
+    from torchtpu._tensor.storage import ALLOCATOR, settle_all
 
+    settle_all()
     idx = to_index(device)
     ALLOCATOR.peak[idx] = ALLOCATOR.allocated.get(idx, 0)
 

@@ -128,19 +128,33 @@ def _dispatch_pending(cause: str) -> None:
 
 
 def _last_outputs() -> list:
-    """The arrays of the most recently dispatched executable."""
-    from torchtpu._device import runtime
-    from torchtpu.eager import inflight
+    """The arrays of the most recently dispatched executable, and the pending results
+    (``storage.Lazy``) of first calls still compiling or running on worker threads
+    (``eager.async_compile``): work dispatched before now, in no particular order."""
+    from torchtpu._tensor import storage
+    from torchtpu.eager import async_compile, inflight
 
-    return [a for a in runtime.jax().tree_util.tree_leaves(inflight.last_outputs())
-            if hasattr(a, "is_ready")]
+    out = []
+    for a in list(inflight.LAST_OUTPUTS) + async_compile.unfinished_results():
+        if a.__class__ is storage.Lazy and a.value is not None:
+            a = a.value
+        if a.__class__ is storage.Lazy or hasattr(a, "is_ready"):
+            out.append(a)
+    return out
 
 
 def _all_ready(arrays, deleted_means_later=True) -> bool:
-    """Whether every array in ``arrays`` is computed.  An array since deleted (donated to
+    """Whether every array in ``arrays`` is computed (a pending first call's result: once
+    its job has finished).  An array since deleted (donated to
     a later executable, which only runs after it) cannot be asked; then the latest
     dispatched work is asked instead: it being done implies this work is."""
+    from torchtpu._tensor import storage
+
     for a in arrays:
+        if a.__class__ is storage.Lazy:
+            if a.value is None or (a.node is storage.ASYNC and not a.seg.done):
+                return False
+            a = a.value
         if a.is_deleted():  # (is_ready() on a deleted array must not be called)
             if deleted_means_later:
                 return _all_ready(_last_outputs(), deleted_means_later=False)

@@ -809,6 +809,12 @@ struct HotPlan {
     put(o, g_sd[SD_INDEX], index);
     put(o, g_sd[SD_NBYTES], nbytes);
     bool counted = reinterpret_cast<PyObject*>(Py_TYPE(arr)) != G->lazy_cls.ptr();
+    if (!counted) {
+      // an asynchronous first call's result (eager.async_compile, Lazy.node "async") is
+      // counted at once: it surely gets its buffer (storage.StorageData.__init__)
+      py::object node = steal(PyObject_GetAttrString(arr, "node"));
+      counted = PyUnicode_Check(node.ptr()) && PyUnicode_CompareWithASCIIString(node.ptr(), "async") == 0;
+    }
     put(o, g_sd[SD_COUNTED], counted ? Py_True : Py_False);
     if (counted) {
       account(index, nbytes, 1);

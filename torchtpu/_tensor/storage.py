@@ -92,8 +92,9 @@ class StorageData:
         self.index = index
         self.nbytes = nbytes
         # Device bytes are counted once the storage has (or will surely get) a buffer: a
-        # DeferAndFuse value is counted only if it is still alive when its segment runs.
-        self.counted = arr.__class__ is not Lazy
+        # DeferAndFuse value is counted only if it is still alive when its segment runs;
+        # an asynchronous first call's value (eager.async_compile) at once.
+        self.counted = arr.__class__ is not Lazy or arr.node is ASYNC
         if self.counted:
             ALLOCATOR.alloc(index, nbytes)
         else:
@@ -117,12 +118,11 @@ class StorageData:
 
     def get(self):
         """The concrete storage array: zeros for an uninitialized storage; a pending
-        DeferAndFuse value runs its segment first (a sync point)."""
+        DeferAndFuse value runs its segment first (a sync point); a pending first call
+        (``eager.async_compile``) is waited for."""
         a = self.arr
         if a.__class__ is Lazy:
-            if a.value is None:
-                _MATERIALIZE()  # eager.defer runs the pending segment (a sync point)
-            self.resolve(a.value)
+            self.resolve(settle(a))
             return self.arr
         if a is None:
             self.arr = zeros(self.shape, self.dtype, self.index)
@@ -177,9 +177,51 @@ def set_materializer(fn) -> None:
     _MATERIALIZE = fn
 
 
+# Lazy.node of a value that an asynchronous first call computes (``eager.async_compile``;
+# its Lazy.seg is the job, with a ``wait()`` that sets the value or raises its error)
+ASYNC = "async"
+
+
+def settle(lz):
+    """The array of pending value ``lz`` (a :class:`Lazy`): a DeferAndFuse value runs its
+    segment (a sync point), an asynchronous first call's value is waited for (its compile
+    and run; an error in either is raised here)."""
+    if lz.value is None:
+        if lz.node is ASYNC:
+            lz.seg.wait()
+        else:
+            _MATERIALIZE()  # eager.defer runs the pending segment (a sync point)
+    return lz.value
+
+
+def _nothing_pending():
+    pass
+
+
+# waits for every asynchronous first call in flight and counts its storages' bytes
+# (``eager.async_compile`` installs it; memory statistics call it first)
+_SETTLE_ALL = _nothing_pending
+
+
+def set_settler(fn) -> None:
+    """``fn()``: wait for every pending asynchronous first call and give its storages
+    their arrays (``eager.async_compile`` installs it)."""
+    global _SETTLE_ALL
+    _SETTLE_ALL = fn
+
+
+def settle_all() -> None:
+    """Wait for every pending asynchronous first call (memory statistics read the
+    storages' counted bytes after it)."""
+    _SETTLE_ALL()
+
+
 class Lazy:
-    """A DeferAndFuse value not computed yet: output ``out`` of node ``node`` of a
-    recorded segment.  ``value`` is set when the segment runs (if it is still needed)."""
+    """A value not computed yet: output ``out`` of node ``node`` of a recorded
+    DeferAndFuse segment ``seg``; ``value`` is set when the segment runs (if it is still
+    needed).  With ``node`` :data:`ASYNC`, a result of an asynchronous first call
+    (``eager.async_compile``): ``seg`` is its job, ``out`` the result's JAX weak type, and
+    ``value`` is set by the worker thread (:func:`settle` waits for it)."""
 
     __slots__ = ("seg", "node", "out", "shape", "dtype", "value", "owner", "__weakref__")
 

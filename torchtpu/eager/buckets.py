@@ -73,6 +73,7 @@ from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import async_compile as _async
 from torchtpu.eager import executables as _executables
 from torchtpu.eager import inflight
 from torchtpu.eager.modes import CONFIG
@@ -160,12 +161,14 @@ def bucket(n: int) -> int:
 def whole(t) -> bool:
     """``t`` is a tpu tensor reading its whole storage array (``storage.view_spec``'s
     whole-storage case: contiguous, in the array's shape and dtype, no conj/neg bit) with
-    standard strides and no pending DeferAndFuse value."""
+    standard strides and no pending DeferAndFuse value (a pending first call's value,
+    ``eager.async_compile``, is waited for when the call is bucketed)."""
     if t.device.type != "tpu":
         return False
     sd = t.untyped_storage()._tpu
+    a = sd.arr
     return (len(_st.view_spec(t, sd)) == 2 and t.stride() == _st.contiguous_strides(sd.shape)
-            and sd.arr.__class__ is not _st.Lazy)
+            and (a.__class__ is not _st.Lazy or a.node is _st.ASYNC))
 
 
 def _small(t) -> bool:
@@ -420,6 +423,7 @@ def run(plan, vals, c):
     by_storage = {}
     by_sd = {}  # id(StorageData) -> padded array
     synced = False
+    _async.settle_list(c.arrays)  # pending first calls' values (eager.async_compile)
     for t, mode in pads:
         st = t.untyped_storage()
         cid = st._cdata
@@ -427,6 +431,8 @@ def run(plan, vals, c):
             continue
         sd = st._tpu
         a = sd.arr
+        if a.__class__ is _st.Lazy:
+            a = sd.get()
         if a.__class__ is _st.Padded:
             if mode == _ANY or cid in writeonly or (mode == _EDGE and a.edge):
                 arr = a.arr
@@ -489,13 +495,13 @@ def run(plan, vals, c):
             cid = t.untyped_storage()._cdata
             if cid in padded:
                 t.untyped_storage()._tpu.arr = _st.Padded(
-                    _st.data(padded[cid]).arr, t.numel(), edge)
+                    _st.data(padded[cid]).get(), t.numel(), edge)
         return _mutated_result(plan, vals)
     outs = [res] if plan.sig.nret == 1 else list(res)
     cut = []
     for r in outs:
         if r.dim() != 0:
-            r = _padded_tensor(_st.data(r).arr, shape, n_x, edge, index, r.dtype)
+            r = _padded_tensor(_st.data(r).get(), shape, n_x, edge, index, r.dtype)
         cut.append(r)
     return cut[0] if plan.sig.nret == 1 else tuple(cut)
 
@@ -550,7 +556,7 @@ def _run_known(plan, vals, c, ex, by_sd, shape, n_x, edge):
         if p is None and a.__class__ is _st.Padded:
             p = sd.get()  # another bucketed result read through a view (w[3]): cut
         arrays.append(a if p is None else p)
-    outs = ex.call(arrays, c.dyn)
+    outs = _async.concrete(ex.call(arrays, c.dyn))  # (a Padded holds arrays only)
     M.cache_hits += 1  # (the bucket's executable)
     inflight.dispatched(outs)
     if ex.check_info:

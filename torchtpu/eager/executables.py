@@ -22,10 +22,12 @@ from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import async_compile as _async
 from torchtpu.eager import hotpath as _hot
 from torchtpu.eager import inflight as _inflight
 from torchtpu.eager import signature_cache as _sigcache
 from torchtpu.eager import tiers as _tiers
+from torchtpu.eager.modes import CONFIG
 
 M = _metrics.METRICS
 
@@ -89,11 +91,29 @@ def first_call(ex, arrays, dyn):
     entry = _sigcache.entry(key, ex.device_index) if key is not None else None
     if key:
         M.op_executables[str(key[0])] += 1
+    if _async.enabled() and not CONFIG.defer and not CONFIG.debug_sync \
+            and _tiers.quick_options() is None:
+        rec = entry.load("full") if entry is not None else None
+        if rec is not None:  # stored by an earlier process: loaded, run here
+            compiled, checks = rec
+            ex.check_info[:] = checks
+            _async.settle_list(arrays)
+            outs = compiled(arrays, dyn)
+            ex.call = _tiers.direct(compiled)
+            ex.compiled = True
+            return outs
+        # compiled and first run on a worker; its results are pending values
+        return _async.first_call(ex, arrays, dyn, entry, _save_full)
+    _async.settle_list(arrays)
     outs, ex.call = _tiers.first_call(ex.call, (arrays, dyn),
                                       lambda full: setattr(ex, "call", full),
                                       entry, ex.check_info)
     ex.compiled = True
     return outs
+
+
+def _save_full(entry, compiled, check_info, pc_hits_before):
+    entry.save("full", compiled, check_info, pc_hits_before)
 
 
 def run_executable(ex, arrays, dyn):

@@ -35,6 +35,7 @@ from torchtpu._device import runtime, state
 from torchtpu._tensor import native as _native
 from torchtpu._tensor import overlap as _overlap
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import async_compile as _async
 from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
 from torchtpu.eager import executables as _ex
@@ -457,13 +458,20 @@ class LoweredPlan:
             return self._finish(ex, c.sdatas, vals, outs)
         if ex.compiled:
             ex.calls += 1
-            try:
-                if ex.writes and ex.calls > _ex.DONATE_AFTER:
-                    outs = _ex.call_donating(ex, c.arrays, c.dyn)
-                else:
-                    outs = ex.call(c.arrays, c.dyn)
-            except TypeError:
-                outs = self._other_structure(ex, c)
+            outs = None
+            if c.pending:  # an input is a pending first call's value (eager.async_compile)
+                if _async.compiling():
+                    outs = _async.run(ex, c.arrays, c.dyn)  # on a worker, behind it
+                if outs is None:
+                    _async.settle_list(c.arrays)
+            if outs is None:
+                try:
+                    if ex.writes and ex.calls > _ex.DONATE_AFTER:
+                        outs = _ex.call_donating(ex, c.arrays, c.dyn)
+                    else:
+                        outs = ex.call(c.arrays, c.dyn)
+                except TypeError:
+                    outs = self._other_structure(ex, c)
         else:
             outs = self._first_call(ex, c, vals)
         _inflight.LAST_OUTPUTS = outs  # (inflight.dispatched, inlined: the per-op path)

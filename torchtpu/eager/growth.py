@@ -161,6 +161,8 @@ def _cat_rule(plan, vals):
         return NO
     n, k = sa_shape[d], sb_shape[d]
     g = sa.arr
+    if g.__class__ is _st.Lazy and g.node is _st.ASYNC:  # a pending first call's value
+        g = sa.get()
     grown = g.__class__ is _st.Grown
     if grown and g.dim != d or not grown and (not _concrete(g) or n == 0):
         return NO

@@ -65,9 +65,9 @@ def check_pending() -> None:
     flags = []
     for flag, info, op in pending:
         if flag.__class__ is _st.Lazy:
-            if flag.value is None:
+            if flag.value is None and flag.node is not _st.ASYNC:
                 _defer.flush("device_check")
-            flag = flag.value
+            flag = _st.settle(flag)
         flags.append(flag)
     if len(flags) > 16 and len({f.device for f in flags}) == 1:
         # one device op and one transfer for all of them

@@ -20,6 +20,8 @@ reference to it.  This module imports nothing (no JAX).
 
 from __future__ import annotations
 
+from torchtpu._tensor import storage as _st
+
 # the results of the most recently dispatched executable: a tuple (or list) of JAX arrays,
 # or of DeferAndFuse values; () when nothing dispatched since is to be waited on
 LAST_OUTPUTS = ()
@@ -44,8 +46,23 @@ def dispatched(outputs) -> None:
 
 def last_outputs():
     """The results of the most recently dispatched executable (see :func:`dispatched`);
-    ``()`` if none is held."""
-    return LAST_OUTPUTS
+    ``()`` if none is held.  Pending first calls' results (``eager.async_compile``) are
+    waited for and given as their arrays."""
+    outs = LAST_OUTPUTS
+    if any(o.__class__ is _st.Lazy for o in outs):
+        outs = tuple(x for x in map(_concrete, outs) if x is not None)
+    return outs
+
+
+def _concrete(o):
+    if o.__class__ is not _st.Lazy:
+        return o
+    if o.node is not _st.ASYNC:
+        return o.value
+    try:
+        return _st.settle(o)
+    except RuntimeError:  # its job failed: raised where the value is read, not here
+        return None
 
 
 def clear_last() -> None:

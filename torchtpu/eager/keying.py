@@ -37,7 +37,7 @@ class Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
     __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs",
-                 "padded", "grow_ok", "regather")
+                 "padded", "grow_ok", "regather", "pending")
 
     def __init__(self, dynamic_offsets=True):
         self.arrays = []
@@ -55,6 +55,8 @@ class Call:
         # call that writes no argument, outside DeferAndFuse (set by gather)
         self.grow_ok = False
         self.regather = False  # a Grown storage was cut after its slot was taken
+        # an input array is a pending first call's value (eager.async_compile)
+        self.pending = False
 
     def unpad(self):
         """Replace bucket-padded input arrays by their storages' own arrays (a call
@@ -110,11 +112,15 @@ class Call:
             a = input_array(sd, writeonly)
             if a.__class__ is _st.Padded:
                 self.padded = True
+            elif a.__class__ is _st.Lazy:
+                self.pending = True
             self.arrays.append(a)
         elif self.arrays[j] is None and not writeonly:
             a = self.arrays[j] = input_array(sd, False)
             if a.__class__ is _st.Padded:
                 self.padded = True
+            elif a.__class__ is _st.Lazy:
+                self.pending = True
         offs = self.offs
         spec = _st.view_spec(t, sd) if offs is None else _st.dynamic_view_spec(t, sd, offs)
         if sd.arr is None:
@@ -127,8 +133,9 @@ class Call:
 
 
 def input_array(sd, writeonly):
-    """The storage array to pass to an executable: concrete, or (DeferAndFuse) a pending
-    ``Lazy`` value; ``None`` for an uninitialized storage (``torch.empty``)."""
+    """The storage array to pass to an executable: concrete, or a pending ``Lazy`` value
+    (DeferAndFuse's, or in STRICT an asynchronous first call's); ``None`` for an
+    uninitialized storage (``torch.empty``)."""
     a = sd.arr
     if a is None:  # uninitialized: the executable makes the zeros it reads, if any
         return None
@@ -136,6 +143,12 @@ def input_array(sd, writeonly):
         if a.value is not None:
             sd.resolve(a.value)
             a = sd.arr
+        elif a.node is _st.ASYNC:
+            # a pending first call's result (eager.async_compile): passed on as it is (a
+            # first call lowers on its shape; a run waits for it on a worker); DEBUG and
+            # DeferAndFuse take arrays
+            if CONFIG.defer or CONFIG.debug_sync:
+                a = sd.get()
         elif not CONFIG.defer:
             a = sd.get()
     # (an eager.buckets Padded array is returned as is: kept for a bucketed call, cut to

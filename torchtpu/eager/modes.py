@@ -118,6 +118,12 @@ def _apply(mode: EagerMode) -> None:
         from torchtpu.eager import defer
 
         defer.flush("mode_change")
+    if mode is not EagerMode.STRICT:
+        # DEBUG and DeferAndFuse take concrete arrays: first calls still compiling on
+        # worker threads (eager.async_compile) finish and hand their storages the arrays
+        from torchtpu._tensor import storage
+
+        storage.settle_all()
     _mode = mode
     CONFIG.debug_sync = mode is EagerMode.DEBUG
     CONFIG.defer = mode is EagerMode.DEFER_AND_FUSE
