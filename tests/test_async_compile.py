@@ -101,7 +101,19 @@ def test_in_place_writes_and_views_of_pending_storages(slow_compile):
     torch.testing.assert_close(r.cpu(), ref[1:4, ::2].exp())
 
 
-def test_calls_of_a_signature_still_compiling_queue_behind_it(slow_compile):
+def test_calls_of_a_signature_still_compiling_wait_for_it(slow_compile):
+    xs = [torch.randn(11, 7) for _ in range(3)]
+    ts = [x.to("tpu") for x in xs]
+    slow_compile.clear()
+    threading.Timer(0.3, slow_compile.set).start()
+    outs = [t.sin() * 2 for t in ts]  # (the default: a second call waits)
+    assert torchtpu.metrics()["async_compile"]["waits"] >= 1
+    for o, x in zip(outs, xs):
+        torch.testing.assert_close(o.cpu(), x.sin() * 2)
+
+
+def test_calls_of_a_signature_still_compiling_queue_behind_it(slow_compile, monkeypatch):
+    monkeypatch.setattr(async_compile, "QUEUE_LIMIT", 64)  # (TORCHTPU_ASYNC_QUEUE_LIMIT)
     xs = [torch.randn(11, 7) for _ in range(4)]
     ts = [x.to("tpu") for x in xs]
     slow_compile.clear()
@@ -194,7 +206,10 @@ def test_the_hot_path_takes_over_once_compiles_end(workers):
         assert torchtpu.metrics()["hot_path_calls"] - h0 >= 8
 
 
-def test_training_steps_equal_cpu_while_compiles_are_slow(slow_compile):
+@pytest.mark.parametrize("queue_limit", [0, 64])
+def test_training_steps_equal_cpu_while_compiles_are_slow(slow_compile, monkeypatch,
+                                                          queue_limit):
+    monkeypatch.setattr(async_compile, "QUEUE_LIMIT", queue_limit)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
     dev = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
@@ -239,7 +254,11 @@ def test_donation_never_takes_an_array_a_pending_job_reads(monkeypatch, slow_com
     torch.testing.assert_close(t.cpu(), ref)
 
 
-def test_threads_dispatching_at_once(workers):
+@pytest.mark.parametrize("queue_limit", [0, 64])
+def test_threads_dispatching_at_once(workers, monkeypatch, queue_limit):
+    # (queued runs: a job may wait only on jobs queued ahead of it, or the workers
+    # deadlock; this test hung before submission and publication shared one lock)
+    monkeypatch.setattr(async_compile, "QUEUE_LIMIT", queue_limit)
     errors = []
 
     def work(i):

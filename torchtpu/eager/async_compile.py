@@ -10,16 +10,17 @@ and lowers a new signature on the calling thread (errors in the lowering are rai
 there, at the op, as before), and hands the XLA compile and the first run to a worker
 thread; the op returns at once with results whose values are *pending*
 (:class:`torchtpu._tensor.storage.Lazy` with ``node`` :data:`storage.ASYNC`).  The next
-ops take pending values as inputs: their own compiles start meanwhile, and their runs
-wait on the worker for the values they read.  Compiles overlap each other (several
-workers) and the Python thread's dispatch; measured on 2 CPU cores, 40 per-op compiles
-took 24 ms each on two threads against 36-41 ms one after the other.
+ops that are first calls too take pending values as inputs: their own compiles start
+meanwhile, and their runs wait on the worker for the values they read.  Compiles overlap
+each other (several workers) and the Python thread's tracing; measured on 2 CPU cores,
+40 per-op compiles took 24 ms each on two threads against 36-41 ms one after the other.
 
 What waits: anything that needs a pending value's array -- a host read (``.cpu()``,
 ``.item()``, printing), an op that is not an ordinary per-op call (shape buckets, growth,
-collectives, ``torch.compile`` graphs, DeferAndFuse), a cache hit whose executable is
-compiled (it runs at once on the caller's thread, so its inputs must be concrete: it
-waits for them; a hit of a signature still compiling queues behind that compile instead),
+collectives, ``torch.compile`` graphs, DeferAndFuse), a call of an executable already
+built (a cache hit runs on the calling thread, so it waits for its inputs, and a hit of a
+signature still compiling waits for that compile; with ``TORCHTPU_ASYNC_QUEUE_LIMIT=N``
+up to N such calls in a row queue on a worker instead, see :data:`QUEUE_LIMIT`),
 ``torch.tpu.synchronize()``, the memory statistics and switching the eager mode.  Waiting
 is not a host sync (no device-to-host copy): it is counted in ``metrics()["async_compile"]``
 (``waits``, ``wait_seconds``).
@@ -77,6 +78,16 @@ _pool = None
 _lock = threading.Lock()  # counters updated on worker threads
 _jobs = collections.deque()  # jobs not known to be finished, in submission order
 _compiling = [0]  # first calls whose compile has not finished
+_queued = [0]  # runs queued since the last first call
+# Runs queued behind compiles since the last first call, past which a call waits for
+# its inputs instead (``TORCHTPU_ASYNC_QUEUE_LIMIT``).  Default 0: a call of a compiled
+# executable never queues, it waits for its pending inputs.  Measured on 2 cores
+# (``bench shapes --varlen``, epoch 1 / epoch 2 with 8 new signatures; ``bench
+# generate`` first call): limit 0: 23.9 s / 0.56 s, 4.11 s; limit 16: 22.2 s / 1.03 s,
+# 4.02 s; no async: 33.1 s / 0.54 s, 5.37 s.  Queued runs leave a warm loop on the
+# general per-op path and a worker thread (no hot path, no donation) for longer than
+# they save.
+QUEUE_LIMIT = int(os.environ.get("TORCHTPU_ASYNC_QUEUE_LIMIT", "0"))
 _jobs_lock = threading.Lock()
 
 
@@ -161,11 +172,13 @@ def _resolve(arrays):
 
 
 def compiling() -> bool:
-    """Whether a first call's compile is in flight: a call with pending inputs then
-    queues on a worker (its inputs may wait on that compile); otherwise its inputs are
-    runs about to finish, and it waits for them and runs on the calling thread (the hot
-    path's speed, and no chain of queued runs in a steady loop)."""
-    return _compiling[0] > 0
+    """Whether a call with pending inputs should queue on a worker: a first call's
+    compile is in flight (its inputs may wait on it) and fewer than :data:`QUEUE_LIMIT`
+    calls have queued since the last first call.  Otherwise it waits for its inputs and
+    runs on the calling thread: a steady loop that met one new signature goes back to
+    the hot path's speed instead of running op after op through a worker (each queued
+    run costs a thread hop and the general per-op path)."""
+    return _compiling[0] > 0 and _queued[0] < QUEUE_LIMIT
 
 
 def concrete(outs) -> tuple:
@@ -258,10 +271,12 @@ def first_call(ex, arrays, dyn, entry, save):
         job.done = True
 
     def queued(arrays2, dyn2):
-        # a call of this signature while it compiles: run behind the compile
-        if job.done:
-            return _call(ex, job.compiled, arrays2, dyn2)
-        return run(ex, arrays2, dyn2, after=job)
+        # a call of this signature while it compiles: run behind the compile (or, past
+        # the queue limit, wait for it here)
+        if not job.done and _queued[0] < QUEUE_LIMIT:
+            return run(ex, arrays2, dyn2, after=job)
+        job.wait()
+        return _call(ex, job.compiled, _resolve(arrays2), dyn2)
 
     def publish():
         # (under _jobs_lock, after the job is queued: no other thread can queue work
@@ -274,6 +289,7 @@ def first_call(ex, arrays, dyn, entry, save):
         M.async_compile["jobs"] += 1
         M.compiles += 1  # counted when started (its seconds when it ends)
         _compiling[0] += 1
+        _queued[0] = 0
     _submit(job, work, publish)
     return outs
 
@@ -327,6 +343,7 @@ def run(ex, arrays, dyn, after=None):
 
     with _lock:
         M.async_compile["queued_runs"] += 1
+        _queued[0] += 1
     _submit(job, work, before=find_first)
     return job.outs
 
