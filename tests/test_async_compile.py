@@ -24,9 +24,10 @@ jax = pytest.importorskip("jax")
 
 
 @pytest.fixture
-def workers(monkeypatch):
+def workers(monkeypatch, fresh_shape_buckets):
     """Two workers, an empty per-op executable cache and no signature cache (every
-    signature is new and compiled here)."""
+    signature is new and compiled here); no op is churning yet, so nothing runs through
+    the shape buckets (which wait for their inputs: tests/test_shape_buckets.py)."""
     monkeypatch.setattr(executables._sigcache, "entry", lambda key, index: None)
     prev = async_compile.workers()
     async_compile.set_workers(2)
