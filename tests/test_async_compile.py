@@ -175,10 +175,41 @@ def test_a_failed_compile_is_raised_where_its_value_is_read(monkeypatch, workers
     monkeypatch.setattr(jax.stages.Lowered, "compile", real)
     with pytest.raises(RuntimeError, match="atan.*injected compile failure"):
         y.cpu()
-    with pytest.raises(RuntimeError, match="injected compile failure"):
-        z.cpu()
+    with pytest.raises(RuntimeError, match="atan.default: its asynchronous compile or run "
+                                           "failed: ValueError: injected"):
+        z.cpu()  # (named by the op that failed, not wrapped once more)
     torch.tpu.synchronize()  # does not hang; the error was raised where it was read
     assert torchtpu.metrics()["async_compile"]["errors"] >= 1
+    # a failure is not remembered: the signature compiles again at its next call
+    x = t.cpu()
+    torch.testing.assert_close(t.atan().cpu(), x.atan())
+    torch.testing.assert_close((t.atan() + 1).cpu(), x.atan() + 1)
+
+
+def test_set_workers_from_another_thread_while_dispatching(workers):
+    stop = threading.Event()
+    errors = []
+
+    def flip():
+        while not stop.is_set():
+            try:
+                async_compile.set_workers(2)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+    th = threading.Thread(target=flip)
+    th.start()
+    try:
+        x = torch.randn(120)
+        tx = x.to("tpu")
+        for k in range(1, 60):
+            torch.testing.assert_close(tx[:k].exp().cpu(), x[:k].exp())
+    finally:
+        stop.set()
+        th.join()
+    assert errors == []
+    torch.tpu.synchronize()
+    assert not async_compile.compiling()
 
 
 def test_lowering_errors_are_still_raised_at_the_op(workers):

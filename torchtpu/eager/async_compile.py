@@ -103,10 +103,11 @@ def set_workers(n: int) -> None:
     4)."""
     global _workers, _pool
     settle_all()
-    if _pool is not None:
-        _pool.shutdown(wait=True)
-        _pool = None
-    _workers = max(0, int(n))
+    with _jobs_lock:  # (another thread may be queueing a job meanwhile)
+        old, _pool = _pool, None
+        _workers = max(0, int(n))
+    if old is not None:
+        old.shutdown(wait=True)  # its jobs still run to the end
 
 
 def enabled() -> bool:
@@ -116,7 +117,7 @@ def enabled() -> bool:
 def _get_pool():  # (called holding _jobs_lock)
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(_workers, thread_name_prefix="torchtpu-compile")
+        _pool = ThreadPoolExecutor(max(1, _workers), thread_name_prefix="torchtpu-compile")
     return _pool
 
 
@@ -140,16 +141,24 @@ class _Job:
         if not f.done():
             t0 = time.perf_counter()
             try:
-                f.result()
+                f.exception()  # (waits without raising)
             finally:
                 with _lock:
                     M.async_compile["waits"] += 1
                     M.async_compile["wait_seconds"] += time.perf_counter() - t0
         err = f.exception()
         if err is not None:
-            raise RuntimeError(
+            if isinstance(err, AsyncOpError):  # an input's failure: named by its own op
+                raise err
+            raise AsyncOpError(
                 f"torchtpu: {self.name}: its asynchronous compile or run failed: "
                 f"{type(err).__name__}: {err}") from err
+
+
+class AsyncOpError(RuntimeError):
+    """A first call's compile or run failed on a worker thread (``eager.async_compile``):
+    raised where one of its results (or a value computed from them) is read, naming the
+    op.  The signature compiles again at its next call."""
 
 
 def _aval(a, sharding):
@@ -251,6 +260,12 @@ def first_call(ex, arrays, dyn, entry, save):
             with _lock:
                 _compiling[0] -= 1
                 M.async_compile["errors"] += 1
+            with _jobs_lock:  # the signature's next call compiles again
+                if ex.call is queued:
+                    ex.call = jitted
+                    ex.compiled = False
+                if _INFLIGHT.get(ex.serial) is job:
+                    del _INFLIGHT[ex.serial]
             raise
         dt = time.perf_counter() - t0
         with _lock:
@@ -284,12 +299,12 @@ def first_call(ex, arrays, dyn, entry, save):
         ex.call = queued
         ex.compiled = True
         _INFLIGHT[ex.serial] = job
+        with _lock:
+            M.async_compile["jobs"] += 1
+            M.compiles += 1  # counted when started (its seconds when it ends)
+            _compiling[0] += 1
+            _queued[0] = 0
 
-    with _lock:
-        M.async_compile["jobs"] += 1
-        M.compiles += 1  # counted when started (its seconds when it ends)
-        _compiling[0] += 1
-        _queued[0] = 0
     _submit(job, work, publish)
     return outs
 
