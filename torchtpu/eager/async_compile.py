@@ -170,16 +170,6 @@ def _aval(a, sharding):
     return a
 
 
-def _resolve(arrays):
-    """``arrays`` with every pending value replaced by its array (waiting for it)."""
-    out = []
-    for a in arrays:
-        if a.__class__ is Lazy:
-            a = _st.settle(a)
-        out.append(a)
-    return out
-
-
 def compiling() -> bool:
     """Whether a call with pending inputs should queue on a worker: a first call's
     compile is in flight (its inputs may wait on it) and fewer than :data:`QUEUE_LIMIT`
@@ -280,7 +270,8 @@ def first_call(ex, arrays, dyn, entry, save):
         with _jobs_lock:  # later calls run it directly
             ex.call = direct(compiled)
             _INFLIGHT.pop(ex.serial, None)
-        res = _call(ex, compiled, _resolve(args), dyn)
+        settle_list(args)
+        res = _call(ex, compiled, args, dyn)
         jax.block_until_ready(res)
         _finish(job, res)
         job.done = True
@@ -291,7 +282,9 @@ def first_call(ex, arrays, dyn, entry, save):
         if not job.done and _queued[0] < QUEUE_LIMIT:
             return run(ex, arrays2, dyn2, after=job)
         job.wait()
-        return _call(ex, job.compiled, _resolve(arrays2), dyn2)
+        arrays2 = list(arrays2)
+        settle_list(arrays2)
+        return _call(ex, job.compiled, arrays2, dyn2)
 
     def publish():
         # (under _jobs_lock, after the job is queued: no other thread can queue work
@@ -349,9 +342,11 @@ def run(ex, arrays, dyn, after=None):
         f = first[0]
         if f is not None:
             f.future.result()  # its compile and first run; raises their error
-            res = _call(ex, f.compiled, _resolve(args), dyn)
+            settle_list(args)
+            res = _call(ex, f.compiled, args, dyn)
         else:
-            res = ex.call(_resolve(args), dyn)
+            settle_list(args)
+            res = ex.call(args, dyn)
         runtime.jax().block_until_ready(res)
         _finish(job, res)
         job.done = True

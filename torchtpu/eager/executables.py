@@ -92,17 +92,10 @@ def first_call(ex, arrays, dyn):
     if key:
         M.op_executables[str(key[0])] += 1
     if _async.enabled() and not CONFIG.defer and not CONFIG.debug_sync \
-            and _tiers.quick_options() is None:
-        rec = entry.load("full") if entry is not None else None
-        if rec is not None:  # stored by an earlier process: loaded, run here
-            compiled, checks = rec
-            ex.check_info[:] = checks
-            _async.settle_list(arrays)
-            outs = compiled(arrays, dyn)
-            ex.call = _tiers.direct(compiled)
-            ex.compiled = True
-            return outs
-        # compiled and first run on a worker; its results are pending values
+            and _tiers.quick_options() is None \
+            and (entry is None or not entry.stored("full")):
+        # compiled and first run on a worker; its results are pending values (an
+        # executable an earlier process stored is loaded and run here, below)
         return _async.first_call(ex, arrays, dyn, entry, _save_full)
     _async.settle_list(arrays)
     outs, ex.call = _tiers.first_call(ex.call, (arrays, dyn),

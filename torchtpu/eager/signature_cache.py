@@ -78,6 +78,10 @@ class Entry:
     def path(self, tier: str) -> str:
         return f"{self.base}.{tier}"
 
+    def stored(self, tier: str) -> bool:
+        """Whether an earlier process stored ``tier`` (without reading it)."""
+        return os.path.exists(self.path(tier))
+
     def load(self, tier: str):
         """``(compiled, check_info)`` of ``tier``, or None."""
         t0 = time.perf_counter()
