@@ -20,16 +20,20 @@ def quick_tier_on():
     """The quick tier is opt-in (TORCHTPU_COMPILE_TIERS=1); these tests switch it on, and
     shape buckets off (they count one compile per shape; tests/test_shape_buckets.py
     covers buckets), and the on-disk signature cache off: a signature stored by an
-    earlier run of the same sources would load instead of compiling."""
+    earlier run of the same sources would load instead of compiling.  The element-wise
+    options are off too: on CPU they are the quick tier's options, so an element-wise op
+    would compile once at the full tier (``test_elementwise_op_compiles_once...``)."""
     from torchtpu.eager import signature_cache
 
     before = tiers.enabled()
     tiers.set_enabled(True)
+    tiers.set_elementwise_options(False)
     buckets.set_policy(enabled=False)
     signature_cache.set_enabled(False)
     yield
     signature_cache.set_enabled(signature_cache._enabled_at_start)
     tiers.set_enabled(before)
+    tiers.set_elementwise_options(tiers._elementwise_default)
     buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER)
 
 
@@ -90,3 +94,19 @@ def test_disabled_quick_tier_compiles_each_signature_once():
     assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (1, 0, 0), m
     torch.testing.assert_close(r1.cpu(), x.sin())
     assert torch.equal(r1.cpu(), r2.cpu())
+
+
+@needs_quick_tier
+def test_elementwise_op_with_the_quick_options_compiles_once():
+    # where the element-wise options are the quick tier's, a tier-up would compile the
+    # same program again: the first compile is the full one
+    tiers.set_elementwise_options(True)
+    if tiers.elementwise_options(torch.ops.aten.abs.default) != tiers.quick_options():
+        pytest.skip("this platform's element-wise options are not its quick options")
+    x = torch.randn(4, 39)
+    t = x.to(TPU)
+    torchtpu.reset_metrics()
+    y, z = t.abs(), t.abs()
+    m = torchtpu.metrics()
+    assert (m["compiles"], m["quick_compiles"], m["tier_ups"]) == (1, 0, 0), m
+    assert torch.equal(y.cpu(), x.abs()) and torch.equal(z.cpu(), x.abs())

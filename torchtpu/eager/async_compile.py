@@ -210,14 +210,15 @@ def _finish(job, outs):
         lz.value = v
 
 
-def first_call(ex, arrays, dyn, entry, save):
+def first_call(ex, arrays, dyn, entry, save, options=None):
     """Start ``ex``'s first call (``executables.first_call``): trace and lower it here,
     compile and run it on a worker.  Returns its pending results (a tuple of
     :class:`Lazy`), and sets ``ex.call`` to a caller that queues behind the compile until
     the worker replaces it with the executable.
 
     ``entry`` / ``save(entry, compiled, check_info, pc_hits_before)``: where to store the compiled
-    executable (``eager.signature_cache``), or None.
+    executable (``eager.signature_cache``), or None.  ``options``: XLA compiler options
+    (``eager.tiers.elementwise_options``), None for the defaults.
     Raises whatever tracing and lowering raise (``TypeError``/``ValueError`` of the
     lowering, ``NotImplementedError``), on this thread."""
     jax = runtime.jax()
@@ -243,9 +244,9 @@ def first_call(ex, arrays, dyn, entry, save):
             with _metrics.compile_kind("op"):
                 if entry is not None:
                     with persistent_cache.bypassed():
-                        compiled = lowered.compile()
+                        compiled = lowered.compile(compiler_options=options)
                 else:
-                    compiled = lowered.compile()
+                    compiled = lowered.compile(compiler_options=options)
         except BaseException:
             with _lock:
                 _compiling[0] -= 1

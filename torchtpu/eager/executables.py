@@ -89,18 +89,20 @@ def first_call(ex, arrays, dyn):
     full tier and sets ``ex.call`` to the fully optimized executable."""
     key = ex.key
     entry = _sigcache.entry(key, ex.device_index) if key is not None else None
+    options = None
     if key:
         M.op_executables[str(key[0])] += 1
+        options = _tiers.elementwise_options(key[0])
     if _async.enabled() and not CONFIG.defer and not CONFIG.debug_sync \
             and _tiers.quick_options() is None \
             and (entry is None or not entry.stored("full")):
         # compiled and first run on a worker; its results are pending values (an
         # executable an earlier process stored is loaded and run here, below)
-        return _async.first_call(ex, arrays, dyn, entry, _save_full)
+        return _async.first_call(ex, arrays, dyn, entry, _save_full, options)
     _async.settle_list(arrays)
     outs, ex.call = _tiers.first_call(ex.call, (arrays, dyn),
                                       lambda full: setattr(ex, "call", full),
-                                      entry, ex.check_info)
+                                      entry, ex.check_info, options)
     ex.compiled = True
     return outs
 

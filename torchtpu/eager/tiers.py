@@ -39,6 +39,8 @@ import contextlib
 import os
 import time
 
+import torch
+
 from torchtpu import _metrics
 from torchtpu._device import persistent_cache, runtime
 
@@ -49,6 +51,27 @@ M = _metrics.METRICS
 _QUICK_OPTIONS = {
     "cpu": {"xla_cpu_use_fusion_emitters": False},
 }
+
+# XLA options for the executables of element-wise ops (``elementwise_options``), per
+# PJRT platform.  On CPU, XLA's MLIR fusion emitters cost ~30-60 ms per small program for
+# loops the legacy emitters compile in half the time, to code that runs as fast:
+# measured (jax 0.10.2, 2 cores, f32[4,L,128] programs, median of 6 shapes) ``mul`` 64 ->
+# 31 ms, ``silu`` 46 -> 31 ms, ``pow`` 63 -> 29 ms, ``sin(x)+exp(x)`` 64 -> 35 ms; a
+# ``log_softmax`` compiled slower (67 -> 100 ms), so reductions keep the default.
+_ELEMENTWISE_OPTIONS = {
+    "cpu": {"xla_cpu_use_fusion_emitters": False},
+}
+# ops whose lowerings only copy, cast, fill or combine elements one by one (besides the
+# ops tagged ``torch.Tag.pointwise``, random ones excluded)
+_ELEMENTWISE_NAMES = frozenset({
+    "aten::clone", "aten::copy_", "aten::copy", "aten::_to_copy", "aten::fill_",
+    "aten::fill", "aten::zeros", "aten::ones", "aten::full", "aten::zeros_like",
+    "aten::ones_like", "aten::full_like", "aten::cat", "aten::constant_pad_nd",
+    "aten::arange", "aten::where", "aten::masked_fill", "aten::masked_fill_",
+})
+_elementwise_default = os.environ.get("TORCHTPU_ELEMENTWISE_OPTIONS", "1") not in ("0", "")
+_elementwise_on = _elementwise_default
+_ELEMENTWISE_OPS: dict = {}  # op -> options or None
 
 _NO_BYPASS = contextlib.nullcontext()
 _enabled = os.environ.get("TORCHTPU_COMPILE_TIERS", "0") not in ("0", "")
@@ -82,16 +105,59 @@ def enabled() -> bool:
     return _enabled
 
 
-def first_call(jitted, args, on_tier_up, entry=None, check_info=None):
+def elementwise_options(op) -> dict | None:
+    """The XLA compiler options a per-op executable of ATen op ``op`` (an ``OpOverload``,
+    or anything else: None) compiles with at the full tier, or None for the platform's
+    defaults.
+
+    Element-wise ops (tagged ``torch.Tag.pointwise`` and not random, copies, casts,
+    fills, ``cat``, ``constant_pad_nd``, ``arange``, ``where``, ``masked_fill``) compile
+    with ``_ELEMENTWISE_OPTIONS`` of the platform (CPU: the legacy loop emitters, about
+    half the compile time of XLA's default; ``tests/test_compile_tiers.py`` checks the
+    results bit for bit against the default options over every sample of PyTorch's
+    element-wise OpInfos).  ``TORCHTPU_ELEMENTWISE_OPTIONS=0`` (or
+    :func:`set_elementwise_options`) turns this off."""
+    try:
+        return _ELEMENTWISE_OPS[op]
+    except (KeyError, TypeError):
+        pass
+    opts = None
+    if _elementwise_on and isinstance(op, torch._ops.OpOverload):
+        tags = op.tags
+        if op._schema.name in _ELEMENTWISE_NAMES or (
+                torch.Tag.pointwise in tags
+                and torch.Tag.nondeterministic_seeded not in tags):
+            opts = _ELEMENTWISE_OPTIONS.get(runtime.platform())
+    try:
+        _ELEMENTWISE_OPS[op] = opts
+    except TypeError:
+        pass
+    return opts
+
+
+def set_elementwise_options(enabled: bool) -> None:
+    """Compile element-wise ops' executables with the platform's element-wise options
+    (:func:`elementwise_options`) or with its defaults, from the next new signature on
+    (``TORCHTPU_ELEMENTWISE_OPTIONS`` sets the start-up value)."""
+    global _elementwise_on
+    _elementwise_on = bool(enabled)
+    _ELEMENTWISE_OPS.clear()
+
+
+def first_call(jitted, args, on_tier_up, entry=None, check_info=None, options=None):
     """:func:`_first_call`, its executables counted under kind ``"op"``
     (``metrics()["xla"]["by_kind"]``)."""
     with _metrics.compile_kind("op"):
-        return _first_call(jitted, args, on_tier_up, entry, check_info)
+        return _first_call(jitted, args, on_tier_up, entry, check_info, options)
 
 
-def _first_call(jitted, args, on_tier_up, entry=None, check_info=None):
+def _first_call(jitted, args, on_tier_up, entry=None, check_info=None, options=None):
     """Run ``jitted(*args)`` for the first time: a quick-tier compile where there is
     one, else the default compile (both counted in ``compiles``).
+
+    ``options``: the full tier's XLA compiler options (:func:`elementwise_options`),
+    None for the platform's defaults.  Where they equal the quick tier's, the first
+    compile is the full one (no tier-up).
 
     Returns ``(outputs, caller)``: ``caller`` is what to call next time.  Under the
     quick tier it is a one-shot callable that recompiles ``jitted`` at the full tier,
@@ -105,6 +171,8 @@ def _first_call(jitted, args, on_tier_up, entry=None, check_info=None):
     Exceptions from tracing propagate unchanged.
     """
     opts = quick_options()
+    if opts is not None and opts == options:
+        opts = None  # the quick tier would compile the same program again
     if entry is not None:
         for tier in (("full", "quick") if opts is not None else ("full",)):
             rec = entry.load(tier)
@@ -117,7 +185,7 @@ def _first_call(jitted, args, on_tier_up, entry=None, check_info=None):
                 return outs, _tier_up(jitted, on_tier_up, entry, check_info)
     t0 = time.perf_counter()
     if opts is None:
-        outs, caller = _full_tier(jitted, args, entry, check_info)
+        outs, caller = _full_tier(jitted, args, entry, check_info, options)
         dt = time.perf_counter() - t0
         M.compiles += 1
         M.compile_seconds += dt
@@ -134,18 +202,22 @@ def _first_call(jitted, args, on_tier_up, entry=None, check_info=None):
     outs = compiled(*args)
     if entry is not None:
         entry.save("quick", compiled, check_info, pc)
-    return outs, _tier_up(jitted, on_tier_up, entry, check_info)
+    return outs, _tier_up(jitted, on_tier_up, entry, check_info, options)
 
 
-def _full_tier(jitted, args, entry, check_info):
-    """``(outputs, executable)``: ``jitted`` compiled at the full tier and run on
-    ``args``; with an ``entry``, compiled explicitly so the executable can be stored."""
+def _full_tier(jitted, args, entry, check_info, options=None):
+    """``(outputs, executable)``: ``jitted`` compiled at the full tier (with XLA
+    compiler ``options``, None: the defaults) and run on ``args``; with an ``entry``,
+    compiled explicitly so the executable can be stored."""
     if entry is None:
-        return jitted(*args), jitted
+        if options is None:
+            return jitted(*args), jitted
+        full = jitted.lower(*args).compile(compiler_options=options)
+        return full(*args), direct(full)
     pc = M.persistent_cache["hits"]
     lowered = jitted.lower(*args)
     with persistent_cache.bypassed():  # stored in ``entry``, not in JAX's cache
-        full = lowered.compile()
+        full = lowered.compile(compiler_options=options)
     outs = full(*args)
     entry.save("full", full, check_info, pc)
     return outs, direct(full)
@@ -160,14 +232,15 @@ def direct(compiled):
     return compiled if fn is None else fn
 
 
-def _tier_up(jitted, on_tier_up, entry, check_info):
-    """The one-shot caller that recompiles ``jitted`` at the full tier (stored in
-    ``entry`` when there is one), hands it to ``on_tier_up`` and runs it."""
+def _tier_up(jitted, on_tier_up, entry, check_info, options=None):
+    """The one-shot caller that recompiles ``jitted`` at the full tier (with
+    ``options``; stored in ``entry`` when there is one), hands it to ``on_tier_up`` and
+    runs it."""
 
     def tier_up(*a):
         t1 = time.perf_counter()
         with _metrics.compile_kind("op_tier_up"):
-            res, full = _full_tier(jitted, a, entry, check_info)
+            res, full = _full_tier(jitted, a, entry, check_info, options)
         d = time.perf_counter() - t1
         M.compiles += 1
         M.compile_seconds += d
