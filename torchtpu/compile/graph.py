@@ -302,6 +302,91 @@ def _is_symbolic(gm) -> bool:
     return False
 
 
+class _Unbound(Exception):
+    """A size expression with a symbol the call's inputs do not bind."""
+
+
+def _substituted_metas(gm, placeholders, args):
+    """``{node: fake value}`` for a graph with symbolic sizes at the call's concrete
+    sizes, or None where that takes :func:`_concrete_metas`.
+
+    Each symbol is bound from the inputs (a placeholder's size, stride or storage offset
+    that is a bare symbol, or a SymInt input); every node's fake value is then made at the
+    sizes, strides, storage offset and storage size its symbolic value's expressions give
+    under those bindings: ~20x cheaper than re-propagating fake tensors through every
+    node (HF Llama's forward and backward graphs: ~0.8 s per new length).  Dynamo
+    specializes sizes 0 and 1, so the symbolic formulas hold for every size a graph is
+    called with.  None when an input's static size, stride or offset differs from the
+    call's (``_geometry_differs``), when a symbol stays unbound (sizes read from tensor
+    values), or for values other than tensors, sizes and lists of them (conj/neg views
+    included)."""
+    import sympy
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    bind, later = {}, []
+
+    def pair(sym, c) -> bool:
+        if isinstance(sym, torch.SymInt):
+            e = sympy.sympify(sym.node.expr)
+            if isinstance(e, sympy.Symbol):
+                return bind.setdefault(e, c) == c
+            later.append((e, c))
+            return True
+        return isinstance(sym, int) and sym == c
+
+    for n, a in zip(placeholders, args):
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            if not isinstance(a, int) or not pair(v, a):
+                return None
+        elif isinstance(v, torch.Tensor):
+            if not isinstance(a, torch.Tensor) or a.dim() != v.dim():
+                return None
+            for sym, c in zip((*v.shape, *v.stride(), v.storage_offset()),
+                              (*a.shape, *a.stride(), a.storage_offset())):
+                if not pair(sym, c):
+                    return None
+
+    def ev(x):
+        if isinstance(x, int):
+            return x
+        if isinstance(x, torch.SymInt):
+            e = sympy.sympify(sympy.sympify(x.node.expr).xreplace(bind))
+            if not e.is_number:
+                raise _Unbound
+            return int(e)
+        raise _Unbound
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def concrete(v):
+        if v is None or isinstance(v, (bool, int, float)):
+            return v
+        if isinstance(v, torch.SymInt):
+            return ev(v)
+        if isinstance(v, (list, tuple)):
+            return type(v)(concrete(x) for x in v)
+        if not isinstance(v, torch.Tensor) or v.is_conj() or v.is_neg() or v.is_sparse:
+            raise _Unbound
+        size = tuple(ev(d) for d in v.shape)
+        stride = tuple(ev(d) for d in v.stride())
+        off = ev(v.storage_offset())
+        nbytes = ev(v.untyped_storage().nbytes())
+        item = v.dtype.itemsize
+        with mode:
+            base = torch.empty((nbytes // item,), dtype=v.dtype, device=v.device)
+            return base.as_strided(size, stride, off)
+
+    try:
+        for e, c in later:
+            got = sympy.sympify(e.xreplace(bind))
+            if not got.is_number or int(got) != c:
+                return None
+        return {n: concrete(n.meta.get("val")) for n in gm.graph.nodes}
+    except _Unbound:
+        return None
+
+
 def _concrete_metas(gm, placeholders, args) -> dict:
     """``{node: fake value}`` for a graph with symbolic sizes, re-propagated with fake
     tensors of the call's concrete inputs (one executable per concrete shape)."""
@@ -839,7 +924,10 @@ class GraphExecutable:
         c = M.compile
         store = None
         if self.symbolic or _geometry_differs(self.placeholders, self._args):
-            meta = _concrete_metas(self.gm, self.placeholders, self._args)
+            meta = _substituted_metas(self.gm, self.placeholders, self._args) \
+                if self.symbolic else None
+            if meta is None:
+                meta = _concrete_metas(self.gm, self.placeholders, self._args)
         else:
             meta = {n: n.meta.get("val") for n in self.nodes}
             if self.dump_prefix is None and self.group is None and not self.effects:
