@@ -261,15 +261,21 @@ def div(a, b):
     if not (dt.is_floating_point or dt.is_complex):
         dt = torch.get_default_dtype()
     ct = opmath(dt)
-    return cast(a, ct) / cast(b, ct)
+    return ieee_div(cast(a, ct), cast(b, ct))
 
 
 def ieee_div(x, y):
-    """``x / y`` correctly rounded, as CPU computes it.  XLA rewrites a division by a
-    broadcast (a scalar, or a size-1 dimension) into a multiplication by its reciprocal,
-    which is off by one ulp in about a third of the elements (``5.125 / 5.125`` gives
-    0.99999994): where that matters (``div(rounding_mode="trunc")``), the broadcast divisor
-    is materialized behind an optimization barrier."""
+    """``x / y`` correctly rounded, as CPU (and CUDA) compute it.  XLA's algebraic
+    simplifier rewrites a division by a broadcast (a scalar, a constant, or a size-1
+    dimension) into a multiplication by its reciprocal, on every platform and whatever the
+    fast-math flags: off by one ulp in a third of the elements (``x / 3``, ``w / s`` with
+    ``s`` of shape (N, 1); ``5.125 / 5.125`` gives 0.99999994).  So a divisor that would be
+    broadcast is materialized behind an optimization barrier, which the simplifier cannot
+    see through (one array of the result's size more).  Used by ``div`` (every rounding
+    mode), ``true_divide``, ``floor_divide`` and the ops that reach ``div`` through
+    PyTorch's decompositions.  TPUs compute float division with a reciprocal and Newton
+    steps in hardware, so there the quotient may still differ from CPU's in the last
+    bit."""
     j = jnp()
     shape = j.broadcast_shapes(j.shape(x), j.shape(y))
     if tuple(j.shape(y)) != tuple(shape):
@@ -309,12 +315,13 @@ def _python_floor_div(x, y):
     """PyTorch's float floor division (``div_floor_floating``)."""
     j = jnp()
     mod = j.fmod(x, y)
-    div = (x - mod) / y
+    div = ieee_div(x - mod, y)
     div = j.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
     floordiv = j.floor(div)
     floordiv = j.where(div - floordiv > 0.5, floordiv + 1, floordiv)
-    res = j.where(div != 0, floordiv, j.copysign(j.zeros_like(div), x / y))
-    return j.where(y == 0, x / y, res)
+    q = ieee_div(x, y)
+    res = j.where(div != 0, floordiv, j.copysign(j.zeros_like(div), q))
+    return j.where(y == 0, q, res)
 
 
 @lower(aten.floor_divide.default, aten.floor_divide.Scalar)

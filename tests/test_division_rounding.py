@@ -1,0 +1,77 @@
+"""Division is correctly rounded, as on CPU: XLA rewrites a division by a broadcast (a
+scalar, a size-1 dim) into a multiplication by the reciprocal, one ulp off in about a
+third of the elements, unless the lowering keeps it from doing so
+(``ops.elementwise.ieee_div``).  Every quotient must equal CPU's bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TPU = "tpu"
+
+FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _data(dtype, shape=(64, 48), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 10).to(dtype)
+
+
+def _divisor(dtype, shape, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g, dtype=torch.float64) * 7 + 0.3).to(dtype)
+
+
+def _same(got, want):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    diff = int((got != want).sum())
+    assert diff == 0, f"{diff} of {want.numel()} quotients differ from CPU"
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("shape", [(64, 1), (1, 48), (), (48,)], ids=str)
+def test_division_by_a_broadcast_tensor_matches_cpu_bitwise(eager_mode, dtype, shape):
+    a, b = _data(dtype), _divisor(dtype, shape)
+    _same(a.to(TPU) / b.to(TPU), a / b)
+    _same(torch.true_divide(a.to(TPU), b.to(TPU)), torch.true_divide(a, b))
+    x = a.to(TPU)
+    x /= b.to(TPU)
+    _same(x, a / b)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("scalar", [3, 3.3, 7.0, 0.1])
+def test_division_by_a_python_scalar_matches_cpu_bitwise(eager_mode, dtype, scalar):
+    a = _data(dtype)
+    _same(a.to(TPU) / scalar, a / scalar)
+    _same(a.to(TPU).div(scalar), a.div(scalar))
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+def test_rounding_modes_by_a_broadcast_divisor_match_cpu(dtype, mode):
+    a, b = _data(dtype), _divisor(dtype, (64, 1))
+    _same(a.to(TPU).div(b.to(TPU), rounding_mode=mode), a.div(b, rounding_mode=mode))
+    _same(a.to(TPU).div(3.3, rounding_mode=mode), a.div(3.3, rounding_mode=mode))
+    _same(torch.floor_divide(a.to(TPU), b.to(TPU)), torch.floor_divide(a, b))
+
+
+def test_per_row_scales_as_int8_quantization_computes_them():
+    # torchao's weight-only int8: s = amax(|w|, dim=1) / 127; q = round(w / s)
+    w = _data(torch.float32, (128, 256), seed=5)
+    s = w.abs().amax(dim=1, keepdim=True) / 127
+    st = w.to(TPU).abs().amax(dim=1, keepdim=True) / 127
+    _same(st, s)
+    _same(torch.round(w.to(TPU) / st), torch.round(w / s))
+
+
+def test_compiled_division_by_a_broadcast_matches_cpu():
+    def f(w, s):
+        return w / s, w / 3.3
+
+    a, b = _data(torch.float32), _divisor(torch.float32, (64, 1))
+    got = torch.compile(f, backend="tpu")(a.to(TPU), b.to(TPU))
+    for g, w in zip(got, f(a, b)):
+        _same(g, w)
