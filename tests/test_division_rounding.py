@@ -75,3 +75,14 @@ def test_compiled_division_by_a_broadcast_matches_cpu():
     got = torch.compile(f, backend="tpu")(a.to(TPU), b.to(TPU))
     for g, w in zip(got, f(a, b)):
         _same(g, w)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+def test_mean_divides_an_exact_sum_as_cpu(dtype):
+    # integer-valued data: both sums are exact, so the quotient alone decides the bits
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-50, 50, (96, 3), generator=g).to(dtype)
+    _same(x.to(TPU).mean(dim=1), x.mean(dim=1))
+    y = torch.randint(-50, 50, (7, 96), generator=g).to(dtype)
+    _same(y.to(TPU).mean(dim=0, keepdim=True), y.mean(dim=0, keepdim=True))
+    _same(y.to(TPU).mean(), y.mean())

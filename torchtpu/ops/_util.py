@@ -16,6 +16,26 @@ def lax():
     return runtime.jax().lax
 
 
+def ieee_div(x, y):
+    """``x / y`` correctly rounded, as CPU (and CUDA) compute it.  XLA's algebraic
+    simplifier rewrites a division by a broadcast or a constant (a scalar, a size-1
+    dimension, ``sum / n``) into a multiplication by its reciprocal, on every platform and
+    whatever the fast-math flags: one ulp off in about a third of the quotients (``x / 3``,
+    ``w / s`` with ``s`` of shape (N, 1); ``5.125 / 5.125`` gives 0.99999994).  So the
+    divisor is broadcast to the result's shape here and passed through an optimization
+    barrier, which the simplifier cannot see through (an array of the result's size more
+    where the divisor was smaller).  Used by ``div`` (every rounding mode),
+    ``true_divide``, ``floor_divide``, ``mean`` and ``var``/``std``, and the ops that reach
+    them through PyTorch's decompositions.  TPUs compute float division with a reciprocal
+    and Newton steps in hardware, so there a quotient may still differ from CPU's in the
+    last bit."""
+    j = jnp()
+    shape = j.broadcast_shapes(j.shape(x), j.shape(y))
+    if tuple(j.shape(y)) != tuple(shape):
+        y = j.broadcast_to(y, shape)
+    return x / lax().optimization_barrier(y)
+
+
 def tdtype(x) -> torch.dtype:
     """The torch dtype of a JAX array, or the wrapped-number dtype of a Scalar."""
     if isinstance(x, Scalar):

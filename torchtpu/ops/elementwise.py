@@ -17,7 +17,7 @@ from torchtpu import _compat
 from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._scalar import (Scalar, check_converts, clamp_integer_bounds, fits,
                                   opmath_dtype, scalar_check)
-from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, promote,
+from torchtpu.ops._util import (cast, float_compute, ieee_div, jnp, lax, npdt, opmath, promote,
                                 scalar_type_name, tdtype)
 
 
@@ -262,25 +262,6 @@ def div(a, b):
         dt = torch.get_default_dtype()
     ct = opmath(dt)
     return ieee_div(cast(a, ct), cast(b, ct))
-
-
-def ieee_div(x, y):
-    """``x / y`` correctly rounded, as CPU (and CUDA) compute it.  XLA's algebraic
-    simplifier rewrites a division by a broadcast (a scalar, a constant, or a size-1
-    dimension) into a multiplication by its reciprocal, on every platform and whatever the
-    fast-math flags: off by one ulp in a third of the elements (``x / 3``, ``w / s`` with
-    ``s`` of shape (N, 1); ``5.125 / 5.125`` gives 0.99999994).  So a divisor that would be
-    broadcast is materialized behind an optimization barrier, which the simplifier cannot
-    see through (one array of the result's size more).  Used by ``div`` (every rounding
-    mode), ``true_divide``, ``floor_divide`` and the ops that reach ``div`` through
-    PyTorch's decompositions.  TPUs compute float division with a reciprocal and Newton
-    steps in hardware, so there the quotient may still differ from CPU's in the last
-    bit."""
-    j = jnp()
-    shape = j.broadcast_shapes(j.shape(x), j.shape(y))
-    if tuple(j.shape(y)) != tuple(shape):
-        y = lax().optimization_barrier(j.broadcast_to(y, shape))
-    return x / y
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)

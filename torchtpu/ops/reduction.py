@@ -19,7 +19,8 @@ import torch
 from torchtpu import _compat
 from torchtpu.ops import aten, lower
 from torchtpu.ops._scalar import fits, scalar_check
-from torchtpu.ops._util import cast, jnp, lax, npdt, opmath, scalar_type_name, tdtype
+from torchtpu.ops._util import (cast, ieee_div, jnp, lax, npdt, opmath, scalar_type_name,
+                                tdtype)
 
 
 # ------------------------------------------------------------------ helpers
@@ -127,7 +128,9 @@ def mean_dim(x, dim=None, keepdim=False, dtype=None):
     xc = cast(x, opmath(out))
     n = math.prod(x.shape[d] for d in dims)
     s = jnp().sum(xc, axis=dims, keepdims=keepdim)
-    return s / jnp().asarray(n, s.dtype) if n else s * jnp().asarray(jnp().nan, s.dtype)
+    if not n:
+        return s * jnp().asarray(jnp().nan, s.dtype)
+    return ieee_div(s, jnp().asarray(n, s.dtype))
 
 
 @lower(aten.mean.default)
@@ -387,7 +390,7 @@ def _var(x, dim, correction, keepdim):
     n = math.prod(x.shape[d] for d in dims)
     nan = j.asarray(j.nan, xc.dtype)
     if n:
-        mean = j.sum(xc, axis=dims, keepdims=True) / j.asarray(n, xc.dtype)
+        mean = ieee_div(j.sum(xc, axis=dims, keepdims=True), j.asarray(n, xc.dtype))
     else:
         mean = j.sum(xc, axis=dims, keepdims=True) * nan
     d = xc - mean
@@ -403,7 +406,7 @@ def _var(x, dim, correction, keepdim):
     denom = j.maximum(j.asarray(n, s.dtype) - c, j.asarray(0, s.dtype))
     # nothing reduced: NaN whatever the correction, as CPU (its mean is NaN; a negative
     # correction would otherwise give 0 / (0 - c) = 0)
-    var = s / denom if n else s * j.asarray(j.nan, s.dtype)
+    var = ieee_div(s, denom) if n else s * j.asarray(j.nan, s.dtype)
     if not keepdim:
         mean = j.squeeze(mean, dims) if dims else mean
     return var, mean
