@@ -16,11 +16,12 @@ TPU = "tpu"
 def _geometry(v):
     """What a lowering reads of a fake value.  A size-1 dim's stride addresses nothing:
     the symbolic trace and the concrete one may differ there (Inductor's outputs take the
-    symbolic one, as the substitution does)."""
+    symbolic one, as the substitution does).  (The substitution's tensors are on the
+    meta device.)"""
     if isinstance(v, torch.Tensor):
         stride = tuple(None if d == 1 else st for d, st in zip(v.shape, v.stride()))
         return ("t", tuple(v.shape), stride, int(v.storage_offset()), v.dtype,
-                int(v.untyped_storage().nbytes()), str(v.device))
+                int(v.untyped_storage().nbytes()))
     if isinstance(v, (list, tuple)):
         return tuple(_geometry(x) for x in v)
     if isinstance(v, torch.SymInt):

@@ -313,15 +313,14 @@ def _substituted_metas(gm, placeholders, args):
     Each symbol is bound from the inputs (a placeholder's size, stride or storage offset
     that is a bare symbol, or a SymInt input); every node's fake value is then made at the
     sizes, strides, storage offset and storage size its symbolic value's expressions give
-    under those bindings: ~20x cheaper than re-propagating fake tensors through every
-    node (HF Llama's forward and backward graphs: ~0.8 s per new length).  Dynamo
+    under those bindings: cheaper than re-propagating fake tensors through every node.  Dynamo
     specializes sizes 0 and 1, so the symbolic formulas hold for every size a graph is
     called with.  None when an input's static size, stride or offset differs from the
     call's (``_geometry_differs``), when a symbol stays unbound (sizes read from tensor
     values), or for values other than tensors, sizes and lists of them (conj/neg views
-    included)."""
+    included).  The tensors are on the ``meta`` device: what the trace reads of a node's
+    value is its geometry and dtype (its device is the graph's)."""
     import sympy
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     bind, later = {}, []
 
@@ -357,8 +356,6 @@ def _substituted_metas(gm, placeholders, args):
             return int(e)
         raise _Unbound
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-
     def concrete(v):
         if v is None or isinstance(v, (bool, int, float)):
             return v
@@ -372,10 +369,8 @@ def _substituted_metas(gm, placeholders, args):
         stride = tuple(ev(d) for d in v.stride())
         off = ev(v.storage_offset())
         nbytes = ev(v.untyped_storage().nbytes())
-        item = v.dtype.itemsize
-        with mode:
-            base = torch.empty((nbytes // item,), dtype=v.dtype, device=v.device)
-            return base.as_strided(size, stride, off)
+        base = torch.empty((nbytes // v.dtype.itemsize,), dtype=v.dtype, device="meta")
+        return base.as_strided(size, stride, off)
 
     try:
         for e, c in later:
