@@ -754,6 +754,14 @@ class LoweredPlan:
                     if tuple(r.shape) != tuple(spec[0]):
                         r = jax.numpy.broadcast_to(r, spec[0])
                     cur[slot] = _st.write_view(base, spec, r, offs)
+                if flags:
+                    # a failed device-side check (raised at the next sync point, as CUDA's
+                    # device asserts are) leaves every written storage as it was: CPU
+                    # raises before writing anything
+                    bad = jax.numpy.any(flags[0])
+                    for s in cur:
+                        if arrays[s] is not None:
+                            cur[s] = jax.numpy.where(bad, arrays[s], cur[s])
                 return tuple(cur[s] for s in dict.fromkeys(writes)) + flags
             outs = []
             for r, perm in zip(fixed, perms):

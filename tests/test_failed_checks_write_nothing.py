@@ -1,0 +1,73 @@
+"""A device-side check that fails (an index out of range, raised at the next sync point as
+CUDA's device-side asserts are) leaves every tensor as it was: CPU raises before writing
+anything, so the base of a view written through a bad index keeps its values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TPU = "tpu"
+
+
+def _i(dev):
+    return torch.tensor([3], device=dev)  # out of range of the view's 2 rows
+
+
+def setitem_tensor(y, dev):
+    y[_i(dev)] = -1
+
+
+def setitem_list(y, dev):
+    y[[3]] = -1
+
+
+def index_put_(y, dev):
+    y.index_put_((_i(dev),), torch.tensor(-1, device=dev))
+
+
+def index_put_accumulate(y, dev):
+    y.index_put_((_i(dev),), torch.tensor([-1], device=dev), accumulate=True)
+
+
+def index_copy_(y, dev):
+    y.index_copy_(0, _i(dev), torch.tensor([-1], device=dev))
+
+
+def index_fill_(y, dev):
+    y.index_fill_(0, _i(dev), -1)
+
+
+def scatter_(y, dev):
+    y.scatter_(0, _i(dev), -1)
+
+
+WRITES = [setitem_tensor, setitem_list, index_put_, index_put_accumulate, index_copy_,
+          index_fill_, scatter_]
+
+
+@pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__)
+def test_out_of_range_write_through_a_view_changes_nothing(eager_mode, write):
+    # CPU raises and leaves its tensor as it was
+    xc = torch.arange(4)
+    with pytest.raises((IndexError, RuntimeError)):
+        write(xc[:2], "cpu")
+    assert xc.tolist() == [0, 1, 2, 3]
+    x = torch.arange(4, device=TPU)
+    with pytest.raises((IndexError, RuntimeError)):
+        write(x[:2], TPU)
+        torch.tpu.synchronize()
+    assert x.cpu().tolist() == [0, 1, 2, 3]
+
+
+def test_compiled_out_of_range_write_changes_nothing():
+    def f(x, i):
+        y = x[:2]
+        y[i] = -1
+        return x
+
+    x = torch.arange(4, device=TPU)
+    with pytest.raises(IndexError):
+        torch.compile(f, backend="tpu")(x, torch.tensor([3], device=TPU))
+        torch.tpu.synchronize()
+    assert x.cpu().tolist() == [0, 1, 2, 3]
