@@ -56,6 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from torchtpu import _metrics
 from torchtpu._device import persistent_cache, runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import tiers as _tiers
 
 M = _metrics.METRICS
 Lazy = _st.Lazy
@@ -229,6 +230,7 @@ def first_call(ex, arrays, dyn, entry, save, options=None):
     jitted = ex.jitted if ex.jitted is not None else ex.call
     avals = [None if a is None else _aval(a, sharding) for a in arrays]
     lowered = jitted.lower(avals, dyn)
+    options = _tiers.program_options(options, lowered)
     out_info = jax.tree_util.tree_leaves(lowered.out_info)
     job = _Job(ex.name)
     outs = _pending_outputs(job, out_info)
@@ -266,10 +268,8 @@ def first_call(ex, arrays, dyn, entry, save, options=None):
         job.compiled = compiled
         if entry is not None:
             save(entry, compiled, ex.check_info, pc)
-        from torchtpu.eager.tiers import direct
-
         with _jobs_lock:  # later calls run it directly
-            ex.call = direct(compiled)
+            ex.call = _tiers.direct(compiled)
             _INFLIGHT.pop(ex.serial, None)
         settle_list(args)
         res = _call(ex, compiled, args, dyn)

@@ -16,9 +16,18 @@ DeferAndFuse segments are not tiered: they are built for loops that repeat them,
 a quick compile would only add a second compile (and a training loop would reach its
 steady state one step later).
 
-The quick options must not change results: on CPU, the legacy (non-MLIR) fusion
+The quick options should not change results: on CPU, the legacy (non-MLIR) fusion
 emitters gave bitwise-equal results on sampling, transcendental and reduction probes,
 while ``xla_backend_optimization_level=0`` did not (FMA contraction), so it is not used.
+The every-sample sweep of ``tests/test_elementwise_options.py`` found exceptions since:
+``tan`` (float32), ``mvlgamma`` (float64), ``xlogy`` (int32) and complex products may
+differ in the last bit, so under the (opt-in) quick tier those ops can give a first call
+one ulp away from later calls.
+
+Element-wise options (:func:`elementwise_options`): separately from the tiers, ops made
+of exactly rounded operations (arithmetic, comparisons, copies, casts, ``cat``...)
+compile at the full tier with the legacy emitters too, which cannot change their results:
+about half the compile time for the most frequent executables of a model's first step.
 
 Only platforms with known quick options have a quick tier (today: ``cpu``); elsewhere
 every signature compiles once, at the default tier.
@@ -61,13 +70,26 @@ _QUICK_OPTIONS = {
 _ELEMENTWISE_OPTIONS = {
     "cpu": {"xla_cpu_use_fusion_emitters": False},
 }
-# ops whose lowerings only copy, cast, fill or combine elements one by one (besides the
-# ops tagged ``torch.Tag.pointwise``, random ones excluded)
+# ops whose lowerings are made of operations IEEE 754 rounds exactly (arithmetic, square
+# root, comparisons, selections, copies, casts, fills, concatenation): their code cannot
+# round differently under other emitters.  Transcendental functions are left out: the
+# emitters' approximations differ (measured over every sample of every element-wise
+# OpInfo: ``tan`` float32 119 of 400 values, ``mvlgamma`` float64, ``xlogy`` int32)
 _ELEMENTWISE_NAMES = frozenset({
+    "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::rsub", "aten::mul",
+    "aten::mul_", "aten::div", "aten::div_", "aten::true_divide", "aten::neg",
+    "aten::neg_", "aten::abs", "aten::abs_", "aten::reciprocal", "aten::sqrt",
+    "aten::maximum", "aten::minimum", "aten::clamp", "aten::clamp_", "aten::clamp_min",
+    "aten::clamp_max", "aten::where", "aten::masked_fill", "aten::masked_fill_",
+    "aten::eq", "aten::ne", "aten::lt", "aten::le", "aten::gt", "aten::ge",
+    "aten::logical_not", "aten::logical_and", "aten::logical_or", "aten::bitwise_not",
+    "aten::bitwise_and", "aten::bitwise_or", "aten::bitwise_xor", "aten::floor",
+    "aten::ceil", "aten::trunc", "aten::round", "aten::sign", "aten::addcmul",
+    "aten::addcmul_", "aten::addcdiv", "aten::addcdiv_",
     "aten::clone", "aten::copy_", "aten::copy", "aten::_to_copy", "aten::fill_",
     "aten::fill", "aten::zeros", "aten::ones", "aten::full", "aten::zeros_like",
     "aten::ones_like", "aten::full_like", "aten::cat", "aten::constant_pad_nd",
-    "aten::arange", "aten::where", "aten::masked_fill", "aten::masked_fill_",
+    "aten::arange",
 })
 _elementwise_default = os.environ.get("TORCHTPU_ELEMENTWISE_OPTIONS", "1") not in ("0", "")
 _elementwise_on = _elementwise_default
@@ -110,29 +132,47 @@ def elementwise_options(op) -> dict | None:
     or anything else: None) compiles with at the full tier, or None for the platform's
     defaults.
 
-    Element-wise ops (tagged ``torch.Tag.pointwise`` and not random, copies, casts,
-    fills, ``cat``, ``constant_pad_nd``, ``arange``, ``where``, ``masked_fill``) compile
-    with ``_ELEMENTWISE_OPTIONS`` of the platform (CPU: the legacy loop emitters, about
-    half the compile time of XLA's default; ``tests/test_compile_tiers.py`` checks the
-    results bit for bit against the default options over every sample of PyTorch's
-    element-wise OpInfos).  ``TORCHTPU_ELEMENTWISE_OPTIONS=0`` (or
+    Element-wise ops made of exactly rounded operations (``_ELEMENTWISE_NAMES``:
+    arithmetic, square root, comparisons, selections, copies, casts, fills, ``cat``,
+    ``constant_pad_nd``, ``arange``) whose program has no reduction, dot, loop or complex
+    number (:func:`program_options`) compile with ``_ELEMENTWISE_OPTIONS`` of the
+    platform (CPU: the legacy loop emitters, about half the compile time of XLA's
+    default; ``tests/test_elementwise_options.py`` checks the results bit for bit against
+    the default options, over every sample of PyTorch's element-wise OpInfos with
+    ``TORCHTPU_FULL_TESTS=1``).  ``TORCHTPU_ELEMENTWISE_OPTIONS=0`` (or
     :func:`set_elementwise_options`) turns this off."""
     try:
         return _ELEMENTWISE_OPS[op]
     except (KeyError, TypeError):
         pass
     opts = None
-    if _elementwise_on and isinstance(op, torch._ops.OpOverload):
-        tags = op.tags
-        if op._schema.name in _ELEMENTWISE_NAMES or (
-                torch.Tag.pointwise in tags
-                and torch.Tag.nondeterministic_seeded not in tags):
-            opts = _ELEMENTWISE_OPTIONS.get(runtime.platform())
+    if _elementwise_on and isinstance(op, torch._ops.OpOverload) \
+            and op._schema.name in _ELEMENTWISE_NAMES:
+        opts = _ELEMENTWISE_OPTIONS.get(runtime.platform())
     try:
         _ELEMENTWISE_OPS[op] = opts
     except TypeError:
         pass
     return opts
+
+
+# StableHLO constructs whose code the element-wise options may compile with other
+# rounding: reductions and dots (summation order), loops, and complex arithmetic (the
+# emitters contract complex products into FMAs differently: ``mul``/``addcmul``/``ldexp``
+# of complex64 differed in the every-sample sweep; neither equals CPU bit for bit)
+_NOT_ELEMENTWISE = ("stablehlo.reduce", "dot_general", "stablehlo.while", "stablehlo.sort",
+                    "stablehlo.scatter", "stablehlo.convolution", "stablehlo.custom_call",
+                    "stablehlo.case", "stablehlo.if", "complex<")
+
+
+def program_options(options, lowered):
+    """``options`` (from :func:`elementwise_options`) for the program ``lowered`` (a
+    ``jax.stages.Lowered``), or None when it has a reduction, a dot, a loop, a sort, a
+    scatter or complex numbers (``mvlgamma`` is tagged pointwise and sums ``p`` terms)."""
+    if options is None:
+        return None
+    text = lowered.as_text()
+    return None if any(w in text for w in _NOT_ELEMENTWISE) else options
 
 
 def set_elementwise_options(enabled: bool) -> None:
@@ -212,10 +252,13 @@ def _full_tier(jitted, args, entry, check_info, options=None):
     if entry is None:
         if options is None:
             return jitted(*args), jitted
-        full = jitted.lower(*args).compile(compiler_options=options)
+        lowered = jitted.lower(*args)
+        options = program_options(options, lowered)
+        full = lowered.compile(compiler_options=options)
         return full(*args), direct(full)
     pc = M.persistent_cache["hits"]
     lowered = jitted.lower(*args)
+    options = program_options(options, lowered)
     with persistent_cache.bypassed():  # stored in ``entry``, not in JAX's cache
         full = lowered.compile(compiler_options=options)
     outs = full(*args)
