@@ -71,3 +71,32 @@ def test_compiled_out_of_range_write_changes_nothing():
         torch.compile(f, backend="tpu")(x, torch.tensor([3], device=TPU))
         torch.tpu.synchronize()
     assert x.cpu().tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("write", WRITES, ids=lambda f: f.__name__)
+def test_out_of_range_write_to_a_whole_tensor_changes_nothing(eager_mode, write):
+    # index 3 is out of range of the 2 rows; row 0 or 1 must not be written either
+    def both(y, dev):
+        write(y, dev)
+
+    xc = torch.arange(2)
+    with pytest.raises((IndexError, RuntimeError)):
+        both(xc, "cpu")
+    assert xc.tolist() == [0, 1]
+    x = torch.arange(2, device=TPU)
+    with pytest.raises((IndexError, RuntimeError)):
+        write(x, TPU)
+        torch.tpu.synchronize()
+    assert x.cpu().tolist() == [0, 1]
+
+
+def test_partly_out_of_range_index_copy_writes_no_row():
+    x = torch.arange(4, device=TPU)
+    with pytest.raises(IndexError):
+        x.index_copy_(0, torch.tensor([1, 7], device=TPU), torch.tensor([-1, -1], device=TPU))
+        torch.tpu.synchronize()
+    assert x.cpu().tolist() == [0, 1, 2, 3]
+    with pytest.raises(RuntimeError):
+        x.scatter_(0, torch.tensor([1, 7], device=TPU), -1)
+        torch.tpu.synchronize()
+    assert x.cpu().tolist() == [0, 1, 2, 3]
