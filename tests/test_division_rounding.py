@@ -86,3 +86,27 @@ def test_mean_divides_an_exact_sum_as_cpu(dtype):
     y = torch.randint(-50, 50, (7, 96), generator=g).to(dtype)
     _same(y.to(TPU).mean(dim=0, keepdim=True), y.mean(dim=0, keepdim=True))
     _same(y.to(TPU).mean(), y.mean())
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+def test_two_divisions_in_one_program_are_not_merged(eager_mode, dtype):
+    # a fused program (DEFER_AND_FUSE, torch.compile) must not become x / (3 * 7)
+    a, b, c = _data(dtype), _divisor(dtype, (64, 48)), _divisor(dtype, (64, 48), seed=2)
+    _same(a.to(TPU) / 3 / 7, a / 3 / 7)
+    _same(a.to(TPU) / b.to(TPU) / c.to(TPU), a / b / c)
+    k = a.round()  # integer values: exact sums, so the mean's bits are the quotient's
+    _same(k.to(TPU).mean(1) / 7, k.mean(1) / 7)
+
+    def f(x, y, z):
+        return x / 3 / 7, x / y / z
+
+    got = torch.compile(f, backend="tpu")(a.to(TPU), b.to(TPU), c.to(TPU))
+    for g, w in zip(got, f(a, b, c)):
+        _same(g, w)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+@pytest.mark.parametrize("decimals", [1, 2, -2])
+def test_round_with_decimals_matches_cpu_bitwise(eager_mode, dtype, decimals):
+    x = _data(dtype) * 37
+    _same(torch.round(x.to(TPU), decimals=decimals), torch.round(x, decimals=decimals))

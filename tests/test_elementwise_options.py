@@ -146,3 +146,14 @@ def test_results_are_bitwise_those_of_default_options(op, fresh_executables):
                     compared += 1
     if not compared:
         pytest.skip("every sample raised")
+
+
+def test_bfloat16_nan_payloads_survive_copies_as_on_cpu():
+    # the legacy emitters canonicalize bfloat16 NaN payloads in copies and selects: such
+    # programs keep the default options (found by a helper's break attempt)
+    bits = torch.tensor([-126, 0, -126, 0, 0x7F82, 0, -1, 0], dtype=torch.int16)
+    x = bits.view(torch.bfloat16)
+    t = x.to("tpu")
+    assert torch.equal(t[::2].clone().cpu().view(torch.int16), x[::2].clone().view(torch.int16))
+    got = torch.where(t == t, t, t).cpu().view(torch.int16)
+    assert torch.equal(got, torch.where(x == x, x, x).view(torch.int16))

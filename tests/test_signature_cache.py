@@ -93,9 +93,12 @@ def test_quick_tier_entries_are_stored_and_tier_up_as_before(tmp_path):
     """With the quick compile tier on, a signature used once is stored at the quick
     tier; a later process loads it, and a second call still recompiles it at the full
     tier (stored too, so a third process loads the full tier directly)."""
-    first = _run(tmp_path / "c", TORCHTPU_COMPILE_TIERS="1")
+    # (element-wise options off: on CPU they are the quick options, so element-wise
+    # signatures would compile once at the full tier, eager.tiers)
+    env = dict(TORCHTPU_COMPILE_TIERS="1", TORCHTPU_ELEMENTWISE_OPTIONS="0")
+    first = _run(tmp_path / "c", **env)
     assert first["quick"] == first["compiles"] == first["sig"]["stores"] >= 6
-    second = _run(tmp_path / "c", TORCHTPU_COMPILE_TIERS="1")
+    second = _run(tmp_path / "c", **env)
     assert second["sig"]["hits"] == first["sig"]["stores"] and second["compiles"] == 0
     ops, half = _cpu_reference()
     assert second["half"] == half

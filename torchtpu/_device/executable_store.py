@@ -55,7 +55,8 @@ def source_version() -> str:
 # torchtpu's environment variables that change what a lowering emits (any new one must be
 # listed here); the others (cache directories, modes, file paths) do not enter the keys,
 # or a run that names a temporary file would never find its executables again.
-PROGRAM_VARIABLES = ("TORCHTPU_SDPA_BLOCK_Q", "TORCHTPU_SDPA_BLOCK_K")
+PROGRAM_VARIABLES = ("TORCHTPU_SDPA_BLOCK_Q", "TORCHTPU_SDPA_BLOCK_K",
+                     "TORCHTPU_ELEMENTWISE_OPTIONS")
 
 
 @functools.lru_cache(maxsize=None)

@@ -134,8 +134,8 @@ def elementwise_options(op) -> dict | None:
 
     Element-wise ops made of exactly rounded operations (``_ELEMENTWISE_NAMES``:
     arithmetic, square root, comparisons, selections, copies, casts, fills, ``cat``,
-    ``constant_pad_nd``, ``arange``) whose program has no reduction, dot, loop or complex
-    number (:func:`program_options`) compile with ``_ELEMENTWISE_OPTIONS`` of the
+    ``constant_pad_nd``, ``arange``) whose program has no reduction, dot, loop, complex,
+    bfloat16 or float8 value (:func:`program_options`) compile with ``_ELEMENTWISE_OPTIONS`` of the
     platform (CPU: the legacy loop emitters, about half the compile time of XLA's
     default; ``tests/test_elementwise_options.py`` checks the results bit for bit against
     the default options, over every sample of PyTorch's element-wise OpInfos with
@@ -160,15 +160,18 @@ def elementwise_options(op) -> dict | None:
 # rounding: reductions and dots (summation order), loops, and complex arithmetic (the
 # emitters contract complex products into FMAs differently: ``mul``/``addcmul``/``ldexp``
 # of complex64 differed in the every-sample sweep; neither equals CPU bit for bit)
+# (likewise bfloat16, where the legacy emitters canonicalize NaN payloads in copies and
+# selects, and float8, whose conversions they round differently: a helper's break attempt
+# and tests/test_dtypes_extra.py found both)
 _NOT_ELEMENTWISE = ("stablehlo.reduce", "dot_general", "stablehlo.while", "stablehlo.sort",
                     "stablehlo.scatter", "stablehlo.convolution", "stablehlo.custom_call",
-                    "stablehlo.case", "stablehlo.if", "complex<")
+                    "stablehlo.case", "stablehlo.if", "complex<", "bf16", "f8E")
 
 
 def program_options(options, lowered):
     """``options`` (from :func:`elementwise_options`) for the program ``lowered`` (a
     ``jax.stages.Lowered``), or None when it has a reduction, a dot, a loop, a sort, a
-    scatter or complex numbers (``mvlgamma`` is tagged pointwise and sums ``p`` terms)."""
+    scatter, complex numbers, bfloat16 or float8 values."""
     if options is None:
         return None
     text = lowered.as_text()

@@ -25,7 +25,7 @@ def ieee_div(x, y):
     divisor is broadcast to the result's shape here and passed through an optimization
     barrier, which the simplifier cannot see through (an array of the result's size more
     where the divisor was smaller).  Used by ``div`` (every rounding mode),
-    ``true_divide``, ``floor_divide``, ``mean`` and ``var``/``std``, and the ops that reach
+    ``true_divide``, ``floor_divide``, ``mean``, ``var``/``std``, ``round(decimals=)``, and the ops that reach
     them through PyTorch's decompositions.  TPUs compute float division with a reciprocal
     and Newton steps in hardware, so there a quotient may still differ from CPU's in the
     last bit."""
@@ -33,7 +33,10 @@ def ieee_div(x, y):
     shape = j.broadcast_shapes(j.shape(x), j.shape(y))
     if tuple(j.shape(y)) != tuple(shape):
         y = j.broadcast_to(y, shape)
-    return x / lax().optimization_barrier(y)
+    # the numerator too: in a fused program (DEFER_AND_FUSE, torch.compile) the simplifier
+    # would merge two divisions, ``x / 3 / 7`` -> ``x / 21``
+    x, y = lax().optimization_barrier((x, y))
+    return x / y
 
 
 def tdtype(x) -> torch.dtype:

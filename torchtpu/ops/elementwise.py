@@ -857,9 +857,9 @@ def round_decimals(x, decimals=0):
     x = cast(x, ct)
     if decimals >= 0:
         f = 10.0 ** decimals
-        return j.round(x * f) / f
+        return ieee_div(j.round(x * f), j.asarray(f, x.dtype))
     f = 10.0 ** (-decimals)
-    return j.round(x / f) * f
+    return j.round(ieee_div(x, j.asarray(f, x.dtype))) * f
 
 
 @lower(aten.sgn.default)
