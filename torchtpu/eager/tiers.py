@@ -141,18 +141,13 @@ def elementwise_options(op) -> dict | None:
     the default options, over every sample of PyTorch's element-wise OpInfos with
     ``TORCHTPU_FULL_TESTS=1``).  ``TORCHTPU_ELEMENTWISE_OPTIONS=0`` (or
     :func:`set_elementwise_options`) turns this off."""
-    try:
-        return _ELEMENTWISE_OPS[op]
-    except (KeyError, TypeError):
-        pass
-    opts = None
-    if _elementwise_on and isinstance(op, torch._ops.OpOverload) \
-            and op._schema.name in _ELEMENTWISE_NAMES:
-        opts = _ELEMENTWISE_OPTIONS.get(runtime.platform())
-    try:
+    opts = _ELEMENTWISE_OPS.get(op, False)
+    if opts is False:
+        opts = None
+        if _elementwise_on and isinstance(op, torch._ops.OpOverload) \
+                and op._schema.name in _ELEMENTWISE_NAMES:
+            opts = _ELEMENTWISE_OPTIONS.get(runtime.platform())
         _ELEMENTWISE_OPS[op] = opts
-    except TypeError:
-        pass
     return opts
 
 

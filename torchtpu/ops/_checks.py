@@ -26,10 +26,11 @@ def check(bad, exc_type, message: str) -> None:
 
 
 def index_in_range(index, size: int, dim: int, what: str = "index"):
-    """Check ``-size <= index < size`` (PyTorch's bounds rule); returns ``index``."""
-    check((index < -size) | (index >= size), IndexError,
-          f"{what} out of bounds for dimension {dim} with size {size}")
-    return index
+    """Check ``-size <= index < size`` (PyTorch's bounds rule); returns the traced mask of
+    the entries outside it (what a writing lowering drops its updates on)."""
+    bad = (index < -size) | (index >= size)
+    check(bad, IndexError, f"{what} out of bounds for dimension {dim} with size {size}")
+    return bad
 
 
 class Tracing:

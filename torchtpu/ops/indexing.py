@@ -43,8 +43,7 @@ def _wrap(idx, size, dim=0):
     ``size`` (:func:`_dropped_if`)."""
     j = jnp()
     idx = idx.astype(npdt(torch.int64))
-    bad = (idx < -size) | (idx >= size)
-    _checks.check(bad, IndexError, f"index out of bounds for dimension {dim} with size {size}")
+    bad = _checks.index_in_range(idx, size, dim)
     return _dropped_if(bad, j.where(idx < 0, idx + size, idx), size)
 
 
