@@ -4,6 +4,8 @@ anything, so the base of a view written through a bad index keeps its values."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -100,3 +102,47 @@ def test_partly_out_of_range_index_copy_writes_no_row():
         x.scatter_(0, torch.tensor([1, 7], device=TPU), -1)
         torch.tpu.synchronize()
     assert x.cpu().tolist() == [0, 1, 2, 3]
+
+
+def _raises_as_cpu(fn, dev_args, cpu_args):
+    """``fn`` raises on tpu (at the next sync point) the exception type CPU raises."""
+    with pytest.raises(Exception) as cpu_err:
+        fn(*cpu_args)
+    with pytest.raises(cpu_err.type):
+        fn(*dev_args)
+        torch.tpu.synchronize()
+
+
+def test_masked_scatter_with_too_few_source_elements_raises_and_writes_nothing(eager_mode):
+    # was: no error, the last source element repeated where the source ran out
+    def fn(x, m, s):
+        return x.masked_scatter_(m, s)
+
+    cpu = (torch.zeros(5), torch.tensor([1, 1, 1, 0, 1], dtype=torch.bool), torch.ones(2))
+    dev = tuple(t.to(TPU) for t in cpu)
+    _raises_as_cpu(fn, dev, cpu)
+    assert dev[0].cpu().tolist() == [0.0] * 5
+    with pytest.raises(RuntimeError, match="Number of elements of source"):
+        torch.masked_scatter(dev[0], dev[1], dev[2][:0]).cpu()
+    # enough source elements: CPU's values
+    s = torch.arange(1.0, 9.0)
+    assert torch.equal(fn(dev[0], dev[1], s.to(TPU)).cpu(), fn(cpu[0], cpu[1], s))
+
+
+@pytest.mark.parametrize("index", [[-1], [3], [0, 3]])
+@pytest.mark.parametrize("op", ["index_add_", "index_reduce_amax", "index_reduce_prod"])
+def test_index_add_and_index_reduce_reject_indices_as_cpu(eager_mode, op, index):
+    # index_reduce wrapped -1 to the last row (CPU raises IndexError); index_add raised
+    # IndexError where CPU raises RuntimeError
+    def fn(x, i, s):
+        if op == "index_add_":
+            return x.index_add_(0, i, s)
+        return x.index_reduce_(0, i, s, op.rsplit("_", 1)[1])
+
+    cpu = (torch.zeros(3, 2), torch.tensor(index), torch.full((len(index), 2), 5.0))
+    dev = tuple(t.to(TPU) for t in cpu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # index_reduce() is in beta
+        _raises_as_cpu(fn, dev, cpu)
+    # (CPU writes row 0 of [0, 3] before it raises; a failed check writes nothing here)
+    assert dev[0].cpu().tolist() == [[0.0, 0.0]] * 3

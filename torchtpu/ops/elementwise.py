@@ -260,8 +260,26 @@ def div(a, b):
     dt = promote(a, b)
     if not (dt.is_floating_point or dt.is_complex):
         dt = torch.get_default_dtype()
+    x, y, _ = _div_operands(a, b, dt)
+    return ieee_div(x, y)
+
+
+def _div_operands(a, b, dt):
+    """``(a, b)`` in ``dt``'s computation dtype, as CPU's division kernels see them, and
+    whether the divisor takes their one-element path.  bfloat16/float16: a divisor of one
+    element (a number, a 0-d or one-element tensor) takes the kernels' scalar path,
+    which divides in float32 by the divisor's own value (``original_scalar_value``: a
+    float32 0-d divisor is not rounded to bfloat16 first) and rounds once at the end;
+    every other operand is converted to the dtype first (an int64 numerator of 257
+    becomes 256 in bfloat16), and the vectorized kernels round each step's result to it
+    (``Vectorized<BFloat16>`` arithmetic)."""
     ct = opmath(dt)
-    return ieee_div(cast(a, ct), cast(b, ct))
+    one = isinstance(b, Scalar) or math.prod(jnp().shape(b)) == 1
+    if dt in (torch.float16, torch.bfloat16):
+        x = cast(cast(a, dt), ct)
+        y = cast(b, ct) if one else cast(cast(b, dt), ct)
+        return x, y, one
+    return cast(a, ct), cast(b, ct), one
 
 
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -272,9 +290,9 @@ def div_mode(a, b, rounding_mode=None):
     is_int = not (dt.is_floating_point or dt.is_complex)
     if rounding_mode in ("trunc", "floor"):
         _not_for_bool(dt, f"div_{rounding_mode}_cpu")
-    ct = opmath(dt)
-    x, y = cast(a, ct), cast(b, ct)
     j = jnp()
+    reduced = dt in (torch.float16, torch.bfloat16)
+    x, y, one = _div_operands(a, b, dt)  # (bfloat16/float16: see there)
     if is_int:
         _no_int_zero_divisor(y)
     if rounding_mode == "trunc":
@@ -282,25 +300,37 @@ def div_mode(a, b, rounding_mode=None):
             q = lax().div(*j.broadcast_arrays(x, y))  # C-style truncation
             return q
         q = ieee_div(x, y)
-        if dt in (torch.float16, torch.bfloat16):
+        if reduced and not one:
             q = q.astype(npdt(dt)).astype(q.dtype)  # CPU rounds the quotient to the dtype
         return j.trunc(q)
     if rounding_mode == "floor":
         if is_int:
             return j.floor_divide(x, y)
-        return _python_floor_div(x, y)
+        return _python_floor_div(x, y, dt if reduced and not one else None)
     raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
 
 
-def _python_floor_div(x, y):
-    """PyTorch's float floor division (``div_floor_floating``)."""
+def _python_floor_div(x, y, step_dtype=None):
+    """PyTorch's float floor division (``div_floor_floating``).  ``step_dtype``
+    (bfloat16/float16, with ``x``/``y`` in float32): round each step's result to it, as
+    CPU's vectorized kernel does (``div_floor_floating_vec`` on ``Vectorized<BFloat16>``;
+    the few tail elements of a contiguous loop that CPU runs through its scalar kernel
+    are computed in float32 there, so they may differ)."""
     j = jnp()
+    if step_dtype is None:
+        def r(v):
+            return v
+    else:
+        sdt = npdt(step_dtype)
+
+        def r(v):
+            return v.astype(sdt).astype(v.dtype)
     mod = j.fmod(x, y)
-    div = ieee_div(x - mod, y)
-    div = j.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
+    div = r(ieee_div(r(x - mod), y))
+    div = j.where((mod != 0) & ((y < 0) != (mod < 0)), r(div - 1), div)
     floordiv = j.floor(div)
-    floordiv = j.where(div - floordiv > 0.5, floordiv + 1, floordiv)
-    q = ieee_div(x, y)
+    floordiv = j.where(r(div - floordiv) > 0.5, r(floordiv + 1), floordiv)
+    q = r(ieee_div(x, y))
     res = j.where(div != 0, floordiv, j.copysign(j.zeros_like(div), q))
     return j.where(y == 0, q, res)
 

@@ -21,7 +21,6 @@ import warnings
 import numpy as np
 import torch
 
-from torchtpu._device import runtime
 from torchtpu.ops import _checks, aten, lower
 from torchtpu.ops._scalar import Scalar, check_converts, fits, scalar_check, value_of_device_scalar
 from torchtpu.ops._util import cast, jnp, npdt, opmath, promote, scalar_type_name, tdtype
@@ -365,7 +364,6 @@ def _scatter(x, dim, index, src, how, wide=True):
     """``x`` with ``src`` scattered along ``dim`` at ``index`` by ``how``.  ``wide``: a
     bfloat16/float16 sum or product accumulates in float32 and rounds once, as CPU's
     scatter kernels do (``index_add``/``index_reduce`` add in the dtype: ``wide=False``)."""
-    j = jnp()
     dt = tdtype(x)
     if wide and dt in (torch.bfloat16, torch.float16) and how in (
             "add", "sum", "multiply", "prod"):
@@ -577,7 +575,8 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
     src = source if source.ndim else source.reshape((1,) * x.ndim)
     shape = [1] * src.ndim
     shape[dim] = -1
-    idx = _wrap(index.reshape(shape), x.shape[dim])
+    # CPU checks 0 <= index < size (no wrapping: -1 raises), with index_select's error
+    idx = _index1d_nonneg(index, x.shape[dim], "index out of range in self").reshape(shape)
     idx = j.broadcast_to(idx, src.shape)
     return scatter_reduce(x, dim, idx, src, reduce, include_self, sum_in_dtype=True)
 
@@ -662,7 +661,11 @@ def index_add(x, dim, index, source, alpha=1):
     xx = x.reshape(1) if zero_d else x
     dim = _dim(dim, xx.ndim)
     s = _source_for(x, dim, source, dt)
-    idx = _index1d_nonneg(index, xx.shape[dim], "index out of range in self")
+    # CPU: RuntimeError "index 5 is out of bounds for dimension 0 with size 3" (the
+    # device-side check cannot name the failing index)
+    idx = _index1d_nonneg(index, xx.shape[dim],
+                          f"index out of bounds for dimension {dim} with size {xx.shape[dim]}",
+                          RuntimeError)
     key = _dim_key(xx.ndim, dim, idx)
     if dt in (torch.bfloat16, torch.float16):
         wide = _cpu_scatter_add_path(xx, dim, index, s, alpha)
@@ -751,10 +754,16 @@ def masked_scatter(x, mask, source):
     m = j.broadcast_to(mask.astype(bool), shape).reshape(-1)
     xb = j.broadcast_to(x, shape).reshape(-1)
     src = source.reshape(-1).astype(x.dtype)
+    count = j.cumsum(m.astype(npdt(torch.int64)))
+    # PyTorch's check (CPU and CUDA): a mask with more ones than source elements raises;
+    # on failure nothing is written (the executor keeps the old values)
+    bad = count[-1:] > src.size if m.size else j.zeros((1,), bool)
+    _checks.check(bad, RuntimeError,
+                  "Number of elements of source < number of ones in mask")
     if src.size == 0:
         return xb.reshape(shape)
-    pos = j.clip(j.cumsum(m.astype(npdt(torch.int64))) - 1, 0, src.size - 1)
-    return j.where(m, src[pos], xb).reshape(shape)
+    pos = j.clip(count - 1, 0, src.size - 1)
+    return j.where(m & ~bad, src[pos], xb).reshape(shape)
 
 
 # ----------------------------------------------------------------- take / embedding
@@ -812,7 +821,6 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 def _searchsorted(seq, values, right, side, sorter, out_int32):
     j = jnp()
-    jax = runtime.jax()
     if side is not None:
         if side not in ("left", "right"):
             raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but "
