@@ -26,6 +26,12 @@ from torchtpu.conformance import models  # noqa: E402
 # Architectures of the subset that fail today: {name: root cause}.
 KNOWN_FAILURES: dict = {}
 
+# DEBUG runs STRICT's executables with a sync and the checks after each op (the OpInfo
+# sweep runs every op in DEBUG): the default run leaves it out of this sweep to keep
+# `make test` within CI's budget; TORCHTPU_FULL_TESTS=1 (make test-full) includes it
+MODES = models.MODES if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else tuple(
+    m for m in models.MODES if m != "debug")
+
 
 @pytest.fixture(scope="module")
 def ci_results(tmp_path_factory):
@@ -35,13 +41,13 @@ def ci_results(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "torchtpu.conformance", "models", "--subset", "ci",
          "--out", str(out), "--no-progress", "--timeout", "300",
-         "--mode", ",".join(models.MODES)],
+         "--mode", ",".join(MODES)],
         capture_output=True, text=True, timeout=2400, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "models.json") as f:
         data = json.load(f)
     md = (out / "models.md").read_text()
-    for m in models.MODES:
+    for m in MODES:
         assert f"**{m}**: run in this mode: 8 of the 8 that ran on CPU; passed **8**" in md
     return data["results"]
 
@@ -53,7 +59,7 @@ def _param(name, mode):
     return pytest.param(name, mode, marks=marks, id=f"{mode}-{name}")
 
 
-@pytest.mark.parametrize("name,mode", [_param(n, m) for m in models.MODES for n in models.CI_SUBSET])
+@pytest.mark.parametrize("name,mode", [_param(n, m) for m in MODES for n in models.CI_SUBSET])
 def test_architecture_matches_cpu(ci_results, name, mode):
     res = ci_results.get(name)
     assert res is not None, f"{name} not recorded"

@@ -106,11 +106,11 @@ def test_quick_tier_entries_are_stored_and_tier_up_as_before(tmp_path):
 
 
 def test_off_with_the_environment_variable(tmp_path):
+    # (one process: with nothing stored, a second one has nothing it could load)
     res = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
-    again = _run(tmp_path / "c", TORCHTPU_SIGNATURE_CACHE="0")
-    assert res["sig"] == again["sig"] == {"hits": 0, "stores": 0, "load_seconds": 0.0,
-                                          "structure_mismatches": 0}
-    assert again["compiles"] == res["compiles"]
+    assert res["sig"] == {"hits": 0, "stores": 0, "load_seconds": 0.0,
+                          "structure_mismatches": 0}
+    assert res["compiles"] >= 6
     assert not (tmp_path / "c" / "torchtpu-signatures").exists()
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 from typing import Callable
 
 import torch
@@ -125,13 +126,25 @@ def table() -> dict:
     if not _loaded:
         _loaded = True
         for fam in _FAMILIES:
-            try:
-                importlib.import_module(f"torchtpu.ops.{fam}")
-            except Exception as e:  # one broken family must not take the device down
-                import warnings
-
-                warnings.warn(f"torchtpu: could not load lowerings torchtpu.ops.{fam}: {e!r}")
+            _load_family(fam)
+    if _OPTIONAL:  # families of third-party ops, once their library is imported
+        for lib in [lib for lib in _OPTIONAL if lib in sys.modules]:
+            _load_family(_OPTIONAL.pop(lib))
     return LOWERINGS
+
+
+# library -> the family lowering its ops (``torch.ops.<library>`` exists only once the
+# library is imported; the family is loaded by the first table() call after that)
+_OPTIONAL = {"torchvision": "detection"}
+
+
+def _load_family(fam: str) -> None:
+    try:
+        importlib.import_module(f"torchtpu.ops.{fam}")
+    except Exception as e:  # one broken family must not take the device down
+        import warnings
+
+        warnings.warn(f"torchtpu: could not load lowerings torchtpu.ops.{fam}: {e!r}")
 
 
 def _no_executor(op, args, kwargs):

@@ -1,0 +1,133 @@
+"""torchvision's detection ops on tpu (``torchtpu.ops.detection``) against the same calls
+on CPU: ``nms`` / ``batched_nms`` keep CPU's boxes in CPU's order, ``roi_align`` and
+its gradient (torchvision's autograd function calls ``_roi_align_backward``) equal
+CPU's within float rounding, with no CPU fallback.
+
+torchvision does not import beside ``torch==2.13.0+cpu`` (PyPI's wheels are CUDA builds
+of later torches), so these run in the vision venv: ``make test-vision``.
+"""
+
+import pytest
+import torch
+
+torchvision = pytest.importorskip("torchvision")
+from torchvision import ops as tvops  # noqa: E402
+
+import torchtpu  # noqa: E402
+
+TPU = "tpu"
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback(monkeypatch):
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
+    torchtpu.reset_metrics()
+    yield
+    assert not torchtpu.metrics()["fallbacks"]
+
+
+def _boxes(n, seed=0, dtype=torch.float32, scale=100.0):
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g, dtype=torch.float64) * scale
+    wh = torch.rand(n, 2, generator=g, dtype=torch.float64) * scale * 0.4 + 1
+    return torch.cat([xy, xy + wh], 1).to(dtype)
+
+
+def _scores(n, seed=1, dtype=torch.float32):
+    # distinct scores: CPU orders equal scores by an unstable sort
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randperm(n, generator=g).to(torch.float64) / max(n, 1)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("n", [0, 1, 2, 63, 64, 65, 300])
+def test_nms_keeps_cpus_boxes_in_cpus_order(n, dtype):
+    b, s = _boxes(n, dtype=dtype), _scores(n, dtype=dtype)
+    for thr in (0.0, 0.3, 0.5, 0.9):
+        want = tvops.nms(b, s, thr)
+        got = tvops.nms(b.to(TPU), s.to(TPU), thr)
+        assert got.device.type == TPU and got.dtype == torch.int64
+        assert torch.equal(got.cpu(), want), (thr, got.cpu()[:10], want[:10])
+
+
+def test_nms_of_identical_and_degenerate_boxes_matches_cpu():
+    b = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 10], [5, 5, 5, 5], [1, 1, 0, 0],
+                      [0, 0, 10, 11]], dtype=torch.float32)
+    s = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5])
+    for thr in (0.0, 0.5, 1.0):
+        assert torch.equal(tvops.nms(b.to(TPU), s.to(TPU), thr).cpu(), tvops.nms(b, s, thr))
+
+
+def test_batched_nms_matches_cpu():
+    n = 500
+    b, s = _boxes(n, seed=3), _scores(n, seed=4)
+    idx = torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(5))
+    want = tvops.batched_nms(b, s, idx, 0.5)
+    got = tvops.batched_nms(b.to(TPU), s.to(TPU), idx.to(TPU), 0.5)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_nms_rejects_what_cpu_rejects():
+    cases = [
+        (torch.zeros(3, 5), torch.zeros(3)),  # boxes not (N, 4)
+        (torch.zeros(3, 4), torch.zeros(3, 1)),  # scores not 1-D
+        (torch.zeros(3, 4), torch.zeros(2)),  # counts differ
+        (torch.zeros(3, 4), torch.zeros(3, dtype=torch.float64)),  # dtypes differ
+    ]
+    for b, s in cases:
+        with pytest.raises(RuntimeError) as cpu_err:
+            tvops.nms(b, s, 0.5)
+        with pytest.raises(RuntimeError) as tpu_err:
+            tvops.nms(b.to(TPU), s.to(TPU), 0.5)
+        # (CPU's message starts with the kernel's source location)
+        assert str(tpu_err.value).split(" (in ")[0] in str(cpu_err.value), (
+            str(cpu_err.value), str(tpu_err.value))
+
+
+def _rois(k, batch, seed=6, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, batch, (k, 1), generator=g).to(dtype)
+    r = torch.cat([idx, _boxes(k, seed=seed, dtype=dtype, scale=20.0)], 1)
+    r[0, 1:] = torch.tensor([-5.0, -6.0, 30.0, 41.0], dtype=dtype)  # partly off the map
+    r[1, 1:] = torch.tensor([3.0, 3.0, 2.0, 2.5], dtype=dtype)  # malformed (x2 < x1)
+    return r
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-12)],
+                         ids=["float32", "float64"])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("spatial_scale,sampling_ratio,out", [(1.0, 2, (3, 4)),
+                                                               (0.5, 1, (2, 2)),
+                                                               (0.25, 3, (7, 7))])
+def test_roi_align_and_its_gradient_match_cpu(dtype, tol, aligned, spatial_scale,
+                                              sampling_ratio, out):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 20, 24, generator=g, dtype=dtype, requires_grad=True)
+    rois = _rois(9, 2, dtype=dtype)
+    want = tvops.roi_align(x, rois, out, spatial_scale, sampling_ratio, aligned)
+    xt = x.detach().to(TPU).requires_grad_()
+    got = tvops.roi_align(xt, rois.to(TPU), out, spatial_scale, sampling_ratio, aligned)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    gout = torch.randn(want.shape, generator=g, dtype=dtype)
+    (gx,) = torch.autograd.grad(want, x, gout)
+    (gxt,) = torch.autograd.grad(got, xt, gout.to(TPU))
+    torch.testing.assert_close(gxt.cpu(), gx, rtol=tol, atol=4 * tol)
+
+
+def test_multiscale_roi_align_matches_cpu():
+    torch.manual_seed(0)
+    m = tvops.MultiScaleRoIAlign(["a", "b"], output_size=5, sampling_ratio=2)
+    feats = {"a": torch.randn(2, 4, 32, 32), "b": torch.randn(2, 4, 16, 16)}
+    boxes = [_boxes(6, seed=8, scale=200.0), _boxes(4, seed=9, scale=200.0)]
+    sizes = [(256, 256), (256, 256)]
+    want = m(feats, boxes, sizes)
+    got = m({k: v.to(TPU) for k, v in feats.items()}, [b.to(TPU) for b in boxes], sizes)
+    torch.testing.assert_close(got.cpu(), want, rtol=2e-6, atol=2e-6)
+
+
+def test_adaptive_sampling_ratio_is_refused_by_name(monkeypatch):
+    x = torch.randn(1, 1, 8, 8, device=TPU)
+    rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 6.0]], device=TPU)
+    with pytest.raises(NotImplementedError, match="roi_align.*sampling_ratio=0"):
+        tvops.roi_align(x, rois, (2, 2), 1.0, 0, False)

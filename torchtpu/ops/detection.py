@@ -1,0 +1,285 @@
+"""Lowerings of torchvision's detection ops (``torch.ops.torchvision.*``): ``nms``,
+``roi_align`` and its backward, ``roi_pool`` and its backward.
+
+torchvision registers these ops with kernels for CPU and CUDA only; without lowerings a
+``tpu`` tensor reaches them through the CPU fallback (a host round trip per call) or
+raises ``NotImplementedError``.  This family is loaded when torchvision is imported
+(:func:`torchtpu.ops.table` looks for it), so ``torchvision.ops.nms``,
+``batched_nms`` (built on ``nms``), ``roi_align`` / ``MultiScaleRoIAlign`` (autograd
+included: torchvision's own autograd function calls ``_roi_align_backward``) and
+``roi_pool`` run on the device.
+
+Values follow torchvision's CPU kernels operation by operation (float32 and float64;
+float16 computes in float32): the sampling points, the bilinear weights and the order of
+the sums of ``roi_align`` are CPU's.  They are not CPU's bit for bit: XLA:CPU fuses
+``a * b + c`` into a fused multiply-add (one rounding; even across an optimization
+barrier or a float64 round trip), so a sample coordinate may move by an ulp (measured:
+within 1.2e-7 of CPU for values of order 1, gradients within 7e-7); the backward's
+scatter-adds may also add in another order.  ``nms`` keeps
+the same boxes in the same order as CPU, except for boxes whose scores tie: CPU orders
+ties by an unstable sort, here by index.
+
+Not lowered (``NotImplementedError`` naming the case, or the CPU fallback where it is on):
+``roi_align`` with ``sampling_ratio <= 0`` (the adaptive grid: a number of samples per box
+that depends on the box, unknown when the program is built), ``ps_roi_align``,
+``ps_roi_pool``, ``deform_conv2d``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from torchtpu.ops import lower
+from torchtpu.ops._util import ieee_div, jnp, lax, npdt, tdtype
+
+_tv = torch.ops.torchvision
+
+# nms: boxes are padded to a power of two (at least this many) so that one executable
+# serves every count of boxes up to it; a detection model's box counts vary per image
+_NMS_MIN_BUCKET = 64
+_NMS_CORE: dict = {}  # (padded count, dtype) -> jitted keep mask
+
+
+def _nms_checks(dets, scores):
+    if dets.ndim != 2:
+        raise RuntimeError(f"boxes should be a 2d tensor, got {dets.ndim}D")
+    if dets.shape[1] != 4:
+        raise RuntimeError(f"boxes should have 4 elements in dimension 1, got {dets.shape[1]}")
+    if scores.ndim != 1:
+        raise RuntimeError(f"scores should be a 1d tensor, got {scores.ndim}D")
+    if dets.shape[0] != scores.shape[0]:
+        raise RuntimeError(
+            "boxes and scores should have same number of elements in dimension 0, got "
+            f"{dets.shape[0]} and {scores.shape[0]}")
+    dt = tdtype(dets)
+    if dt not in (torch.float32, torch.float64):
+        raise RuntimeError(f'"nms_kernel" not implemented for '
+                           f"'{str(dt).split('.')[-1].capitalize()}'")
+    if tdtype(scores) != dt:
+        raise RuntimeError("dets should have the same type as scores")
+
+
+def _nms_core(p: int, dtype):
+    """The jitted keep mask of ``p`` (padded) boxes: ``(boxes (p, 4), scores (p,), n,
+    threshold) -> (order (p,) int64, keep (p,) bool in that order)``."""
+    key = (p, str(dtype))
+    f = _NMS_CORE.get(key)
+    if f is not None:
+        return f
+    from torchtpu._device import runtime
+
+    jax = runtime.jax()
+    j = jax.numpy
+    lx = lax()
+
+    def core(boxes, scores, n, thr):
+        iota = lx.iota(npdt(torch.int64), p)
+        valid = iota < n
+        # CPU: scores.sort(descending=True); here stable (ties by index), padding last
+        key = j.where(scores == 0, j.zeros_like(scores), scores)
+        _, _, order = lx.sort((~valid, -key, iota), num_keys=2, is_stable=True)
+        b = boxes[order]
+        x1, y1, x2, y2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
+        areas = (x2 - x1) * (y2 - y1)
+        xx1 = j.maximum(x1[:, None], x1[None, :])
+        yy1 = j.maximum(y1[:, None], y1[None, :])
+        xx2 = j.minimum(x2[:, None], x2[None, :])
+        yy2 = j.minimum(y2[:, None], y2[None, :])
+        zero = j.zeros((), boxes.dtype)
+        w = j.maximum(zero, xx2 - xx1)
+        h = j.maximum(zero, yy2 - yy1)
+        inter = w * h
+        # CPU: inter / (iarea + areas[j] - inter), compared with the double threshold
+        ovr = ieee_div(inter, (areas[:, None] + areas[None, :]) - inter)
+        over = ovr.astype(np.float64) > thr
+        later = iota[None, :] > iota[:, None]
+
+        def body(i, st):
+            suppressed, keep = st
+            k = (~suppressed[i]) & (i < n)
+            keep = keep.at[i].set(k)
+            suppressed = suppressed | (k & over[i] & later[i])
+            return suppressed, keep
+
+        none = j.zeros((p,), bool)
+        _, keep = lx.fori_loop(0, p, body, (none, none))
+        return order, keep
+
+    f = _NMS_CORE[key] = jax.jit(core)
+    return f
+
+
+@lower(_tv.nms.default, dynamic_shape=True)
+def nms(dets, scores, iou_threshold):
+    """``torchvision::nms``: the indices (int64, by decreasing score) of the boxes kept by
+    greedy non-maximum suppression, as torchvision's CPU kernel selects them.  ``dets``
+    (N, 4) float32/float64 boxes (x1, y1, x2, y2), ``scores`` (N,) of the same dtype; a
+    box is dropped when its IoU with a kept box of higher score is ``> iou_threshold``.
+    The output's length depends on the values: the keep mask is computed on the device,
+    and its indices on the host (a sync point, as CUDA's kernel also copies its mask to
+    the host).  Raises CPU's ``RuntimeError`` for bad shapes or dtypes."""
+    _nms_checks(dets, scores)
+    n = dets.shape[0]
+    if n == 0:
+        return jnp().zeros((0,), npdt(torch.int64))
+    p = max(_NMS_MIN_BUCKET, 1 << (n - 1).bit_length())
+    j = jnp()
+    if p != n:
+        dets = j.pad(dets, ((0, p - n), (0, 0)))
+        scores = j.pad(scores, (0, p - n))
+    order, keep = _nms_core(p, dets.dtype)(dets, scores, np.int64(n),
+                                           np.float64(iou_threshold))
+    order, keep = np.asarray(order), np.asarray(keep)
+    return j.asarray(order[keep].astype(np.int64))
+
+
+# ------------------------------------------------------------------------ roi_align
+
+
+
+def _roi_geometry(rois, dt, spatial_scale, ph_n, pw_n, sampling_ratio, aligned, height,
+                  width):
+    """The sampling points of every box as torchvision's CPU kernel computes them, in
+    dtype ``dt``: per box, bin and grid point the four pixel indices (flattened ``y *
+    width + x``, int32), their bilinear weights and whether the point lies on the map.
+    Shapes (N, PH, PW, GH, GW)."""
+    j = jnp()
+    T = npdt(dt)
+    gh = gw = sampling_ratio
+    ss = j.asarray(spatial_scale, T)
+    off = j.asarray(0.5 if aligned else 0.0, T)
+    r = rois.astype(T)
+    start_w = r[:, 1] * ss - off
+    start_h = r[:, 2] * ss - off
+    end_w = r[:, 3] * ss - off
+    end_h = r[:, 4] * ss - off
+    rw = end_w - start_w
+    rh = end_h - start_h
+    if not aligned:  # malformed boxes become 1x1
+        one = j.asarray(1.0, T)
+        rw = j.maximum(rw, one)
+        rh = j.maximum(rh, one)
+    bin_h = ieee_div(rh, j.asarray(ph_n, T))
+    bin_w = ieee_div(rw, j.asarray(pw_n, T))
+
+    def axis(start, bin_size, n_bins, g):
+        # start + p * bin + T(i + .5) * bin / T(g), evaluated left to right as CPU does
+        p = j.arange(n_bins, dtype=T)
+        i = j.asarray(np.arange(g, dtype=np.float32) + np.float32(0.5), T)
+        a = start[:, None] + p[None, :] * bin_size[:, None]  # (N, P)
+        b = ieee_div(i[None, :] * bin_size[:, None], j.asarray(g, T))  # (N, G)
+        return a[:, :, None] + b[:, None, :]  # (N, P, G)
+
+    yy = axis(start_h, bin_h, ph_n, gh)[:, :, None, :, None]  # (N, PH, 1, GH, 1)
+    xx = axis(start_w, bin_w, pw_n, gw)[:, None, :, None, :]  # (N, 1, PW, 1, GW)
+    shape = (rois.shape[0], ph_n, pw_n, gh, gw)
+    yy = j.broadcast_to(yy, shape)
+    xx = j.broadcast_to(xx, shape)
+    inside = (yy >= -1.0) & (yy <= height) & (xx >= -1.0) & (xx <= width)
+    zero = j.zeros((), T)
+    y = j.where(yy <= 0, zero, yy)
+    x = j.where(xx <= 0, zero, xx)
+    y_low = y.astype(np.int32)
+    x_low = x.astype(np.int32)
+    y_edge = y_low >= height - 1
+    x_edge = x_low >= width - 1
+    y_low = j.where(y_edge, height - 1, y_low)
+    x_low = j.where(x_edge, width - 1, x_low)
+    y_high = j.where(y_edge, height - 1, y_low + 1)
+    x_high = j.where(x_edge, width - 1, x_low + 1)
+    y = j.where(y_edge, y_low.astype(T), y)
+    x = j.where(x_edge, x_low.astype(T), x)
+    ly = y - y_low.astype(T)
+    lx_ = x - x_low.astype(T)
+    hy = j.asarray(1.0, T) - ly
+    hx = j.asarray(1.0, T) - lx_
+    w = [hy * hx, hy * lx_, ly * hx, ly * lx_]
+    pos = [y_low * width + x_low, y_low * width + x_high,
+           y_high * width + x_low, y_high * width + x_high]
+    return pos, w, inside
+
+
+def _roi_align_args(op, rois, sampling_ratio):
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise RuntimeError("rois must have shape as Tensor[K, 5]")
+    if sampling_ratio <= 0:
+        raise NotImplementedError(
+            f"torchtpu: {op} with sampling_ratio={sampling_ratio} (the adaptive grid: "
+            f"the number of samples per box depends on the box); use sampling_ratio > 0 "
+            f"(torchvision's detection models use 2) or enable the CPU fallback")
+
+
+@lower(_tv.roi_align.default)
+def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    """``torchvision::roi_align``: (K, C, PH, PW) averages of bilinear samples of ``x``
+    (B, C, H, W) over each box of ``rois`` (K, 5: batch index, x1, y1, x2, y2, in input
+    coordinates times ``spatial_scale``), as torchvision's CPU kernel computes them.
+    Raises ``NotImplementedError`` for ``sampling_ratio <= 0``."""
+    _roi_align_args("torchvision::roi_align", rois, sampling_ratio)
+    if tdtype(x) != tdtype(rois):
+        raise RuntimeError("input should have the same type as rois")
+    j = jnp()
+    k = rois.shape[0]
+    b, c, h, w = x.shape
+    out_dt = x.dtype
+    dt = tdtype(x)
+    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    if k == 0 or c == 0:
+        return j.zeros((k, c, pooled_height, pooled_width), out_dt)
+    pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
+                                     sampling_ratio, aligned, h, w)
+    # CPU: a sample off the map has weights 0 at pixel 0 (0 * a NaN pixel is NaN there too)
+    zero = j.zeros((), npdt(cdt))
+    wts = [j.where(inside, q, zero) for q in wts]
+    pos = [j.where(inside, q, 0) for q in pos]
+    batch = rois[:, 0].astype(npdt(cdt)).astype(np.int32)  # CPU: int roi_batch_ind = T
+    # (B, H*W, C): one gather per corner gives every channel of a sample point
+    flat = j.transpose(x.astype(npdt(cdt)).reshape(b, c, h * w), (0, 2, 1))
+    bi = batch[:, None, None, None, None]
+    acc = None
+    g = sampling_ratio
+    for iy in range(g):  # CPU's order: the grid points one after the other
+        for ix in range(g):
+            v = None
+            for q in range(4):
+                term = wts[q][..., iy, ix, None] * flat[bi[..., 0, 0], pos[q][..., iy, ix]]
+                v = term if v is None else v + term
+            acc = v if acc is None else acc + v
+    count = j.asarray(max(g * g, 1), npdt(cdt))
+    out = ieee_div(acc, count)  # (K, PH, PW, C)
+    return j.transpose(out, (0, 3, 1, 2)).astype(out_dt)
+
+
+@lower(_tv._roi_align_backward.default)
+def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
+                       channels, height, width, sampling_ratio, aligned):
+    """``torchvision::_roi_align_backward``: the gradient (B, C, H, W) of
+    :func:`roi_align` for the output gradient ``grad`` (K, C, PH, PW), as torchvision's
+    CPU kernel accumulates it (the adds may come in another order: last-bit
+    differences)."""
+    _roi_align_args("torchvision::_roi_align_backward", rois, sampling_ratio)
+    if tdtype(grad) != tdtype(rois):
+        raise RuntimeError("grad should have the same type as rois")
+    j = jnp()
+    dt = tdtype(grad)
+    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    T = npdt(cdt)
+    out = j.zeros((batch_size, height * width, channels), T)
+    k = rois.shape[0]
+    if k == 0 or grad.size == 0:
+        return j.transpose(out.reshape(batch_size, height, width, channels),
+                           (0, 3, 1, 2)).astype(grad.dtype)
+    pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
+                                     sampling_ratio, aligned, height, width)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    g = j.transpose(grad.astype(T), (0, 2, 3, 1))  # (K, PH, PW, C)
+    count = j.asarray(sampling_ratio * sampling_ratio, T)
+    bi = j.broadcast_to(batch[:, None, None, None, None], inside.shape)
+    for q in range(4):
+        # CPU: grad * w / count, added where the sample lies on the map
+        contrib = ieee_div(g[:, :, :, None, None, :] * wts[q][..., None], count)
+        contrib = j.where(inside[..., None], contrib, j.zeros((), T))
+        out = out.at[bi, pos[q]].add(contrib)
+    out = out.reshape(batch_size, height, width, channels)
+    return j.transpose(out, (0, 3, 1, 2)).astype(grad.dtype)
