@@ -228,3 +228,44 @@ def test_tpu_tensor_before_init_process_group_raises(tmp_path):
                          timeout=120, env=dict(os.environ, TORCHTPU_PLATFORM="cpu"))
     assert "RuntimeError: tpu_dist: tpu tensors were created in this process before " \
            "init_process_group" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_ten_init_destroy_cycles_then_sigterm_ends_each_rank(tmp_path):
+    """Ten ``init_process_group`` / ``destroy_process_group`` cycles in the same two
+    processes (``env://``, one port), each with tpu and CPU all_reduces and a DDP step:
+    the second or third re-initialisation used to hang or fail ("Gloo connectFullMesh
+    failed", a store key of another backend) when a rank read the previous group's keys.
+    Then SIGTERM must end a rank (JAX's preemption service caught it and the process
+    went on)."""
+    import signal
+    import time
+
+    port = str(_free_port())
+    env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
+    logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "_dist_reinit_worker.py"),
+                               str(r), "2", port, "10"], env=env,
+                              stdout=open(logs[r], "w"), stderr=subprocess.STDOUT)
+             for r in range(2)]
+    try:
+        deadline = time.monotonic() + 240
+        while not all("ready" in log.read_text() for log in logs):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                pytest.fail("re-initialisation cycles failed or hung:\n"
+                            + "\n".join(log.read_text()[-3000:] for log in logs))
+            time.sleep(0.5)
+        for log in logs:
+            out = log.read_text()
+            assert all(f"cycle {c} ok" in out for c in range(10)), out[-3000:]
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail("a rank went on after SIGTERM")
+            assert p.returncode == -signal.SIGTERM, p.returncode
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

@@ -151,6 +151,11 @@ def _initialize(jax, store, rank: int, world_size: int, timeout) -> None:
     # timeout a rank that finished early aborted the others while they still worked.  A
     # dead rank does not hold it up: its heartbeat timeout ends the barrier.
     beat = min(max(10, secs), 100)
+    if "JAX_ENABLE_PREEMPTION_SERVICE" not in os.environ:
+        # JAX's preemption service catches SIGTERM (to let a job reach a sync point before
+        # a preemption): a rank then ignored ``kill`` and torchrun's SIGTERM to the
+        # survivors of a failed rank.  PyTorch processes end on SIGTERM.
+        jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(
         addr, num_processes=world_size, process_id=rank, initialization_timeout=secs,
         heartbeat_timeout_seconds=beat, shutdown_timeout_seconds=max(300, secs),

@@ -230,6 +230,22 @@ class _Mismatch:
         return format(str(self), spec)
 
 
+def _fresh_keys(store, size: int):
+    """``store`` under a prefix no earlier group of this name used.
+
+    After ``destroy_process_group()``, a new ``init_process_group()`` in the same
+    processes may get the same rendezvous store back (``env://`` keeps one TCPStore server
+    per port in the process) and the same group names ("0" for the default group): a
+    rank then read the previous group's keys (its gloo addresses, its device table) and
+    went on before the others had written theirs: a hang or "Gloo connectFullMesh failed"
+    on the second or third re-initialisation.  Each creation of the group adds 1 to a
+    counter in the store; the ``size`` members of one creation share ``(count - 1) //
+    size`` as a prefix (a creation cannot start before every member has counted the
+    previous one: creating a group waits for all its members)."""
+    n = store.add("tpu_dist/creations", 1)
+    return dist.PrefixStore(f"tpu_dist/{(n - 1) // size}/", store)
+
+
 class ProcessGroupTPU(dist.ProcessGroup):
     """The ``tpu_dist`` process group of ``size`` ranks (this process is ``rank``).
 
@@ -276,14 +292,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
         timeout = opts.timeout
         if not isinstance(timeout, datetime.timedelta):
             timeout = datetime.timedelta(seconds=float(timeout))
+        store = _fresh_keys(opts.store, opts.group_size)
         if not ranks:
-            bringup.ensure(opts.store, opts.group_rank, opts.group_size, timeout)
+            bringup.ensure(store, opts.group_rank, opts.group_size, timeout)
             index = bringup.select_device(device)
-            if bringup.share_devices(opts.store, opts.group_rank, opts.group_size, index,
+            if bringup.share_devices(store, opts.group_rank, opts.group_size, index,
                                      timeout):
                 collectives.clear_caches()
             ranks = list(range(opts.group_size))
-        return cls(opts.store, opts.group_rank, opts.group_size, ranks, timeout)
+        return cls(store, opts.group_rank, opts.group_size, ranks, timeout)
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
