@@ -146,3 +146,42 @@ def test_index_add_and_index_reduce_reject_indices_as_cpu(eager_mode, op, index)
         _raises_as_cpu(fn, dev, cpu)
     # (CPU writes row 0 of [0, 3] before it raises; a failed check writes nothing here)
     assert dev[0].cpu().tolist() == [[0.0, 0.0]] * 3
+
+
+@pytest.mark.parametrize("case", ["setitem_list", "getitem_list", "negative", "second_dim",
+                                  "tensor_from_list", "index_put_"])
+def test_host_known_indices_raise_at_the_op_with_cpus_message(eager_mode, case):
+    # indices the host knows without a sync (a Python list, a CPU tensor, a small tensor
+    # just moved to the device) are checked before the op runs, as CPU does: the error
+    # comes at the op, not at the next sync point
+    def run(dev):
+        x = torch.arange(4, device=dev)
+        y = x[:2]
+        if case == "setitem_list":
+            y[[3]] = -1
+        elif case == "getitem_list":
+            y[[3]]
+        elif case == "negative":
+            y[[0, -3]] = -1
+        elif case == "second_dim":
+            x.view(2, 2)[[0, 1], [0, 2]]
+        elif case == "tensor_from_list":
+            y[torch.tensor([3], device=dev)] = -1
+        else:
+            y.index_put_((torch.tensor([1, 3]),), torch.tensor(-1, device=dev))
+        return x
+
+    with pytest.raises(IndexError) as cpu_err:
+        run("cpu")
+    torch.tpu.synchronize()
+    before = torchtpu_metrics_syncs()
+    with pytest.raises(IndexError) as tpu_err:
+        run(TPU)  # (no synchronize(): raised by the op itself)
+    assert str(tpu_err.value) == str(cpu_err.value)
+    assert torchtpu_metrics_syncs() == before
+
+
+def torchtpu_metrics_syncs():
+    import torchtpu
+
+    return torchtpu.metrics()["host_syncs_total"]

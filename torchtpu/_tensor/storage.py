@@ -454,6 +454,39 @@ def empty(size, dtype: torch.dtype, index: int, stride=None) -> torch.Tensor:
     return tensor_on(st, size, tuple(stride), 0, dtype)
 
 
+# id(device array) -> (device array, its values on the host): small arrays made by a host
+# transfer (``torch.tensor([3], device="tpu")``, a Python list index moved over), whose
+# values host-side checks may read without a sync while a storage still holds that array
+_HOST_COPIES: dict = {}
+_HOST_COPIES_LIMIT = 4096
+
+
+def remember_host_copy(dev_arr, host: np.ndarray) -> None:
+    """Record that the device array ``dev_arr`` holds ``host``'s values (a host transfer)."""
+    if len(_HOST_COPIES) >= _HOST_COPIES_LIMIT:
+        _HOST_COPIES.clear()
+    _HOST_COPIES[id(dev_arr)] = (dev_arr, host)
+
+
+def host_values(t: torch.Tensor) -> np.ndarray | None:
+    """The values of the ``tpu`` tensor ``t`` when the host knows them without a sync:
+    ``t`` views a storage whose array came from a small host transfer and was not
+    written since (a write gives the storage a new array); else None.  A view's values
+    are read with its size, strides and offset."""
+    sd = getattr(t.untyped_storage(), "_tpu", None)
+    if sd is None or sd.arr is None:
+        return None
+    e = _HOST_COPIES.get(id(sd.arr))
+    if e is None or e[0] is not sd.arr or t.dtype is not sd.dtype or t.is_neg():
+        return None
+    flat = e[1].reshape(-1)
+    off = t.storage_offset()
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(flat[off:], tuple(t.shape),
+                                           tuple(k * item for k in t.stride()),
+                                           writeable=False)
+
+
 def wrap(arr, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new contiguous ``tpu:index`` tensor owning the JAX array ``arr``."""
     if dtype is None:

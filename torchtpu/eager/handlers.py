@@ -118,6 +118,8 @@ def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
             if len(_SMALL) > 4096:
                 _SMALL.clear()
             dev_arr = _SMALL[key] = runtime.jax().device_put(arr, runtime.jax_device(index))
+            # (host-side checks read such values without a sync: ops.indexing's bounds)
+            _st.remember_host_copy(dev_arr, arr)
         return _st.wrap(dev_arr, index, src.dtype)
     dev_arr = runtime.jax().device_put(arr, runtime.jax_device(index))
     return _st.wrap(dev_arr, index, src.dtype)

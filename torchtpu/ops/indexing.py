@@ -104,6 +104,32 @@ def _indices_to_device(vals):
     return vals
 
 
+def _check_host_known(x, indices):
+    """Host side: index tensors whose values the host knows without a sync (CPU tensors,
+    a Python list moved over: ``storage.host_values``) are bounds-checked before the op
+    runs, with CPU's message ("index 3 is out of bounds for dimension 0 with size 2"), as
+    CPU raises before it writes anything; other indices get the device-side check."""
+    from torchtpu._tensor import storage as _st
+
+    dim = 0
+    for t in indices:
+        if not isinstance(t, torch.Tensor):
+            dim += 1
+            continue
+        if t.dtype in (torch.bool, torch.uint8):
+            dim += t.dim()  # a mask indexes as many dims as it has
+            continue
+        host = t.numpy() if t.device.type == "cpu" else _st.host_values(t)
+        # (a dimension of size 0 has its own message: _check_index_shapes)
+        if host is not None and host.size and dim < x.dim() and x.shape[dim]:
+            size = x.shape[dim]
+            bad = (host < -size) | (host >= size)
+            if bad.any():
+                raise IndexError(f"index {int(host[bad].flat[0])} is out of bounds for "
+                                 f"dimension {dim} with size {size}")
+        dim += 1
+
+
 _UINT8_MASK_WARNING = ("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
                        "torch.bool instead.")
 
@@ -137,6 +163,7 @@ def _expand_masks(vals):
     """Host side, before ``index.Tensor`` runs: each bool/uint8 mask becomes the integer
     index tensors of its ``nonzero()`` (PyTorch's ``expandTensors``).  The result's size
     depends on the mask's values, so this is a sync point."""
+    _check_host_known(vals[0], vals[1])
     vals = _indices_to_device(vals)
     indices = vals[1]
     if not any(_is_mask(t) for t in indices):
@@ -249,6 +276,7 @@ def _prepare_index_put(vals):
 
     Raises ``IndexError`` for a mask of the wrong shape, ``RuntimeError("shape mismatch:
     value tensor of shape [3] cannot be broadcast to indexing result of shape [4]")``."""
+    _check_host_known(vals[0], vals[1])
     vals = _indices_to_device(vals)
     indices = vals[1]
     x, values = vals[0], vals[2]
@@ -608,7 +636,12 @@ def index_select(x, dim, index):
     if x.ndim == 0:  # PyTorch: index must hold one element (0); the result is 0-d
         return x
     dim = _dim(dim, x.ndim)
-    idx = _index1d_nonneg(index, x.shape[dim], "index out of range in self")
+    if dim == 1:  # CPU's dim-1 kernel raises RuntimeError (it names the index: not here)
+        idx = _index1d_nonneg(index, x.shape[dim],
+                              f"INDICES element is out of DATA bounds, axis_dim={x.shape[dim]}",
+                              RuntimeError)
+    else:
+        idx = _index1d_nonneg(index, x.shape[dim], "index out of range in self")
     return jnp().take(x, idx, axis=dim)
 
 
@@ -661,11 +694,15 @@ def index_add(x, dim, index, source, alpha=1):
     xx = x.reshape(1) if zero_d else x
     dim = _dim(dim, xx.ndim)
     s = _source_for(x, dim, source, dt)
-    # CPU: RuntimeError "index 5 is out of bounds for dimension 0 with size 3" (the
+    # CPU: a 1-D self raises IndexError "index out of range in self", a larger one
+    # RuntimeError "index 5 is out of bounds for dimension 0 with size 3" (the
     # device-side check cannot name the failing index)
-    idx = _index1d_nonneg(index, xx.shape[dim],
-                          f"index out of bounds for dimension {dim} with size {xx.shape[dim]}",
-                          RuntimeError)
+    if xx.ndim == 1:
+        idx = _index1d_nonneg(index, xx.shape[dim], "index out of range in self")
+    else:
+        idx = _index1d_nonneg(
+            index, xx.shape[dim],
+            f"index out of bounds for dimension {dim} with size {xx.shape[dim]}", RuntimeError)
     key = _dim_key(xx.ndim, dim, idx)
     if dt in (torch.bfloat16, torch.float16):
         wide = _cpu_scatter_add_path(xx, dim, index, s, alpha)
