@@ -173,9 +173,9 @@ def test_amp_unscale_through_the_fallback():
                    aten._amp_update_scale_.default))
 
 
-def test_fused_sgd_without_lowering_goes_through_the_fallback(monkeypatch):
-    # _fused_sgd_ has no lowering: the executor must send this list-mutating op to the
-    # (opt-in) fallback, which must update every parameter and momentum buffer
+def test_fused_sgd_through_the_fallback(monkeypatch):
+    # a list-mutating op (_fused_sgd_, lowered since, so forced here) sent to the
+    # fallback, which must update every parameter and momentum buffer
     monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
 
     def fn(dev):
@@ -193,7 +193,8 @@ def test_fused_sgd_without_lowering_goes_through_the_fallback(monkeypatch):
 
     cpu = fn("cpu")
     before = fallbacks(aten._fused_sgd_.default)
-    tpu = _to_cpu(fn(TPU))
+    with cpu_fallback.forced(aten._fused_sgd_.default):
+        tpu = _to_cpu(fn(TPU))
     assert fallbacks(aten._fused_sgd_.default) == before + 3
     torch.testing.assert_close(tpu, cpu, rtol=1e-5, atol=1e-6)
 

@@ -163,6 +163,93 @@ def test_fused_adam(cls, kw):
     torch.testing.assert_close(res["tpu"], res["cpu"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("op", [torch._fused_adam_, torch._fused_adamw_])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_fused_adam_float64_bias_correction(op, amsgrad):
+    # float64 parameters: the bias corrections were computed in float32, which put the
+    # updated parameters ~6.5e-9 off CPU's (0.49900000663 instead of 0.49900000010 for
+    # lr 1e-3 at step 1)
+    def run(dev):
+        f64 = dict(dtype=torch.float64, device=dev)
+        p = [torch.tensor([0.5, -0.25], **f64), torch.tensor([[1.5, 2.0]], **f64)]
+        g = [torch.tensor([0.1, 0.2], **f64), torch.tensor([[-0.3, 1e-3]], **f64)]
+        m, v = [torch.zeros_like(t) for t in p], [torch.zeros_like(t) for t in p]
+        vmax = [torch.zeros_like(t) for t in p] if amsgrad else []
+        steps = [torch.tensor(0.0, device=dev) for _ in p]
+        for _ in range(3):
+            for s in steps:
+                s.add_(1)
+            op(p, g, m, v, vmax, steps, lr=0.001, beta1=0.9, beta2=0.999, weight_decay=0.01,
+               eps=1e-8, amsgrad=amsgrad, maximize=False)
+        return [t.cpu() for t in p + m + v + vmax]
+
+    torch.testing.assert_close(run("tpu"), run("cpu"), atol=1e-14, rtol=1e-12)
+
+
+@pytest.mark.parametrize("cls,kw", [
+    (torch.optim.SGD, {}),
+    (torch.optim.SGD, {"momentum": 0.9, "dampening": 0.5, "weight_decay": 0.1}),
+    (torch.optim.SGD, {"momentum": 0.9, "nesterov": True, "maximize": True}),
+    (torch.optim.SGD, {"lr": torch.tensor(0.05), "momentum": 0.5}),
+    (torch.optim.Adagrad, {}),
+    (torch.optim.Adagrad, {"lr_decay": 0.5, "weight_decay": 0.1, "maximize": True}),
+    (torch.optim.Adagrad, {"initial_accumulator_value": 0.1, "lr": torch.tensor(0.05)}),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_sgd_adagrad(cls, kw, dtype):
+    # _fused_sgd_ / _fused_adagrad_ (SGD/Adagrad(fused=True)): parameters and state
+    # after 3 steps equal CPU's fused kernels
+    import copy
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3)).to(dtype)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        mm = copy.deepcopy(m).to(dev)
+        kwd = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        opt = cls(mm.parameters(), **{"lr": 0.1, **kwd}, fused=True)
+        x = torch.randn(5, 6, generator=torch.Generator().manual_seed(1)).to(dev, dtype)
+        for _ in range(3):
+            opt.zero_grad()
+            mm(x).pow(2).sum().backward()
+            opt.step()
+        res[dev] = [p.detach().cpu() for p in mm.parameters()] + \
+            [v.detach().cpu() for p in mm.parameters() for v in opt.state[p].values()]
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
+    torch.testing.assert_close(res["tpu"], res["cpu"], **tol)
+
+
+@pytest.mark.parametrize("inf", [False, True])
+def test_fused_optimizers_grad_scale_found_inf(inf):
+    # AMP arguments of _fused_sgd_ / _fused_adagrad_ / _fused_adamw_: gradients divided by
+    # grad_scale, in place; found_inf != 0 leaves every parameter, state tensor and
+    # gradient as it was
+    def run(dev):
+        g = torch.Generator().manual_seed(2)
+        ps = [torch.randn(4, 3, generator=g).to(dev), torch.randn(5, generator=g).to(dev)]
+        gs = [torch.randn(4, 3, generator=g).to(dev) * 8, torch.randn(5, generator=g).to(dev) * 8]
+        bufs = [torch.randn(4, 3, generator=g).to(dev), torch.randn(5, generator=g).to(dev)]
+        sums = [torch.rand(4, 3, generator=g).to(dev), torch.rand(5, generator=g).to(dev)]
+        steps = [torch.tensor(3.0).to(dev), torch.tensor(3.0).to(dev)]
+        amp = dict(grad_scale=torch.tensor(8.0).to(dev), found_inf=torch.tensor(float(inf)).to(dev))
+        sp = [p.clone() for p in ps]
+        torch._fused_sgd_(sp, gs, bufs, weight_decay=0.1, momentum=0.9, lr=0.1, dampening=0.0,
+                          nesterov=True, maximize=False, is_first_step=False, **amp)
+        ap = [p.clone() for p in ps]
+        torch._fused_adagrad_(ap, gs, sums, steps, lr=0.1, lr_decay=0.01, weight_decay=0.1,
+                              eps=1e-10, maximize=True, **amp)
+        gs2 = [t * 64 for t in gs]
+        mp = [p.clone() for p in ps]
+        ms = [torch.zeros_like(p) for p in ps]
+        torch._fused_adamw_(mp, gs2, ms, [m.clone() for m in ms], [], steps, lr=0.1, beta1=0.9,
+                            beta2=0.99, weight_decay=0.1, eps=1e-8, amsgrad=False,
+                            maximize=False, **amp)
+        # the gradients come back unscaled (each op divided them once), unless found_inf
+        return [t.cpu() for t in sp + bufs + ap + sums + mp + ms + gs + gs2]
+
+    torch.testing.assert_close(run("tpu"), run("cpu"), atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean", "max"])
 @pytest.mark.parametrize("pad", [None, 2])
 def test_embedding_bag_forward_backward(mode, pad):

@@ -1,13 +1,16 @@
-"""``python -m torchtpu.conformance {ops,models,vision} [args]``.
+"""``python -m torchtpu.conformance {ops,models,vision,modules,optimizers} [args]``.
 
-* ``ops``    -- the OpInfo sweep (:mod:`torchtpu.conformance.opinfo`);
-* ``models`` -- the Hugging Face architecture sweep (:mod:`torchtpu.conformance.models`);
-* ``vision`` -- the torchvision classification sweep (:mod:`torchtpu.conformance.vision`).
+* ``ops``        -- the OpInfo sweep (:mod:`torchtpu.conformance.opinfo`);
+* ``models``     -- the Hugging Face architecture sweep (:mod:`torchtpu.conformance.models`);
+* ``vision``     -- the torchvision classification sweep (:mod:`torchtpu.conformance.vision`);
+* ``modules``    -- the ``module_db`` sweep (:mod:`torchtpu.conformance.modules`);
+* ``optimizers`` -- the ``optim_db`` sweep (:mod:`torchtpu.conformance.optimizers`).
 """
 
 import sys
 
-_USAGE = "usage: python -m torchtpu.conformance {ops,models,vision} [--help | args...]"
+_USAGE = ("usage: python -m torchtpu.conformance {ops,models,vision,modules,optimizers} "
+          "[--help | args...]")
 
 
 def main(argv=None) -> int:
@@ -28,6 +31,14 @@ def main(argv=None) -> int:
         from torchtpu.conformance import vision
 
         return vision.main(rest) or 0
+    if cmd == "modules":
+        from torchtpu.conformance import modules
+
+        return modules.main(rest) or 0
+    if cmd == "optimizers":
+        from torchtpu.conformance import optimizers
+
+        return optimizers.main(rest) or 0
     print(f"unknown subcommand {cmd!r}\n{_USAGE}", file=sys.stderr)
     return 2
 

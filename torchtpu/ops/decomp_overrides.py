@@ -160,16 +160,24 @@ def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
 # already incremented by the optimizer; a found_inf step (AMP) leaves everything as is.
 
 
+def _coef_dtype(p):
+    """dtype of a fused optimizer's per-step coefficients (bias corrections, decayed lr):
+    float64 for float64 parameters, else float32."""
+    return torch.float64 if p.dtype == torch.float64 else torch.float32
+
+
 def _fused_adam_impl(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
                      beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
                      found_inf, decoupled):
     for i, p in enumerate(params):
         g = grads[i]
         if grad_scale is not None:
-            g = g / grad_scale
+            g = _unscale_in_place(grads[i], p, grad_scale, found_inf)
         if maximize:
             g = -g
-        step = state_steps[i].to(p.device, torch.float32)
+        # the bias corrections in float64 for float64 parameters (CPU computes them in
+        # double; in float32 they would round float64 results to float32 precision)
+        step = state_steps[i].to(p.device, _coef_dtype(p))
         new_p = p
         if weight_decay != 0:
             if decoupled:
@@ -213,6 +221,72 @@ def _fused(decoupled):
 
 decomp(aten._fused_adam_.default, aten._fused_adam_.tensor_lr)(_fused(False))
 decomp(aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)(_fused(True))
+
+
+def _unscaled(g, p, grad_scale, found_inf, maximize, weight_decay):
+    """A fused optimizer's effective gradient: unscaled (AMP; written back to ``g`` as
+    CPU's fused kernels do, see :func:`_unscale_in_place`), negated (``maximize``), plus
+    ``weight_decay * p``."""
+    if grad_scale is not None:
+        g = _unscale_in_place(g, p, grad_scale, found_inf)
+    if maximize:
+        g = -g
+    if weight_decay != 0:
+        g = g + weight_decay * p
+    return g
+
+
+def _unscale_in_place(g, p, grad_scale, found_inf):
+    """``g / grad_scale``, also written back to ``g`` (CPU's fused Adam/AdamW/SGD/Adagrad
+    kernels leave the gradients unscaled; not where ``found_inf`` is set, where they
+    change nothing)."""
+    u = g / grad_scale.to(p.device)
+    g.copy_(_skip_where(found_inf, p, g, u))
+    return u
+
+
+def _skip_where(found_inf, p, old, new):
+    """``new``, or ``old`` where AMP found an inf/NaN gradient (``found_inf`` != 0)."""
+    if found_inf is None:
+        return new
+    return torch.where(found_inf.to(p.device) != 0, old, new)
+
+
+@decomp(aten._fused_sgd_.default, aten._fused_sgd_.tensor_lr)
+def _fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening,
+               nesterov, maximize, is_first_step, grad_scale=None, found_inf=None):
+    """SGD(fused=True): per parameter, ``buf = g`` on the first step else
+    ``momentum * buf + (1 - dampening) * g`` (when ``momentum`` != 0), the step along
+    ``g + momentum * buf`` (``nesterov``) or ``buf``, times ``lr``; as SGD's for-loop
+    implementation.  ``momentum_buffer_list`` is empty when ``momentum`` is 0."""
+    if isinstance(lr, torch.Tensor):
+        lr = lr.item()
+    for i, p in enumerate(params):
+        g = _unscaled(grads[i], p, grad_scale, found_inf, maximize, weight_decay)
+        if momentum != 0:
+            buf = momentum_buffer_list[i]
+            new_buf = g if is_first_step else buf * momentum + g * (1 - dampening)
+            g = g + momentum * new_buf if nesterov else new_buf
+            buf.copy_(_skip_where(found_inf, p, buf, new_buf))
+        p.copy_(_skip_where(found_inf, p, p, p - lr * g))
+
+
+@decomp(aten._fused_adagrad_.default, aten._fused_adagrad_.tensor_lr)
+def _fused_adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
+                   maximize, grad_scale=None, found_inf=None):
+    """Adagrad(fused=True): per parameter (its step count already incremented by the
+    optimizer), ``sum += g * g``, ``p -= lr / (1 + (step - 1) * lr_decay) * g /
+    (sqrt(sum) + eps)``; as Adagrad's for-loop implementation."""
+    if isinstance(lr, torch.Tensor):
+        lr = lr.item()
+    for i, p in enumerate(params):
+        g = _unscaled(grads[i], p, grad_scale, found_inf, maximize, weight_decay)
+        step = state_steps[i].to(p.device, _coef_dtype(p))
+        clr = lr / (1 + (step - 1) * lr_decay)
+        s = state_sums[i].addcmul(g, g)
+        new_p = p - clr * (g / (s.sqrt() + eps))
+        state_sums[i].copy_(_skip_where(found_inf, p, state_sums[i], s))
+        p.copy_(_skip_where(found_inf, p, p, new_p))
 
 
 # ------------------------------------------------------------------ embedding bag
