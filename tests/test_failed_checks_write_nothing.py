@@ -13,7 +13,9 @@ TPU = "tpu"
 
 
 def _i(dev):
-    return torch.tensor([3], device=dev)  # out of range of the view's 2 rows
+    # out of range of the view's 2 rows; computed on the device, so that the device-side
+    # check sees it (an index the host knows is checked before the op runs)
+    return torch.tensor([1], device=dev) + 2
 
 
 def setitem_tensor(y, dev):
