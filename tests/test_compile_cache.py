@@ -86,8 +86,8 @@ def test_second_process_loads_traced_graphs_and_matches_cpu(tmp_path):
 
 
 def test_graph_cache_off_with_persistent_cache_off():
-    # TORCHTPU_CACHE_DIR=off: nothing stored, the second process traces again
-    _child("off")
+    # TORCHTPU_CACHE_DIR=off: nothing loaded, every graph traced (one process: with
+    # nothing stored, a second one has nothing it could load)
     second = _child("off")
     assert second["compile"]["graph_cache_hits"] == 0
     assert second["compile"]["executable_cache_hits"] == 0
