@@ -131,3 +131,25 @@ def test_adaptive_sampling_ratio_is_refused_by_name(monkeypatch):
     rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 6.0]], device=TPU)
     with pytest.raises(NotImplementedError, match="roi_align.*sampling_ratio=0"):
         tvops.roi_align(x, rois, (2, 2), 1.0, 0, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("spatial_scale,out", [(1.0, (3, 4)), (0.5, (2, 2)), (0.25, (7, 7))])
+def test_roi_pool_values_argmax_and_gradient_equal_cpu(dtype, spatial_scale, out):
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 3, 20, 24, generator=g, dtype=dtype)
+    x[0, 0, 3, 3] = float("nan")  # never the maximum (CPU's ``>`` skips it)
+    x[1, 1, 5:8, 5:8] = 1.0  # ties: the first in row-major order
+    rois = _rois(9, 2, seed=11, dtype=dtype)
+    rois[2, 1:] = torch.tensor([4.5, 5.5, 8.5, 9.5], dtype=dtype)  # std::round's halves
+    want, want_arg = torch.ops.torchvision.roi_pool(x, rois, spatial_scale, *out)
+    got, got_arg = torch.ops.torchvision.roi_pool(x.to(TPU), rois.to(TPU), spatial_scale, *out)
+    assert torch.equal(got.cpu(), want) and torch.equal(got_arg.cpu(), want_arg)
+    xc = x.clone().requires_grad_()
+    xt = x.to(TPU).requires_grad_()
+    c = tvops.roi_pool(xc, rois, out, spatial_scale)
+    t = tvops.roi_pool(xt, rois.to(TPU), out, spatial_scale)
+    gout = torch.randn(c.shape, generator=g, dtype=dtype)
+    (gc,) = torch.autograd.grad(c, xc, gout)
+    (gt,) = torch.autograd.grad(t, xt, gout.to(TPU))
+    torch.testing.assert_close(gt.cpu(), gc)

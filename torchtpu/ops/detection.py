@@ -1,5 +1,5 @@
 """Lowerings of torchvision's detection ops (``torch.ops.torchvision.*``): ``nms``,
-``roi_align`` and its backward, ``roi_pool`` and its backward.
+``roi_align`` and ``roi_pool``, each with its backward.
 
 torchvision registers these ops with kernels for CPU and CUDA only; without lowerings a
 ``tpu`` tensor reaches them through the CPU fallback (a host round trip per call) or
@@ -15,7 +15,8 @@ the sums of ``roi_align`` are CPU's.  They are not CPU's bit for bit: XLA:CPU fu
 ``a * b + c`` into a fused multiply-add (one rounding; even across an optimization
 barrier or a float64 round trip), so a sample coordinate may move by an ulp (measured:
 within 1.2e-7 of CPU for values of order 1, gradients within 7e-7); the backward's
-scatter-adds may also add in another order.  ``nms`` keeps
+scatter-adds may also add in another order.  ``roi_pool`` (a maximum and its index) is
+CPU's bit for bit, ties and NaN pixels included.  ``nms`` keeps
 the same boxes in the same order as CPU, except for boxes whose scores tie: CPU orders
 ties by an unstable sort, here by index.
 
@@ -283,3 +284,115 @@ def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, b
         out = out.at[bi, pos[q]].add(contrib)
     out = out.reshape(batch_size, height, width, channels)
     return j.transpose(out, (0, 3, 1, 2)).astype(grad.dtype)
+
+
+# ------------------------------------------------------------------------- roi_pool
+
+
+def _roi_pool_bins(rois, dt, spatial_scale, ph_n, pw_n, height, width):
+    """Per box and bin, the pixel ranges ``[hstart, hend)`` x ``[wstart, wend)`` that
+    torchvision's CPU kernel pools (int32, shapes (K, PH) and (K, PW)), and the boxes'
+    batch indices."""
+    j = jnp()
+    T = npdt(dt)
+    f64 = np.float64
+    ss = j.asarray(spatial_scale, T)
+
+    def cround(v):  # std::round: half away from zero (jnp.round is half to even)
+        v = v.astype(f64)
+        return (j.sign(v) * j.floor(j.abs(v) + 0.5)).astype(np.int32)
+
+    r = rois.astype(T)
+    sw, sh = cround(r[:, 1] * ss), cround(r[:, 2] * ss)
+    ew, eh = cround(r[:, 3] * ss), cround(r[:, 4] * ss)
+    rw = j.maximum(ew - sw + 1, 1)
+    rh = j.maximum(eh - sh + 1, 1)
+    bin_h = ieee_div(rh.astype(T), j.asarray(ph_n, T))
+    bin_w = ieee_div(rw.astype(T), j.asarray(pw_n, T))
+
+    def ranges(start, bin_size, n, limit):
+        p = j.arange(n, dtype=T)
+        lo = j.floor(p[None, :] * bin_size[:, None]).astype(np.int32)
+        hi = j.ceil((p[None, :] + 1) * bin_size[:, None]).astype(np.int32)
+        lo = j.clip(lo + start[:, None], 0, limit)
+        hi = j.clip(hi + start[:, None], 0, limit)
+        return lo, hi
+
+    hs, he = ranges(sh, bin_h, ph_n, height)
+    ws, we = ranges(sw, bin_w, pw_n, width)
+    batch = r[:, 0].astype(np.int32)
+    return hs, he, ws, we, batch
+
+
+@lower(_tv.roi_pool.default)
+def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width):
+    """``torchvision::roi_pool``: per box of ``rois`` (K, 5) and bin, the maximum of ``x``
+    (B, C, H, W) over the bin's pixels, and its flat index ``h * W + w`` (int32; the first
+    in row-major order, as CPU's loop finds it), as torchvision's CPU kernel computes
+    them: (K, C, PH, PW) values and indices; an empty bin gives 0 and -1, NaN pixels are
+    never the maximum (CPU's ``>`` skips them), nor values at or below ``-FLT_MAX``."""
+    dt = tdtype(x)
+    if dt not in (torch.float32, torch.float64):
+        raise RuntimeError("roi_pool only supports float and double types")
+    if tdtype(rois) != dt:
+        raise RuntimeError("input and rois must have the same dtype")
+    j = jnp()
+    k = rois.shape[0]
+    b, c, h, w = x.shape
+    shape = (k, c, pooled_height, pooled_width)
+    if k == 0 or c == 0:
+        return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
+    hs, he, ws, we, batch = _roi_pool_bins(rois, dt, spatial_scale, pooled_height,
+                                           pooled_width, h, w)
+    T = x.dtype
+    floor_v = j.asarray(-np.finfo(np.float32).max, T)  # CPU's starting maximum, -FLT_MAX
+    neg = j.asarray(-np.inf, T)
+    img = x[batch]  # (K, C, H, W)
+    # candidates: a pixel CPU's strict ``>`` could pick (not NaN, above -FLT_MAX)
+    cand = j.where(j.isnan(img) | (img <= floor_v), neg, img)
+    # rows first: per box, bin column and image row, the maximum over the bin's columns
+    # and its first column; then per bin row, the first row holding the maximum of those
+    wi = j.arange(w, dtype=np.int32)
+    in_w = (wi[None, None, :] >= ws[:, :, None]) & (wi[None, None, :] < we[:, :, None])
+    v1 = j.where(in_w[:, None, None, :, :], cand[:, :, :, None, :], neg)  # (K,C,H,PW,W)
+    m1 = j.max(v1, axis=-1)  # (K, C, H, PW)
+    a1 = j.argmax(v1 == m1[..., None], axis=-1).astype(np.int32)
+    hi_ = j.arange(h, dtype=np.int32)
+    in_h = (hi_[None, None, :] >= hs[:, :, None]) & (hi_[None, None, :] < he[:, :, None])
+    v2 = j.where(in_h[:, None, :, None, :], j.swapaxes(m1, 2, 3)[:, :, None, :, :], neg)
+    m2 = j.max(v2, axis=-1)  # (K, C, PH, PW)
+    row = j.argmax(v2 == m2[..., None], axis=-1).astype(np.int32)
+    col = j.take_along_axis(j.swapaxes(a1, 2, 3)[:, :, None, :, :], row[..., None],
+                            axis=-1)[..., 0]
+    empty = ((he <= hs)[:, None, :, None]) | ((we <= ws)[:, None, None, :])
+    found = m2 > neg
+    val = j.where(empty, j.zeros((), T), j.where(found, m2, floor_v))
+    idx = j.where(found & ~empty, row * w + col, -1).astype(np.int32)
+    return val, idx
+
+
+@lower(_tv._roi_pool_backward.default)
+def roi_pool_backward(grad, rois, argmax, spatial_scale, pooled_height, pooled_width,
+                      batch_size, channels, height, width):
+    """``torchvision::_roi_pool_backward``: each output gradient (K, C, PH, PW) added to
+    the pixel its bin took the maximum from (``argmax``; -1: none), as CPU's kernel; the
+    adds may come in another order (last-bit differences where bins share a pixel)."""
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise RuntimeError("Tensor rois should have shape as Tensor[K, 5]")
+    if tdtype(grad) != tdtype(rois):
+        raise RuntimeError("grad and rois must have the same dtype")
+    j = jnp()
+    out = j.zeros((batch_size, channels, height * width), grad.dtype)
+    if grad.size == 0:
+        return out.reshape(batch_size, channels, height, width)
+    batch = rois[:, 0].astype(np.int32)
+    k, c = grad.shape[0], grad.shape[1]
+    a = argmax.reshape(k, c, -1)
+    g = grad.reshape(k, c, -1)
+    bi = j.broadcast_to(batch[:, None, None], a.shape)
+    ci = j.broadcast_to(j.arange(c, dtype=np.int32)[None, :, None], a.shape)
+    keep = a >= 0
+    # (a skipped entry goes to index height*width: dropped by the scatter)
+    pos = j.where(keep, a, height * width)
+    out = out.at[bi, ci, pos].add(j.where(keep, g, j.zeros((), grad.dtype)), mode="drop")
+    return out.reshape(batch_size, channels, height, width)
