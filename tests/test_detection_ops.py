@@ -153,3 +153,28 @@ def test_roi_pool_values_argmax_and_gradient_equal_cpu(dtype, spatial_scale, out
     (gc,) = torch.autograd.grad(c, xc, gout)
     (gt,) = torch.autograd.grad(t, xt, gout.to(TPU))
     torch.testing.assert_close(gt.cpu(), gc)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float64, 1e-12)],
+                         ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["ps_roi_align", "ps_roi_pool"])
+@pytest.mark.parametrize("spatial_scale", [1.0, 0.5, 0.25])
+def test_position_sensitive_ops_and_their_gradients_match_cpu(dtype, tol, op, spatial_scale):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 2 * 3 * 4, 20, 24, generator=g, dtype=dtype)
+    rois = _rois(9, 2, seed=13, dtype=dtype)
+    rois[2, 1:] = torch.tensor([4.5, 5.5, 8.5, 9.5], dtype=dtype)
+    args = (spatial_scale, 3, 4) + ((2,) if op == "ps_roi_align" else ())
+    fn = getattr(torch.ops.torchvision, op)
+    want, want_map = fn(x, rois, *args)
+    got, got_map = fn(x.to(TPU), rois.to(TPU), *args)
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    assert torch.equal(got_map.cpu(), want_map)
+    f = getattr(tvops, op)
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    extra = (spatial_scale, 2) if op == "ps_roi_align" else (spatial_scale,)
+    c, t = f(xc, rois, (3, 4), *extra), f(xt, rois.to(TPU), (3, 4), *extra)
+    gout = torch.randn(c.shape, generator=g, dtype=dtype)
+    (gc,) = torch.autograd.grad(c, xc, gout)
+    (gt,) = torch.autograd.grad(t, xt, gout.to(TPU))
+    torch.testing.assert_close(gt.cpu(), gc, rtol=tol, atol=4 * tol)

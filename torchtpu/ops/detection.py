@@ -1,5 +1,6 @@
 """Lowerings of torchvision's detection ops (``torch.ops.torchvision.*``): ``nms``,
-``roi_align`` and ``roi_pool``, each with its backward.
+``roi_align``, ``roi_pool``, ``ps_roi_align`` and ``ps_roi_pool``, each with its
+backward.
 
 torchvision registers these ops with kernels for CPU and CUDA only; without lowerings a
 ``tpu`` tensor reaches them through the CPU fallback (a host round trip per call) or
@@ -21,9 +22,10 @@ the same boxes in the same order as CPU, except for boxes whose scores tie: CPU 
 ties by an unstable sort, here by index.
 
 Not lowered (``NotImplementedError`` naming the case, or the CPU fallback where it is on):
-``roi_align`` with ``sampling_ratio <= 0`` (the adaptive grid: a number of samples per box
-that depends on the box, unknown when the program is built), ``ps_roi_align``,
-``ps_roi_pool``, ``deform_conv2d``.
+``roi_align`` / ``ps_roi_align`` with ``sampling_ratio <= 0`` (the adaptive grid: a
+number of samples per box that depends on the box, unknown when the program is built),
+``deform_conv2d``.  ``roi_pool`` and ``ps_roi_pool`` build a mask per bin over the
+image: memory grows with boxes x bins x height x width.
 """
 
 from __future__ import annotations
@@ -396,3 +398,208 @@ def roi_pool_backward(grad, rois, argmax, spatial_scale, pooled_height, pooled_w
     pos = j.where(keep, a, height * width)
     out = out.at[bi, ci, pos].add(j.where(keep, g, j.zeros((), grad.dtype)), mode="drop")
     return out.reshape(batch_size, channels, height, width)
+
+
+# --------------------------------------------------------------------- ps_roi_align
+
+
+def _ps_channels(c, ph_n, pw_n):
+    if c % (ph_n * pw_n) != 0:
+        raise RuntimeError("input channels must be a multiple of pooling height * pooling width")
+    return c // (ph_n * pw_n)
+
+
+@lower(_tv.ps_roi_align.default)
+def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
+    """``torchvision::ps_roi_align``: position-sensitive RoIAlign: output channel ``c`` of
+    bin ``(ph, pw)`` averages the bilinear samples of input channel ``(c * PH + ph) * PW +
+    pw``; (K, C / (PH * PW), PH, PW) values and that channel mapping (int32), as
+    torchvision's CPU kernel computes them (the sample points are ``roi_align``'s with
+    ``aligned=True``; a sample off the map counts 0).  Raises ``NotImplementedError``
+    for ``sampling_ratio <= 0``."""
+    _roi_align_args("torchvision::ps_roi_align", rois, sampling_ratio)
+    if tdtype(x) != tdtype(rois):
+        raise RuntimeError("input should have the same type as rois")
+    j = jnp()
+    k = rois.shape[0]
+    b, c, h, w = x.shape
+    c_out = _ps_channels(c, pooled_height, pooled_width)
+    shape = (k, c_out, pooled_height, pooled_width)
+    mapping = ((j.arange(c_out, dtype=np.int32)[:, None, None] * pooled_height
+                + j.arange(pooled_height, dtype=np.int32)[None, :, None]) * pooled_width
+               + j.arange(pooled_width, dtype=np.int32)[None, None, :])
+    mapping = j.broadcast_to(mapping[None], shape)
+    if k == 0 or c_out == 0:
+        return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
+    dt = tdtype(x)
+    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    T = npdt(cdt)
+    pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
+                                     sampling_ratio, True, h, w)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    xr = x.astype(T).reshape(b, c_out, pooled_height, pooled_width, h * w)
+    bi = batch[:, None, None]
+    phi = j.arange(pooled_height)[None, :, None]
+    pwi = j.arange(pooled_width)[None, None, :]
+    acc = None
+    g = sampling_ratio
+    zero = j.zeros((), T)
+    for iy in range(g):
+        for ix in range(g):
+            v = None
+            for q in range(4):
+                # (K, PH, PW, C_out): the bin's own input channel of every output channel
+                px = xr[bi, :, phi, pwi, pos[q][..., iy, ix]]
+                term = wts[q][..., iy, ix, None] * px
+                v = term if v is None else v + term
+            v = j.where(inside[..., iy, ix, None], v, zero)  # CPU: 0 off the map
+            acc = v if acc is None else acc + v
+    out = ieee_div(acc, j.asarray(g * g, T))  # (K, PH, PW, C_out)
+    return j.transpose(out, (0, 3, 1, 2)).astype(x.dtype), mapping
+
+
+@lower(_tv._ps_roi_align_backward.default)
+def ps_roi_align_backward(grad, rois, channel_mapping, spatial_scale, pooled_height,
+                          pooled_width, sampling_ratio, batch_size, channels, height, width):
+    """``torchvision::_ps_roi_align_backward``: the gradient (B, C, H, W) of
+    :func:`ps_roi_align` for ``grad`` (K, C_out, PH, PW), added to each bin's input
+    channel (``channel_mapping``) as CPU's kernel does (in another order)."""
+    _roi_align_args("torchvision::_ps_roi_align_backward", rois, sampling_ratio)
+    if tdtype(grad) != tdtype(rois):
+        raise RuntimeError("grad should have the same type as rois")
+    j = jnp()
+    dt = tdtype(grad)
+    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    T = npdt(cdt)
+    out = j.zeros((batch_size, channels, height * width), T)
+    if rois.shape[0] == 0 or grad.size == 0:
+        return out.reshape(batch_size, channels, height, width).astype(grad.dtype)
+    pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
+                                     sampling_ratio, True, height, width)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    g = j.transpose(grad.astype(T), (0, 2, 3, 1))  # (K, PH, PW, C_out)
+    cm = j.transpose(channel_mapping.astype(np.int32), (0, 2, 3, 1))  # (K, PH, PW, C_out)
+    count = j.asarray(sampling_ratio * sampling_ratio, T)
+    zero = j.zeros((), T)
+    bi = j.broadcast_to(batch[:, None, None, None], cm.shape)
+    for iy in range(sampling_ratio):
+        for ix in range(sampling_ratio):
+            for q in range(4):
+                contrib = ieee_div(g * wts[q][..., iy, ix, None], count)
+                contrib = j.where(inside[..., iy, ix, None], contrib, zero)
+                p = j.broadcast_to(pos[q][..., iy, ix, None], cm.shape)
+                out = out.at[bi, cm, p].add(contrib)
+    return out.reshape(batch_size, channels, height, width).astype(grad.dtype)
+
+
+# ---------------------------------------------------------------------- ps_roi_pool
+
+
+def _ps_pool_bins(rois, dt, spatial_scale, ph_n, pw_n, limit_h, limit_w, round_f32):
+    """``ps_roi_pool``'s bins, as CPU's kernels compute them: ``[hstart, hend)`` x
+    ``[wstart, wend)`` per box and bin (int32, (K, PH) and (K, PW)), clipped to
+    ``[0, limit]`` (the forward kernel clips to ``height - 1``, the backward kernel to
+    ``height``; the backward rounds the box with ``roundf``)."""
+    j = jnp()
+    T = npdt(dt)
+    ss = j.asarray(spatial_scale, T)
+
+    def cround(v):  # std::round / roundf: half away from zero
+        v = v.astype(np.float32 if round_f32 else np.float64)
+        return (j.sign(v) * j.floor(j.abs(v) + 0.5)).astype(np.int32)
+
+    r = rois.astype(T)
+    sw, sh = cround(r[:, 1] * ss), cround(r[:, 2] * ss)
+    ew, eh = cround(r[:, 3] * ss), cround(r[:, 4] * ss)
+    rw = j.maximum(ew - sw, 1)
+    rh = j.maximum(eh - sh, 1)
+    bin_h = ieee_div(rh.astype(T), j.asarray(ph_n, T))
+    bin_w = ieee_div(rw.astype(T), j.asarray(pw_n, T))
+
+    def ranges(start, bin_size, n, limit):
+        p = j.arange(n, dtype=T)
+        lo = j.floor(p[None, :] * bin_size[:, None]).astype(np.int32)
+        hi = j.ceil((p[None, :] + 1) * bin_size[:, None]).astype(np.int32)
+        return (j.clip(lo + start[:, None], 0, limit), j.clip(hi + start[:, None], 0, limit))
+
+    hs, he = ranges(sh, bin_h, ph_n, limit_h)
+    ws, we = ranges(sw, bin_w, pw_n, limit_w)
+    return hs, he, ws, we, r[:, 0].astype(np.int32)
+
+
+def _bin_masks(hs, he, ws, we, h, w):
+    j = jnp()
+    hi = j.arange(h, dtype=np.int32)
+    wi = j.arange(w, dtype=np.int32)
+    in_h = (hi[None, None, :] >= hs[:, :, None]) & (hi[None, None, :] < he[:, :, None])
+    in_w = (wi[None, None, :] >= ws[:, :, None]) & (wi[None, None, :] < we[:, :, None])
+    return in_h, in_w  # (K, PH, H), (K, PW, W)
+
+
+@lower(_tv.ps_roi_pool.default)
+def ps_roi_pool(x, rois, spatial_scale, pooled_height, pooled_width):
+    """``torchvision::ps_roi_pool``: position-sensitive RoI average pooling: output channel
+    ``c`` of bin ``(ph, pw)`` averages input channel ``(c * PH + ph) * PW + pw`` over the
+    bin's pixels (an empty bin gives 0); (K, C / (PH * PW), PH, PW) values and the channel
+    mapping (int32), with CPU's bins (its sums add in another order: last-bit
+    differences)."""
+    dt = tdtype(x)
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise RuntimeError("Tensor rois should have shape as Tensor[K, 5]")
+    if tdtype(rois) != dt:
+        raise RuntimeError("input and rois must have the same dtype")
+    if dt not in (torch.float32, torch.float64):
+        raise RuntimeError("ps_roi_pool only supports float and double types")
+    j = jnp()
+    k = rois.shape[0]
+    b, c, h, w = x.shape
+    c_out = _ps_channels(c, pooled_height, pooled_width)
+    shape = (k, c_out, pooled_height, pooled_width)
+    mapping = ((j.arange(c_out, dtype=np.int32)[:, None, None] * pooled_height
+                + j.arange(pooled_height, dtype=np.int32)[None, :, None]) * pooled_width
+               + j.arange(pooled_width, dtype=np.int32)[None, None, :])
+    mapping = j.broadcast_to(mapping[None], shape)
+    if k == 0 or c_out == 0:
+        return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
+    hs, he, ws, we, batch = _ps_pool_bins(rois, dt, spatial_scale, pooled_height,
+                                          pooled_width, h - 1, w - 1, False)
+    in_h, in_w = _bin_masks(hs, he, ws, we, h, w)
+    xr = x.reshape(b, c_out, pooled_height, pooled_width, h, w)[batch]  # (K,Co,PH,PW,H,W)
+    zero = j.zeros((), x.dtype)
+    rows = j.sum(j.where(in_w[:, None, None, :, None, :], xr, zero), axis=-1)  # (K,Co,PH,PW,H)
+    total = j.sum(j.where(in_h[:, None, :, None, :], rows, zero), axis=-1)  # (K,Co,PH,PW)
+    area = ((he - hs)[:, :, None] * (we - ws)[:, None, :]).astype(x.dtype)  # (K, PH, PW)
+    empty = ((he <= hs)[:, :, None]) | ((we <= ws)[:, None, :])
+    val = j.where(empty[:, None], zero, ieee_div(total, j.where(empty, 1, area)[:, None]))
+    return val, mapping
+
+
+@lower(_tv._ps_roi_pool_backward.default)
+def ps_roi_pool_backward(grad, rois, channel_mapping, spatial_scale, pooled_height,
+                         pooled_width, batch_size, channels, height, width):
+    """``torchvision::_ps_roi_pool_backward``: each bin's gradient divided by its area
+    and added to every pixel of the bin in its input channel, with the backward kernel's
+    bins (CPU clips them to ``height``/``width`` and rounds the box in float32, unlike the
+    forward kernel)."""
+    if tdtype(grad) != tdtype(rois):
+        raise RuntimeError("grad and rois must have the same dtype")
+    j = jnp()
+    dt = tdtype(grad)
+    out = j.zeros((batch_size, channels, height, width), grad.dtype)
+    k = rois.shape[0]
+    if k == 0 or grad.size == 0:
+        return out
+    hs, he, ws, we, batch = _ps_pool_bins(rois, dt, spatial_scale, pooled_height,
+                                          pooled_width, height, width, True)
+    in_h, in_w = _bin_masks(hs, he, ws, we, height, width)
+    area = ((he - hs)[:, :, None] * (we - ws)[:, None, :]).astype(grad.dtype)
+    empty = ((he <= hs)[:, :, None]) | ((we <= ws)[:, None, :])
+    zero = j.zeros((), grad.dtype)
+    diff = j.where(empty[:, None], zero,
+                   ieee_div(grad, j.where(empty, 1, area)[:, None]))  # (K, Co, PH, PW)
+    m = (in_h[:, :, None, :, None] & in_w[:, None, :, None, :])  # (K, PH, PW, H, W)
+    per = j.where(m[:, None], diff[..., None, None], zero)  # (K, Co, PH, PW, H, W)
+    # output channel c of bin (ph, pw) came from input channel channel_mapping[k, c, ph, pw]
+    cm = channel_mapping.astype(np.int32)
+    bi = j.broadcast_to(batch[:, None, None, None], cm.shape)
+    return out.at[bi, cm].add(per)
