@@ -1122,8 +1122,10 @@ def _nll_backward(g, x, target, weight, reduction, ignore_index, total_weight, c
     safe = j.where((t < 0) | (t >= x.shape[c_axis]), 0, t)
     onehot = j.expand_dims(safe, c_axis) == lax().broadcasted_iota(
         j.int64, x.shape, c_axis)
-    val = j.expand_dims(-w * gg, c_axis)
-    return j.where(onehot, val, j.zeros((), npdt(ct)))
+    # an ignored element's gradient is +0, as CPU's kernel (which skips it): not
+    # -0 * g / total_weight, which is NaN when every element is ignored (total_weight 0)
+    val = j.where(t == ignore_index, j.zeros((), npdt(ct)), -w * gg)
+    return j.where(onehot, j.expand_dims(val, c_axis), j.zeros((), npdt(ct)))
 
 
 @lower(aten.nll_loss_backward.default)
@@ -1143,6 +1145,143 @@ def _reduce(loss, reduction):
     if reduction == 1:
         return jnp().mean(loss)
     return jnp().sum(loss)
+
+
+def _multilabel_margin_parts(x, target):
+    """For ``multilabel_margin_loss`` on rows (N, C) (a vector is one row, a 0-d input one
+    row of one class): ``(z, m, is_target, onehot, N, C)`` with ``z[n, j, c] = 1 -
+    x[n, y_j] + x[n, c]`` for label slot ``j`` (the labels of a row are its target entries
+    before the first -1), ``m`` where that term counts (``j`` a label slot, ``c`` not a
+    label), ``onehot[n, j, c]`` = slot ``j`` is label ``c``."""
+    j = jnp()
+    ct = _ct(x)
+    C = x.shape[-1] if x.ndim else 1
+    xx = cast(x, ct).reshape(-1, C)
+    t = target.astype(j.int64).reshape(-1, C)
+    idx = lax().broadcasted_iota(j.int64, t.shape, 1)
+    end = j.min(j.where(t == -1, idx, C), axis=1, keepdims=True)
+    valid = idx < end
+    _checks.check(valid & ((t < 0) | (t >= C)), RuntimeError,
+                  "multilabel_margin_loss: target index is out of bounds")
+    tsafe = j.where(valid, t, 0)
+    onehot = (tsafe[:, :, None] == idx[:, None, :]) & valid[:, :, None]
+    is_target = j.any(onehot, axis=1)
+    xt = j.take_along_axis(xx, tsafe, axis=1)
+    z = 1 - xt[:, :, None] + xx[:, None, :]
+    m = valid[:, :, None] & ~is_target[:, None, :]
+    return z, m, is_target, onehot, xx.shape[0], C
+
+
+def _multilabel_margin_meta(x, target, reduction):
+    # CPU's shapes: a vector (or 0-d) input with reduction 'none' gives a scalar (PyTorch's
+    # meta kernel, from the torch._decomp version, says (1,))
+    n = x.shape[0] if x.dim() == 2 else 1
+    shape = (n,) if reduction == 0 and x.dim() == 2 else ()
+    return x.new_empty(shape), x.new_empty(target.shape)
+
+
+@lower(aten.multilabel_margin_loss_forward.default, meta=_multilabel_margin_meta)
+def multilabel_margin_loss_forward(x, target, reduction):
+    """(loss, is_target) as CPU's kernel: per row, the sum over its labels ``y_j`` (target
+    entries before the first -1) and non-label classes ``c`` of ``max(0, 1 - x[y_j] +
+    x[c])``, divided by C; ``none`` gives (N,), a scalar for a vector input.  PyTorch's
+    ``torch._decomp`` version (used before this lowering) also summed the label slots
+    after the first -1, and gave shape (1,) for a vector with ``none`` (so does PyTorch's
+    meta kernel, hence :func:`_multilabel_margin_meta`; ``torch.compile`` graphs keep
+    the meta kernel's shape)."""
+    j = jnp()
+    z, m, is_target, _, n, C = _multilabel_margin_parts(x, target)
+    per_row = j.sum(j.where(m & (z > 0), z, j.zeros((), z.dtype)), axis=(1, 2)) / C
+    if reduction == 0:
+        loss = per_row if x.ndim == 2 else per_row.reshape(())
+    elif reduction == 1:
+        loss = j.sum(per_row) / n
+    else:
+        loss = j.sum(per_row)
+    return loss.astype(x.dtype), is_target.reshape(target.shape).astype(x.dtype)
+
+
+@lower(aten.multilabel_margin_loss_backward.default,
+       meta=lambda g, x, target, reduction, is_target: x.new_empty(x.shape))
+def multilabel_margin_loss_backward(g, x, target, reduction, is_target):
+    """Gradient of :func:`multilabel_margin_loss_forward` with respect to ``x``: each
+    counted positive term adds ``g_n / C`` at its class ``c`` and subtracts it at its
+    label ``y_j`` (``g_n / N`` for ``mean``)."""
+    j = jnp()
+    z, m, _, onehot, n, C = _multilabel_margin_parts(x, target)
+    gz = j.where(m & (z > 0), j.ones((), z.dtype), j.zeros((), z.dtype)) / C
+    gg = cast(g, _ct(x))
+    if reduction == 0:
+        gn = gg.reshape(-1)[:, None]
+    else:
+        gn = (gg / n if reduction == 1 else gg).reshape(1, 1)
+    d = j.sum(gz, axis=1) - j.sum(j.sum(gz, axis=2)[:, :, None] * onehot, axis=1)
+    return (d * gn).reshape(x.shape).astype(x.dtype)
+
+
+def _multi_margin_parts(x, target, margin):
+    """``multi_margin_loss`` on rows (N, C) (a vector is one row): ``(z, on, is_y, ts, n,
+    C, ct)`` with ``z[n, c] = margin - x[n, y_n] + x[n, c]``, ``on`` where it counts
+    (``z > 0``, ``c != y_n``), ``is_y`` the target column."""
+    j = jnp()
+    ct = _ct(x)
+    C = x.shape[-1] if x.ndim else 1
+    xx = cast(x, ct).reshape(-1, C)
+    t = target.astype(j.int64).reshape(-1)
+    _checks.check((t < 0) | (t >= C), RuntimeError, "target out of range")
+    ts = j.clip(t, 0, C - 1)
+    xy = j.take_along_axis(xx, ts[:, None], axis=1)
+    z = margin - xy + xx
+    is_y = lax().broadcasted_iota(j.int64, xx.shape, 1) == ts[:, None]
+    return z, (z > 0) & ~is_y, is_y, ts, xx.shape[0], C, ct
+
+
+def _multi_margin_meta(x, target, p, margin, weight=None, reduction=1):
+    # CPU's shape: a vector input with reduction 'none' gives a scalar (PyTorch's meta
+    # kernel says (1,))
+    return x.new_empty((x.shape[0],) if reduction == 0 and x.dim() == 2 else ())
+
+
+@lower(aten.multi_margin_loss.default, static_scalars=True, meta=_multi_margin_meta)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    """CPU's ``multi_margin_loss``: per row, ``sum over c != y of max(0, margin - x[y] +
+    x[c])^p * weight[y] / C``; ``none`` gives (N,), a scalar for a vector input (PyTorch's
+    decomposition and meta kernel: (1,); ``torch.compile`` graphs keep that)."""
+    j = jnp()
+    if p not in (1, 2):
+        raise RuntimeError("only p == 1 and p == 2 supported")
+    z, on, _, ts, n, C, ct = _multi_margin_parts(x, target, margin)
+    zero = j.zeros((), npdt(ct))
+    term = j.where(on, z if p == 1 else z * z, zero)
+    if weight is not None:
+        term = term * cast(weight, ct)[ts][:, None]
+    per_row = j.sum(term, axis=1) / C
+    if reduction == 0:
+        loss = per_row if x.ndim == 2 else per_row.reshape(())
+    elif reduction == 1:
+        loss = j.sum(per_row) / n
+    else:
+        loss = j.sum(per_row)
+    return loss.astype(x.dtype)
+
+
+@lower(aten.multi_margin_loss_backward.default, static_scalars=True,
+       meta=lambda g, x, target, p, margin, weight=None, reduction=1: x.new_empty(x.shape))
+def multi_margin_loss_backward(g, x, target, p, margin, weight=None, reduction=1):
+    """Gradient of ``multi_margin_loss`` with respect to ``x`` (rows (N, C); a vector is
+    one row), as CPU's kernel: for class ``c != y`` with ``z = margin - x[y] + x[c] > 0``,
+    ``h = 1`` (``p == 1``) or ``2 z`` (``p == 2``), times ``weight[y]``, over C (and N for
+    ``mean``); ``+h`` at ``c``, ``-h`` summed at ``y``; times the row's ``grad_output``."""
+    j = jnp()
+    z, on, is_y, ts, n, C, ct = _multi_margin_parts(x, target, margin)
+    h = j.where(on, j.ones((), npdt(ct)) if p == 1 else 2 * z, j.zeros((), npdt(ct)))
+    h = h / (n * C if reduction == 1 else C)
+    if weight is not None:
+        h = h * cast(weight, ct)[ts][:, None]
+    gi = h - j.where(is_y, j.sum(h, axis=1, keepdims=True), j.zeros((), npdt(ct)))
+    gg = cast(g, ct)
+    gi = gi * (gg.reshape(-1)[:, None] if reduction == 0 else gg.reshape(1, 1))
+    return gi.reshape(x.shape).astype(x.dtype)
 
 
 @lower(aten.mse_loss.default)

@@ -463,7 +463,14 @@ _LIB.define("flash_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? bi
 def _meta_fwd(q, k, v, bias, is_causal, scale):
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lse_shape = (q.shape[0], q.shape[1], q.shape[2]) if q.dim() == 4 else (1,) + tuple(q.shape[:2])
-    return out, q.new_empty(lse_shape, dtype=torch.float32)
+    # float32 log-sum-exp, float64 for float64 inputs (as CPU's kernels: the backward
+    # recomputes the probabilities from it, a float32 one limits float64 gradients to
+    # float32 accuracy)
+    return out, q.new_empty(lse_shape, dtype=_lse_dtype(q.dtype))
+
+
+def _lse_dtype(dt):
+    return torch.float64 if dt == torch.float64 else torch.float32
 
 
 def _meta_fwd_dropout(q, k, v, bias, dropout_p, is_causal, scale):
@@ -551,7 +558,8 @@ def flash_fwd_dropout(q, k, v, bias, dropout_p, is_causal, scale, *, key):
 
 
 def flash_fwd(q, k, v, bias, is_causal, scale):
-    """Lowering of ``torchtpu_attn::flash_fwd``: (output, log-sum-exp float32 (B, Hq, L))
+    """Lowering of ``torchtpu_attn::flash_fwd``: (output, log-sum-exp (B, Hq, L), float32,
+    float64 for float64 inputs)
     of attention over q (B, Hq, L, E) or (Hq, L, E), k/v (.., Hk, S, E/Ev), an additive
     ``bias`` broadcastable to (B, Hq, L, S) or None; the platform kernel where it applies,
     else the blockwise kernel."""
