@@ -178,3 +178,28 @@ def test_position_sensitive_ops_and_their_gradients_match_cpu(dtype, tol, op, sp
     (gc,) = torch.autograd.grad(c, xc, gout)
     (gt,) = torch.autograd.grad(t, xt, gout.to(TPU))
     torch.testing.assert_close(gt.cpu(), gc, rtol=tol, atol=4 * tol)
+
+
+def test_nms_puts_nan_scores_first_as_cpu():
+    # CPU's descending sort puts a NaN score first: its box suppresses the others
+    b = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [2, 2, 5, 5], [50, 50, 60, 60]])
+    s = torch.tensor([0.9, float("nan"), 0.95, 0.7])
+    assert torch.equal(tvops.nms(b.to(TPU), s.to(TPU), 0.5).cpu(), tvops.nms(b, s, 0.5))
+
+
+@pytest.mark.parametrize("op", ["roi_align", "ps_roi_align"])
+def test_adaptive_sampling_ratio_goes_through_the_cpu_fallback_when_enabled(monkeypatch, op):
+    # (torchvision's default sampling_ratio is -1; the refusal used to come while
+    # tracing, where the fallback was never tried)
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
+    x = torch.randn(1, 12, 16, 16, generator=torch.Generator().manual_seed(14))
+    rois = torch.tensor([[0.0, 1.0, 1.0, 10.0, 12.0]])
+    f, size = getattr(tvops, op), ((3, 4) if op == "roi_align" else (2, 3))
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    c, t = f(xc, rois, size, 1.0, -1), f(xt, rois.to(TPU), size, 1.0, -1)
+    c.sum().backward()
+    t.sum().backward()
+    torch.testing.assert_close(t.detach().cpu(), c.detach())
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
+    assert torchtpu.metrics()["fallbacks"].get(f"torchvision.{op}.default") == 1
+    torchtpu.reset_metrics()  # (the autouse fixture asserts no fallback otherwise)

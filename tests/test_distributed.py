@@ -244,7 +244,7 @@ def test_ten_init_destroy_cycles_then_sigterm_ends_each_rank(tmp_path):
     env = dict(os.environ, TORCHTPU_PLATFORM="cpu")
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "_dist_reinit_worker.py"),
-                               str(r), "2", port, "10"], env=env,
+                               str(r), "2", port, "10", str(tmp_path)], env=env,
                               stdout=open(logs[r], "w"), stderr=subprocess.STDOUT)
              for r in range(2)]
     try:

@@ -146,3 +146,18 @@ def test_reduced_precision_division_of_an_int_tensor_rounds_it_first(dtype):
     for mode in (None, "trunc", "floor"):
         _same(a.to(TPU).div(b.to(TPU), rounding_mode=mode), a.div(b, rounding_mode=mode))
     _same(777.7 // b.to(TPU), 777.7 // b)
+
+
+@pytest.mark.parametrize("divisor", ["number", "float32_zero_d", "zero_d", "tensor", "int"])
+@pytest.mark.parametrize("op", [torch.remainder, torch.fmod], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_reduced_precision_remainder_and_fmod_read_the_divisor_in_the_dtype(dtype, op,
+                                                                            divisor):
+    # CPU converts the divisor to the dtype first (3.7 -> 3.703125 in bfloat16): 43 to
+    # 64 of 64 results differed by a number (helper-18)
+    a = _data(dtype) * 30
+    b = {"number": 3.7, "float32_zero_d": torch.tensor(3.7), "int": 5,
+         "zero_d": torch.tensor(-0.37, dtype=dtype),
+         "tensor": (_divisor(torch.float64, (64, 48), seed=7) - 3.5).to(dtype)}[divisor]
+    bt = b.to(TPU) if isinstance(b, torch.Tensor) and b.dim() else b
+    _same(op(a.to(TPU), bt), op(a, b))

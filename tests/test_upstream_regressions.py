@@ -1030,3 +1030,23 @@ def test_out_resize_warns_once_at_the_callers_line_as_cpu():
     assert [f for f, _ in tpu[0]] == [f for f, _ in cpu[0]] == [__file__, __file__]
     torch.testing.assert_close(tpu[1], cpu[1])
     torch.testing.assert_close(tpu[2], cpu[2])
+
+
+@pytest.mark.parametrize("case", ["scalar_two_indices", "scalar_bad_index", "float_index",
+                                  "matrix_index", "float_matrix_index"])
+def test_index_select_argument_errors_as_cpu(case):
+    """(helper-18) index_select returned values where CPU raises: a 0-d self with two
+    indices or a non-zero one, a float index, a 2-D index."""
+    def run(d):
+        if case == "scalar_two_indices":
+            return torch.tensor(5.0, device=d).index_select(0, torch.tensor([0, 1], device=d))
+        if case == "scalar_bad_index":
+            return torch.tensor(5.0, device=d).index_select(0, torch.tensor([-1], device=d))
+        idx = {"float_index": [1.7], "matrix_index": [[1]], "float_matrix_index": [[1.5]]}[case]
+        return torch.ones(3, 2, device=d).index_select(0, torch.tensor(idx, device=d))
+
+    with pytest.raises((IndexError, RuntimeError)) as cpu_err:
+        run("cpu")
+    with pytest.raises(cpu_err.type) as tpu_err:
+        run("tpu").cpu()
+    assert str(tpu_err.value).split(" (in ")[0] == str(cpu_err.value)

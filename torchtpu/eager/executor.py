@@ -588,6 +588,8 @@ class LoweredPlan:
                 fvals = [v for i, v in enumerate(meta_vals) if i not in self.writeonly]
                 out = call_op(self.fsig, self.fsig.op, fvals[: len(self.fsig.args)])
         except NotImplementedError:
+            if own_meta is not None:  # the lowering refuses the case (the CPU fallback
+                raise                 # runs it where enabled: _run)
             return None
         except Exception as meta_err:
             if own_meta is not None:  # the lowering's own checks give CPU's errors

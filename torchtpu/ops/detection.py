@@ -79,9 +79,11 @@ def _nms_core(p: int, dtype):
     def core(boxes, scores, n, thr):
         iota = lx.iota(npdt(torch.int64), p)
         valid = iota < n
-        # CPU: scores.sort(descending=True); here stable (ties by index), padding last
-        key = j.where(scores == 0, j.zeros_like(scores), scores)
-        _, _, order = lx.sort((~valid, -key, iota), num_keys=2, is_stable=True)
+        # CPU: scores.sort(descending=True): NaN first, then by score; here stable (ties
+        # by index), the padding last
+        key = j.where((scores == 0) | j.isnan(scores), j.zeros_like(scores), scores)
+        _, _, _, order = lx.sort((~valid, ~j.isnan(scores), -key, iota), num_keys=3,
+                                 is_stable=True)
         b = boxes[order]
         x1, y1, x2, y2 = b[:, 0], b[:, 1], b[:, 2], b[:, 3]
         areas = (x2 - x1) * (y2 - y1)
@@ -203,6 +205,22 @@ def _roi_geometry(rois, dt, spatial_scale, ph_n, pw_n, sampling_ratio, aligned, 
     return pos, w, inside
 
 
+def _adaptive_refused(op):
+    """A ``Lowering.meta`` for ``op`` (roi_align and ps_roi_align and their backward):
+    torchvision's own meta kernel, after refusing ``sampling_ratio <= 0`` with
+    ``NotImplementedError``, which the eager executor turns into the CPU fallback where
+    it is enabled (a refusal while tracing would skip it)."""
+    sr_pos = {"roi_align": 5, "_roi_align_backward": 9, "ps_roi_align": 5,
+              "_ps_roi_align_backward": 6}[op._schema.name.split("::")[1]]
+
+    def meta(*args):
+        if args[sr_pos] <= 0:
+            _roi_align_args(str(op), args[1], args[sr_pos])
+        return op(*args)
+
+    return meta
+
+
 def _roi_align_args(op, rois, sampling_ratio):
     if rois.ndim != 2 or rois.shape[1] != 5:
         raise RuntimeError("rois must have shape as Tensor[K, 5]")
@@ -213,7 +231,8 @@ def _roi_align_args(op, rois, sampling_ratio):
             f"(torchvision's detection models use 2) or enable the CPU fallback")
 
 
-@lower(_tv.roi_align.default)
+@lower(_tv.roi_align.default,
+       meta=_adaptive_refused(_tv.roi_align.default))
 def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
     """``torchvision::roi_align``: (K, C, PH, PW) averages of bilinear samples of ``x``
     (B, C, H, W) over each box of ``rois`` (K, 5: batch index, x1, y1, x2, y2, in input
@@ -254,7 +273,8 @@ def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_rati
     return j.transpose(out, (0, 3, 1, 2)).astype(out_dt)
 
 
-@lower(_tv._roi_align_backward.default)
+@lower(_tv._roi_align_backward.default,
+       meta=_adaptive_refused(_tv._roi_align_backward.default))
 def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
                        channels, height, width, sampling_ratio, aligned):
     """``torchvision::_roi_align_backward``: the gradient (B, C, H, W) of
@@ -409,7 +429,8 @@ def _ps_channels(c, ph_n, pw_n):
     return c // (ph_n * pw_n)
 
 
-@lower(_tv.ps_roi_align.default)
+@lower(_tv.ps_roi_align.default,
+       meta=_adaptive_refused(_tv.ps_roi_align.default))
 def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
     """``torchvision::ps_roi_align``: position-sensitive RoIAlign: output channel ``c`` of
     bin ``(ph, pw)`` averages the bilinear samples of input channel ``(c * PH + ph) * PW +
@@ -458,7 +479,8 @@ def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_r
     return j.transpose(out, (0, 3, 1, 2)).astype(x.dtype), mapping
 
 
-@lower(_tv._ps_roi_align_backward.default)
+@lower(_tv._ps_roi_align_backward.default,
+       meta=_adaptive_refused(_tv._ps_roi_align_backward.default))
 def ps_roi_align_backward(grad, rois, channel_mapping, spatial_scale, pooled_height,
                           pooled_width, sampling_ratio, batch_size, channels, height, width):
     """``torchvision::_ps_roi_align_backward``: the gradient (B, C, H, W) of

@@ -344,14 +344,23 @@ def floor_divide(a, b):
 def remainder(a, b):
     dt = promote(a, b)
     _not_for_bool(dt, "remainder_cpu")
-    ct = opmath(dt)
-    x, y = cast(a, ct), cast(b, ct)
+    x, y = _in_dtype_first(a, b, dt)
     j = jnp()
     if dt.is_floating_point:
         r = j.fmod(x, y)
         return j.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
     _no_int_zero_divisor(y)
     return j.remainder(x, y)
+
+
+def _in_dtype_first(a, b, dt):
+    """``(a, b)`` in ``dt``'s computation dtype, each converted to ``dt`` first: CPU's
+    bfloat16/float16 ``remainder``/``fmod`` kernels read both operands in the dtype (a
+    divisor of 3.7 is 3.703125 in bfloat16), then compute in float32."""
+    ct = opmath(dt)
+    if dt in (torch.float16, torch.bfloat16):
+        return cast(cast(a, dt), ct), cast(cast(b, dt), ct)
+    return cast(a, ct), cast(b, ct)
 
 
 def _int_only(dt: torch.dtype, kernel: str) -> None:
@@ -402,8 +411,7 @@ def lcm(a, b):
 def fmod(a, b):
     dt = promote(a, b)
     _not_for_bool(dt, "fmod_cpu")
-    ct = opmath(dt)
-    x, y = cast(a, ct), cast(b, ct)
+    x, y = _in_dtype_first(a, b, dt)
     if dt.is_floating_point:
         return jnp().fmod(x, y)
     _no_int_zero_divisor(y)

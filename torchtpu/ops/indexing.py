@@ -633,7 +633,16 @@ def _index1d_nonneg(index, size, message, exc=IndexError):
 
 @lower(aten.index_select.default)
 def index_select(x, dim, index):
-    if x.ndim == 0:  # PyTorch: index must hold one element (0); the result is 0-d
+    # CPU's argument checks, in its order
+    if index.ndim > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    if tdtype(index) not in (torch.int32, torch.int64):
+        raise RuntimeError("index_select(): Expected dtype int32 or int64 for index")
+    if x.ndim == 0:  # the index must hold one element, 0; the result is 0-d
+        if index.size != 1:
+            raise RuntimeError(f"index_select(): Index to scalar can have only 1 value, got "
+                               f"{index.size} value(s)")
+        _index1d_nonneg(index, 1, "index out of range in self")
         return x
     dim = _dim(dim, x.ndim)
     if dim == 1:  # CPU's dim-1 kernel raises RuntimeError (it names the index: not here)
