@@ -776,7 +776,7 @@ def _worker(item: dict, quick: bool, filter_re, mode, threads: int, conn) -> Non
 
 def _line(rec: dict) -> str:
     return (f"{rec['optimizer']:<10} {rec['variant']:<20} {rec['dtype']:<8} {rec['desc'][:40]:<40} "
-            f"{rec['status']:<11} {rec.get('max_abs', '')!s:.9} "
+            f"{rec['status']:<11} {rec.get('max_abs', '')!s:.12} "
             f"{(rec.get('reason') or rec.get('detail') or '')[:120]}")
 
 
@@ -945,7 +945,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="first option set and the default variant only")
     ap.add_argument("--json", default=None, help="write raw results here")
-    ap.add_argument("--out", default=DEFAULT_OUT, help=f"markdown report (default {DEFAULT_OUT}; '-' none)")
+    ap.add_argument("--out", default=None,
+                    help=f"markdown report (default: {DEFAULT_OUT} for a full sweep, none for "
+                         f"--quick / --filter runs; '-' none)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (0: in this process)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per worker")
     ap.add_argument("--mode", default=None, help="eager mode for the tpu side (default: the process's)")
@@ -955,6 +957,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
+    if args.out is None:  # a partial run does not overwrite the full sweep's report
+        args.out = "-" if (args.quick or args.filter) else DEFAULT_OUT
     if args.from_json:
         from torchtpu.conformance._common import load_json
 
