@@ -423,10 +423,19 @@ def roi_pool_backward(grad, rois, argmax, spatial_scale, pooled_height, pooled_w
 # --------------------------------------------------------------------- ps_roi_align
 
 
-def _ps_channels(c, ph_n, pw_n):
+def _ps_layout(k, c, ph_n, pw_n):
+    """Position-sensitive pooling's output channels ``c / (PH * PW)``, output shape and
+    channel mapping (int32 (K, C_out, PH, PW): output channel ``co`` of bin ``(ph, pw)``
+    reads input channel ``(co * PH + ph) * PW + pw``), as CPU's kernels number them."""
     if c % (ph_n * pw_n) != 0:
         raise RuntimeError("input channels must be a multiple of pooling height * pooling width")
-    return c // (ph_n * pw_n)
+    j = jnp()
+    c_out = c // (ph_n * pw_n)
+    shape = (k, c_out, ph_n, pw_n)
+    mapping = ((j.arange(c_out, dtype=np.int32)[:, None, None] * ph_n
+                + j.arange(ph_n, dtype=np.int32)[None, :, None]) * pw_n
+               + j.arange(pw_n, dtype=np.int32)[None, None, :])
+    return c_out, shape, j.broadcast_to(mapping[None], shape)
 
 
 @lower(_tv.ps_roi_align.default,
@@ -444,12 +453,7 @@ def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_r
     j = jnp()
     k = rois.shape[0]
     b, c, h, w = x.shape
-    c_out = _ps_channels(c, pooled_height, pooled_width)
-    shape = (k, c_out, pooled_height, pooled_width)
-    mapping = ((j.arange(c_out, dtype=np.int32)[:, None, None] * pooled_height
-                + j.arange(pooled_height, dtype=np.int32)[None, :, None]) * pooled_width
-               + j.arange(pooled_width, dtype=np.int32)[None, None, :])
-    mapping = j.broadcast_to(mapping[None], shape)
+    c_out, shape, mapping = _ps_layout(k, c, pooled_height, pooled_width)
     if k == 0 or c_out == 0:
         return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
     dt = tdtype(x)
@@ -575,12 +579,7 @@ def ps_roi_pool(x, rois, spatial_scale, pooled_height, pooled_width):
     j = jnp()
     k = rois.shape[0]
     b, c, h, w = x.shape
-    c_out = _ps_channels(c, pooled_height, pooled_width)
-    shape = (k, c_out, pooled_height, pooled_width)
-    mapping = ((j.arange(c_out, dtype=np.int32)[:, None, None] * pooled_height
-                + j.arange(pooled_height, dtype=np.int32)[None, :, None]) * pooled_width
-               + j.arange(pooled_width, dtype=np.int32)[None, None, :])
-    mapping = j.broadcast_to(mapping[None], shape)
+    c_out, shape, mapping = _ps_layout(k, c, pooled_height, pooled_width)
     if k == 0 or c_out == 0:
         return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
     hs, he, ws, we, batch = _ps_pool_bins(rois, dt, spatial_scale, pooled_height,

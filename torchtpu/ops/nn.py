@@ -32,8 +32,8 @@ import torch
 
 from torchtpu.ops import Lowering, LOWERINGS, _checks, aten, lower
 from torchtpu.ops._scalar import clamp_integer_bounds, fits, scalar_check
-from torchtpu.ops._util import (cast, float_compute, jnp, lax, npdt, opmath, scalar_type_name,
-                                tdtype, to_float_compute)
+from torchtpu.ops._util import (cast, float_compute, ieee_div, jnp, lax, npdt, opmath,
+                                scalar_type_name, tdtype, to_float_compute)
 from torchtpu.ops.decomp_overrides import decomp
 from torchtpu.ops._util import matmul_precision
 from torchtpu.ops.linalg import highest
@@ -1147,6 +1147,19 @@ def _reduce(loss, reduction):
     return jnp().sum(loss)
 
 
+def _margin_reduce(row_sums, C, n, reduction, ndim):
+    """The margin losses' reduction, as CPU's kernels: each row's sum divided by the
+    class count ``C``, then ``none`` (a 0-d result for a vector input), ``mean`` over the
+    ``n`` rows or ``sum``.  Divisions exactly rounded (``ieee_div``)."""
+    j = jnp()
+    per_row = ieee_div(row_sums, j.asarray(C, row_sums.dtype))
+    if reduction == 0:
+        return per_row if ndim == 2 else per_row.reshape(())
+    if reduction == 1:
+        return ieee_div(j.sum(per_row), j.asarray(n, row_sums.dtype))
+    return j.sum(per_row)
+
+
 def _multilabel_margin_parts(x, target):
     """For ``multilabel_margin_loss`` on rows (N, C) (a vector is one row, a 0-d input one
     row of one class): ``(z, m, is_target, onehot, N, C)`` with ``z[n, j, c] = 1 -
@@ -1191,13 +1204,8 @@ def multilabel_margin_loss_forward(x, target, reduction):
     the meta kernel's shape)."""
     j = jnp()
     z, m, is_target, _, n, C = _multilabel_margin_parts(x, target)
-    per_row = j.sum(j.where(m & (z > 0), z, j.zeros((), z.dtype)), axis=(1, 2)) / C
-    if reduction == 0:
-        loss = per_row if x.ndim == 2 else per_row.reshape(())
-    elif reduction == 1:
-        loss = j.sum(per_row) / n
-    else:
-        loss = j.sum(per_row)
+    per_row = j.sum(j.where(m & (z > 0), z, j.zeros((), z.dtype)), axis=(1, 2))
+    loss = _margin_reduce(per_row, C, n, reduction, x.ndim)
     return loss.astype(x.dtype), is_target.reshape(target.shape).astype(x.dtype)
 
 
@@ -1255,14 +1263,7 @@ def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
     term = j.where(on, z if p == 1 else z * z, zero)
     if weight is not None:
         term = term * cast(weight, ct)[ts][:, None]
-    per_row = j.sum(term, axis=1) / C
-    if reduction == 0:
-        loss = per_row if x.ndim == 2 else per_row.reshape(())
-    elif reduction == 1:
-        loss = j.sum(per_row) / n
-    else:
-        loss = j.sum(per_row)
-    return loss.astype(x.dtype)
+    return _margin_reduce(j.sum(term, axis=1), C, n, reduction, x.ndim).astype(x.dtype)
 
 
 @lower(aten.multi_margin_loss_backward.default, static_scalars=True,
