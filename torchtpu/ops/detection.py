@@ -221,6 +221,18 @@ def _adaptive_refused(op):
     return meta
 
 
+def _align_args(op, t, rois, sampling_ratio, what):
+    """The checks of the RoIAlign kernels (``t``: the input or the gradient, named
+    ``what`` in CPU's message) and the dtype they compute in (float16/bfloat16 in
+    float32): ``(torch dtype, numpy dtype)``."""
+    _roi_align_args(op, rois, sampling_ratio)
+    if tdtype(t) != tdtype(rois):
+        raise RuntimeError(f"{what} should have the same type as rois")
+    dt = tdtype(t)
+    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    return cdt, npdt(cdt)
+
+
 def _roi_align_args(op, rois, sampling_ratio):
     if rois.ndim != 2 or rois.shape[1] != 5:
         raise RuntimeError("rois must have shape as Tensor[K, 5]")
@@ -238,15 +250,11 @@ def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_rati
     (B, C, H, W) over each box of ``rois`` (K, 5: batch index, x1, y1, x2, y2, in input
     coordinates times ``spatial_scale``), as torchvision's CPU kernel computes them.
     Raises ``NotImplementedError`` for ``sampling_ratio <= 0``."""
-    _roi_align_args("torchvision::roi_align", rois, sampling_ratio)
-    if tdtype(x) != tdtype(rois):
-        raise RuntimeError("input should have the same type as rois")
+    cdt, _ = _align_args("torchvision::roi_align", x, rois, sampling_ratio, "input")
     j = jnp()
     k = rois.shape[0]
     b, c, h, w = x.shape
     out_dt = x.dtype
-    dt = tdtype(x)
-    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
     if k == 0 or c == 0:
         return j.zeros((k, c, pooled_height, pooled_width), out_dt)
     pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
@@ -281,13 +289,9 @@ def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, b
     :func:`roi_align` for the output gradient ``grad`` (K, C, PH, PW), as torchvision's
     CPU kernel accumulates it (the adds may come in another order: last-bit
     differences)."""
-    _roi_align_args("torchvision::_roi_align_backward", rois, sampling_ratio)
-    if tdtype(grad) != tdtype(rois):
-        raise RuntimeError("grad should have the same type as rois")
+    cdt, T = _align_args("torchvision::_roi_align_backward", grad, rois, sampling_ratio,
+                         "grad")
     j = jnp()
-    dt = tdtype(grad)
-    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    T = npdt(cdt)
     out = j.zeros((batch_size, height * width, channels), T)
     k = rois.shape[0]
     if k == 0 or grad.size == 0:
@@ -447,18 +451,13 @@ def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_r
     torchvision's CPU kernel computes them (the sample points are ``roi_align``'s with
     ``aligned=True``; a sample off the map counts 0).  Raises ``NotImplementedError``
     for ``sampling_ratio <= 0``."""
-    _roi_align_args("torchvision::ps_roi_align", rois, sampling_ratio)
-    if tdtype(x) != tdtype(rois):
-        raise RuntimeError("input should have the same type as rois")
+    cdt, T = _align_args("torchvision::ps_roi_align", x, rois, sampling_ratio, "input")
     j = jnp()
     k = rois.shape[0]
     b, c, h, w = x.shape
     c_out, shape, mapping = _ps_layout(k, c, pooled_height, pooled_width)
     if k == 0 or c_out == 0:
         return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
-    dt = tdtype(x)
-    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    T = npdt(cdt)
     pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
                                      sampling_ratio, True, h, w)
     batch = rois[:, 0].astype(T).astype(np.int32)
@@ -490,13 +489,9 @@ def ps_roi_align_backward(grad, rois, channel_mapping, spatial_scale, pooled_hei
     """``torchvision::_ps_roi_align_backward``: the gradient (B, C, H, W) of
     :func:`ps_roi_align` for ``grad`` (K, C_out, PH, PW), added to each bin's input
     channel (``channel_mapping``) as CPU's kernel does (in another order)."""
-    _roi_align_args("torchvision::_ps_roi_align_backward", rois, sampling_ratio)
-    if tdtype(grad) != tdtype(rois):
-        raise RuntimeError("grad should have the same type as rois")
+    cdt, T = _align_args("torchvision::_ps_roi_align_backward", grad, rois, sampling_ratio,
+                         "grad")
     j = jnp()
-    dt = tdtype(grad)
-    cdt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    T = npdt(cdt)
     out = j.zeros((batch_size, channels, height * width), T)
     if rois.shape[0] == 0 or grad.size == 0:
         return out.reshape(batch_size, channels, height, width).astype(grad.dtype)
