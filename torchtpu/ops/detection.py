@@ -315,41 +315,6 @@ def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, b
 # ------------------------------------------------------------------------- roi_pool
 
 
-def _roi_pool_bins(rois, dt, spatial_scale, ph_n, pw_n, height, width):
-    """Per box and bin, the pixel ranges ``[hstart, hend)`` x ``[wstart, wend)`` that
-    torchvision's CPU kernel pools (int32, shapes (K, PH) and (K, PW)), and the boxes'
-    batch indices."""
-    j = jnp()
-    T = npdt(dt)
-    f64 = np.float64
-    ss = j.asarray(spatial_scale, T)
-
-    def cround(v):  # std::round: half away from zero (jnp.round is half to even)
-        v = v.astype(f64)
-        return (j.sign(v) * j.floor(j.abs(v) + 0.5)).astype(np.int32)
-
-    r = rois.astype(T)
-    sw, sh = cround(r[:, 1] * ss), cround(r[:, 2] * ss)
-    ew, eh = cround(r[:, 3] * ss), cround(r[:, 4] * ss)
-    rw = j.maximum(ew - sw + 1, 1)
-    rh = j.maximum(eh - sh + 1, 1)
-    bin_h = ieee_div(rh.astype(T), j.asarray(ph_n, T))
-    bin_w = ieee_div(rw.astype(T), j.asarray(pw_n, T))
-
-    def ranges(start, bin_size, n, limit):
-        p = j.arange(n, dtype=T)
-        lo = j.floor(p[None, :] * bin_size[:, None]).astype(np.int32)
-        hi = j.ceil((p[None, :] + 1) * bin_size[:, None]).astype(np.int32)
-        lo = j.clip(lo + start[:, None], 0, limit)
-        hi = j.clip(hi + start[:, None], 0, limit)
-        return lo, hi
-
-    hs, he = ranges(sh, bin_h, ph_n, height)
-    ws, we = ranges(sw, bin_w, pw_n, width)
-    batch = r[:, 0].astype(np.int32)
-    return hs, he, ws, we, batch
-
-
 @lower(_tv.roi_pool.default)
 def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width):
     """``torchvision::roi_pool``: per box of ``rois`` (K, 5) and bin, the maximum of ``x``
@@ -368,8 +333,8 @@ def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width):
     shape = (k, c, pooled_height, pooled_width)
     if k == 0 or c == 0:
         return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
-    hs, he, ws, we, batch = _roi_pool_bins(rois, dt, spatial_scale, pooled_height,
-                                           pooled_width, h, w)
+    hs, he, ws, we, batch = _pool_bins(rois, dt, spatial_scale, pooled_height,
+                                       pooled_width, h, w, 1, False)
     T = x.dtype
     floor_v = j.asarray(-np.finfo(np.float32).max, T)  # CPU's starting maximum, -FLT_MAX
     neg = j.asarray(-np.inf, T)
@@ -516,11 +481,14 @@ def ps_roi_align_backward(grad, rois, channel_mapping, spatial_scale, pooled_hei
 # ---------------------------------------------------------------------- ps_roi_pool
 
 
-def _ps_pool_bins(rois, dt, spatial_scale, ph_n, pw_n, limit_h, limit_w, round_f32):
-    """``ps_roi_pool``'s bins, as CPU's kernels compute them: ``[hstart, hend)`` x
-    ``[wstart, wend)`` per box and bin (int32, (K, PH) and (K, PW)), clipped to
-    ``[0, limit]`` (the forward kernel clips to ``height - 1``, the backward kernel to
-    ``height``; the backward rounds the box with ``roundf``)."""
+def _pool_bins(rois, dt, spatial_scale, ph_n, pw_n, limit_h, limit_w, extra, round_f32):
+    """The bins of ``roi_pool`` and ``ps_roi_pool`` as CPU's kernels compute them:
+    ``[hstart, hend)`` x ``[wstart, wend)`` per box and bin (int32, (K, PH) and (K, PW))
+    clipped to ``[0, limit]``, and the boxes' batch indices.  The kernels differ: a box
+    spans ``end - start + extra`` pixels (``roi_pool``: 1, ``ps_roi_pool``: 0), the
+    limits are the height and width, except ``ps_roi_pool``'s forward, which clips to
+    ``height - 1``; ``ps_roi_pool``'s backward rounds the box with ``roundf``
+    (``round_f32``), the others with ``std::round`` in the box's dtype."""
     j = jnp()
     T = npdt(dt)
     ss = j.asarray(spatial_scale, T)
@@ -532,8 +500,8 @@ def _ps_pool_bins(rois, dt, spatial_scale, ph_n, pw_n, limit_h, limit_w, round_f
     r = rois.astype(T)
     sw, sh = cround(r[:, 1] * ss), cround(r[:, 2] * ss)
     ew, eh = cround(r[:, 3] * ss), cround(r[:, 4] * ss)
-    rw = j.maximum(ew - sw, 1)
-    rh = j.maximum(eh - sh, 1)
+    rw = j.maximum(ew - sw + extra, 1)
+    rh = j.maximum(eh - sh + extra, 1)
     bin_h = ieee_div(rh.astype(T), j.asarray(ph_n, T))
     bin_w = ieee_div(rw.astype(T), j.asarray(pw_n, T))
 
@@ -577,8 +545,8 @@ def ps_roi_pool(x, rois, spatial_scale, pooled_height, pooled_width):
     c_out, shape, mapping = _ps_layout(k, c, pooled_height, pooled_width)
     if k == 0 or c_out == 0:
         return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
-    hs, he, ws, we, batch = _ps_pool_bins(rois, dt, spatial_scale, pooled_height,
-                                          pooled_width, h - 1, w - 1, False)
+    hs, he, ws, we, batch = _pool_bins(rois, dt, spatial_scale, pooled_height,
+                                       pooled_width, h - 1, w - 1, 0, False)
     in_h, in_w = _bin_masks(hs, he, ws, we, h, w)
     xr = x.reshape(b, c_out, pooled_height, pooled_width, h, w)[batch]  # (K,Co,PH,PW,H,W)
     zero = j.zeros((), x.dtype)
@@ -605,8 +573,8 @@ def ps_roi_pool_backward(grad, rois, channel_mapping, spatial_scale, pooled_heig
     k = rois.shape[0]
     if k == 0 or grad.size == 0:
         return out
-    hs, he, ws, we, batch = _ps_pool_bins(rois, dt, spatial_scale, pooled_height,
-                                          pooled_width, height, width, True)
+    hs, he, ws, we, batch = _pool_bins(rois, dt, spatial_scale, pooled_height,
+                                       pooled_width, height, width, 0, True)
     in_h, in_w = _bin_masks(hs, he, ws, we, height, width)
     area = ((he - hs)[:, :, None] * (we - ws)[:, None, :]).astype(grad.dtype)
     empty = ((he <= hs)[:, :, None]) | ((we <= ws)[:, None, :])
