@@ -81,6 +81,12 @@ class Metrics:
             capacity at a runtime offset), ``regrows`` (capacity doubled),
             ``attention_calls`` (attention run over the capacity with a length mask),
             ``cuts`` (reads that needed the exact array, cut on the device).
+        padded: padded sequences (``torchtpu.eager.padded``): ``transfers`` (host
+            transfers padded to a capacity), ``runs`` (ops run on capacity arrays with
+            the length as a runtime value), ``masks`` (results zeroed past the length
+            on the device), ``cuts`` (reads of the exact array cut on the device) and
+            ``host_cuts`` (from a padded transfer's host copy: a transfer, no sync),
+            ``cut_ops`` (by op: the ops that read a padded storage without a rule).
         async_compile: STRICT first calls compiled on worker threads
             (``torchtpu.eager.async_compile``): ``jobs`` (first calls), ``queued_runs``
             (calls run on a worker behind a pending value or compile), ``waits`` /
@@ -205,6 +211,8 @@ class Metrics:
                               "churning_ops": 0}
         self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
                        "cuts": 0}
+        self.padded = {"transfers": 0, "runs": 0, "masks": 0, "cuts": 0, "host_cuts": 0,
+                       "cut_ops": collections.Counter()}
         self.op_executables = collections.Counter()
         self.async_compile = {"jobs": 0, "queued_runs": 0, "waits": 0, "wait_seconds": 0.0,
                               "compile_seconds": 0.0, "errors": 0}
@@ -221,6 +229,7 @@ class Metrics:
         d["host_syncs_total"] = sum(d["host_syncs"].values())
         d["fallbacks"] = dict(d["fallbacks"])
         d["op_executables"] = dict(d["op_executables"].most_common())
+        d["padded"]["cut_ops"] = dict(d["padded"]["cut_ops"].most_common())
         d["segment_cuts"] = dict(d["segment_cuts"])
         d["sync_sites"] = {f"{c} @ {line}": n for (c, line), n in d["sync_sites"].items()}
         d["compile"]["recompile_reasons"] = dict(d["compile"]["recompile_reasons"])

@@ -134,7 +134,10 @@ class StorageData:
         elif a.__class__ is Grown:  # cut the spare capacity off, on the device
             from torchtpu import _metrics
 
-            _metrics.METRICS.growth["cuts"] += 1
+            if a.chain is not None:
+                _metrics.METRICS.growth["cuts"] += 1
+            elif a.host_copy is None:
+                _metrics.METRICS.padded["cuts"] += 1
             self.arr = a.exact(self.shape, self.dtype, self.index)
             if a.chain is not None:
                 a.chain.cut(self)
@@ -269,26 +272,42 @@ class Grown:
             ``arr.shape[dim] >= n`` entries; entries ``n:`` along ``dim`` are zeros.
         dim: the dim along which the storage grows.
         n: the storage's logical length along ``dim``.
+        chain: ``eager.growth``'s record of a cat chain, or None.
+        host_copy: the storage's exact elements as a numpy array (a padded host transfer,
+            ``eager.padded``), or None.
 
-    The growth rules (``eager.growth``) and window views (:func:`grown_view_spec`) read
+    The growth rules (``eager.growth``), the padded-sequence rules (``eager.padded``)
+    and window views (:func:`grown_view_spec`) read
     the capacity array directly, with ``n`` a runtime value, so one executable serves
     every length up to the capacity; anything else gets the storage's own array from
     :meth:`StorageData.get`, which cuts the capacity off on the device (no host sync).
     """
 
-    __slots__ = ("arr", "dim", "n", "chain")
+    __slots__ = ("arr", "dim", "n", "chain", "host_copy")
 
-    def __init__(self, arr, dim: int, n: int, chain=None):
+    def __init__(self, arr, dim: int, n: int, chain=None, host_copy=None):
         self.arr = arr
         self.dim = dim
         self.n = n
         # the maker's record of this storage's chain (eager.growth): told, with
         # ``chain.cut(storage_data)``, when the storage is cut to its exact array
         self.chain = chain
+        # the exact elements on the host (a padded host transfer, eager.padded): a cut
+        # transfers them again instead of compiling a cut
+        self.host_copy = host_copy
+        GROWN_MADE[0] = True
 
     def exact(self, shape: tuple, dtype: torch.dtype, index: int):
         """The storage's own array (of ``shape``): the capacity cut off, on the device
         (one executable per capacity and length)."""
+        if self.host_copy is not None:
+            from torchtpu import _metrics
+
+            _metrics.METRICS.padded["host_cuts"] += 1
+            arr = runtime.put_host(self.host_copy, index)
+            if self.host_copy.nbytes <= _HOST_COPY_BYTES:
+                remember_host_copy(arr, self.host_copy)
+            return arr
         key = (tuple(self.arr.shape), shape, dtype, index)
         f = _CUTTERS.get(key)
         if f is None:
@@ -304,9 +323,14 @@ class Grown:
     def host(self, shape: tuple) -> np.ndarray:
         """The storage's elements on the host, in ``shape`` (a sync point: the capacity
         array comes to the host and is cut there)."""
+        if self.host_copy is not None:
+            return np.array(self.host_copy).reshape(shape)
         return np.ascontiguousarray(np.asarray(self.arr)[tuple(slice(0, k) for k in shape)])
 
 
+# whether a Grown storage was ever made (eager.padded's rules are skipped until then)
+GROWN_MADE = [False]
+_HOST_COPY_BYTES = 64  # host copies of padded transfers kept for host-side checks
 _CUTTERS = _executable_limit.LRUCache(share=0.125)  # Grown.exact: one per capacity and length
 
 

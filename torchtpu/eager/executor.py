@@ -44,6 +44,7 @@ from torchtpu.eager import hotpath as _hot
 from torchtpu.eager.host_reads import check_pending, to_jax
 from torchtpu.eager import inflight as _inflight
 from torchtpu.eager import keying as _keying
+from torchtpu.eager import padded as _padded
 from torchtpu.eager import modes as _modes
 from torchtpu.eager.modes import CONFIG
 from torchtpu.ops import set_plan_runner as _set_plan_runner
@@ -317,6 +318,7 @@ class LoweredPlan:
         self.hot = _hot.new_table() if self.hot_codes is not None else None
         self.native = None
         self.grow = _growth.rule_for(op)  # cat / attention over grown storages, or None
+        self.pad = _padded.rule_for(self)  # ops on padded sequences (eager.padded), or None
         if self.grow is not None:
             _growth.watch(self)
         if self.hot is not None:
@@ -408,6 +410,10 @@ class LoweredPlan:
         ``hot``: the call's hot-path gather, to remember the executable under)."""
         if _hot._ARRAY[0] is None:
             _hot_start()
+        if self.pad is not None:  # eager.padded: run on capacity arrays
+            r = _padded.run(self, vals)
+            if r is not _padded.NO:
+                return r
         if self.grow is not None:  # eager.growth: a cat chain, attention over capacity
             r = self.grow(self, vals)
             if r is not _growth.NO:

@@ -15,6 +15,7 @@ from torchtpu import _metrics
 from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import host_reads as _hr
+from torchtpu.eager import padded as _padded
 
 M = _metrics.METRICS
 aten = torch.ops.aten
@@ -111,6 +112,9 @@ def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
     """A new contiguous ``tpu:index`` tensor with the values of CPU tensor ``src``."""
     arr = host_array(src)
     M.transfers_to_device_bytes += arr.nbytes
+    t = _padded.transfer(arr, src.dtype, index)  # a sequence of changing length
+    if t is not None:
+        return t
     if arr.nbytes <= _SMALL_BYTES:
         key = (arr.tobytes(), arr.dtype.str, arr.shape, src.dtype, index)
         dev_arr = _SMALL.get(key)

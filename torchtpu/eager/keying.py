@@ -17,10 +17,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from torchtpu import _metrics
 from torchtpu._device import runtime, state
 from torchtpu._tensor import storage as _st
 from torchtpu.eager.modes import CONFIG
 from torchtpu.ops._schema import GEN, OPT_SCALAR, OPT_T, OPT_T_LIST, SCALAR, SCALAR_LIST, T, T_LIST
+
+M = _metrics.METRICS
 
 SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
 _matmul_precision = torch._C._get_float32_matmul_precision
@@ -102,6 +105,8 @@ class Call:
                     self.arrays.append(g.arr)
                 self.key.append((j, spec))
                 return
+            if g.chain is None:  # (eager.padded's storages: the ops without a rule)
+                M.padded["cut_ops"][str(op)] += 1
             sd.get()
             if j is not None:  # its slot holds the capacity array: gather again
                 self.regather = True

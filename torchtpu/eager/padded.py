@@ -1,0 +1,682 @@
+"""Padded sequences: a tensor whose length along one dim keeps changing (a prompt's length,
+a batch's sequence length) is held at a bucketed capacity, and the ops of a transformer
+run on that capacity with the true length as a runtime value: one executable per
+capacity, not per length.
+
+Why: per-op executables are compiled for exact shapes, so every new prompt length of
+``generate()`` compiled ~50 executables (~1.5-3.5 s against ~0.1 s on CPU), and every
+new sequence length of a training step ~90.
+
+Representation: :class:`~torchtpu._tensor.storage.Grown` (also ``eager.growth``'s):
+the storage's array has the logical shape but along one dim, where it holds the
+capacity ``C`` (a power of two above the length ``n``, at least 128 while small,
+``growth._capacity``); entries past ``n`` are **zeros** (every rule keeps them so).
+Tensors keep their logical shape, strides and device bytes.
+
+Where padded storages start: host transfers (``tensor.to("tpu")``) of integer or bool
+tensors (token ids, attention masks, labels, positions: what carries a sequence's length
+into a model; a model's float weights of many shapes must not look like one family) of a
+family of shapes (the same shape but along one dim, the same dtype) that has met two
+lengths along that dim (Dynamo's "automatic dynamic" rule): padded on the host, where the data
+is (no sync; the exact host array is kept, so a read the rules do not cover gets the
+exact array by a second transfer, not a compile).  ``eager.growth``'s cat chains (a KV
+cache) and every result of a rule are padded storages too.
+
+Rules (STRICT only: DeferAndFuse fuses whole steps, DEBUG's checks read every output).
+The op runs through the executor on *capacity views* of its padded arguments (the same
+view of the capacity array; a view must keep the padded dim whole and start at its
+origin: reshapes that merge static dims, permutes and slices of static dims do), and
+its padded results are wrapped with the true length:
+
+* element-wise ops (``torch.Tag.pointwise``, not random; in-place too; ``_to_copy``):
+  padded operands aligned on one result dim, the others broadcast along it (size 1);
+  integer division and remainder are refused (their zero-divisor check would see the
+  padding);
+* reductions (``sum``, ``mean``, ``amax``/``amin``, ``any``/``all``, ``var``/``std``,
+  ``prod``, ``max``/``min``/``argmax``/``argmin`` with a dim, ``_softmax``/
+  ``_log_softmax``, ``native_layer_norm``) over other dims; ``sum``/``any``/``all``/
+  ``amax``/``amin``/``prod`` over the padded dim or the whole tensor with the
+  reduction's identity in the padding (``-0.0`` for float sums: the exact additive
+  identity), their results exact; ``_softmax``/``_log_softmax`` over the padded dim with
+  ``-inf`` there; ``cumsum`` along any dim (a prefix is unchanged by what follows);
+* ``mm``/``addmm``/``bmm`` with the padded dim on rows or columns (padded results), or
+  contracted on both operands (zeros times zeros: an exact result);
+* ``embedding`` with padded indices (the padding reads row 0);
+* causal attention (``torchtpu_attn::flash_fwd``) with queries, keys and values padded
+  alike: no valid query sees a key past the length;
+* ``cat`` along another dim of operands padded alike (legacy empty 1-D operands skipped);
+  ``cat`` along the padded dim is ``eager.growth``'s append.
+
+Each result is then masked to zeros past ``n`` (``masked_fill`` with a mask made from
+``n`` as a runtime value: one executable per capacity) unless the op keeps zeros
+(copies, casts, ``cat``).  Anything else *cuts*: ``StorageData.get`` gives the exact
+array (cut on the device, or transferred again from the kept host copy), counted in
+``metrics()["padded"]["cuts"]`` / ``["host_cuts"]`` and by op in ``["cut_ops"]``.
+
+Values: the valid positions equal the exact executable's up to the order of
+floating-point sums where a sum runs over a padded dim (XLA may group a longer sum
+differently), and ``-0.0`` may become ``0.0`` where a contraction runs over the padding
+(``-0.0 + 0.0``); tests compare against CPU and against the exact path
+(``TORCHTPU_PADDED=0``).  Nothing here reads a value on the host: padding and masking
+run on the device, with the length as a runtime input.
+
+Counters: ``torchtpu.metrics()["padded"]``.  ``TORCHTPU_PADDED=0`` switches it off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from torchtpu import _metrics
+from torchtpu._device import executable_limit as _executable_limit
+from torchtpu._device import runtime
+from torchtpu._tensor import storage as _st
+from torchtpu.eager import growth as _growth
+from torchtpu.eager.modes import CONFIG
+from torchtpu.ops._schema import OPT_T, OPT_T_LIST, T, T_LIST
+
+M = _metrics.METRICS
+NO = _growth.NO  # a rule's answer: not for this call (the executor runs it as usual)
+ON = [os.environ.get("TORCHTPU_PADDED", "1") not in ("0", "")]
+_ACTIVE = [False]  # a rule is running its capacity call (no rule inside a rule)
+_SEEN: dict = {}  # transfer family (dim, shape before, shape after, dtype) -> lengths
+_SEEN_LIMIT = 4096
+_LENGTHS_LIMIT = 64
+_SEQ_MIN = 8  # a 2-D integer transfer (batch, length) of at least this length: padded
+
+aten = torch.ops.aten
+_masked_fill = aten.masked_fill.Scalar
+
+
+def set_enabled(enabled: bool) -> None:
+    """Switch padded sequences on or off from now on (``TORCHTPU_PADDED`` sets the
+    start-up value); storages already padded stay padded (their ops then cut them)."""
+    ON[0] = bool(enabled)
+    _SEEN.clear()
+
+
+def enabled() -> bool:
+    return ON[0] and not CONFIG.defer and not CONFIG.debug_sync
+
+
+# --------------------------------------------------------------------------- transfers
+
+
+def transfer(arr: np.ndarray, dtype: torch.dtype, index: int):
+    """The host array ``arr`` (of torch dtype ``dtype``) as a padded ``tpu:index``
+    tensor when its shape family has met two lengths along one dim (and only one);
+    else None (the caller transfers it exactly)."""
+    if not enabled() or arr.ndim == 0 or _ACTIVE[0] or _growth._ACTIVE[0] \
+            or dtype.is_floating_point or dtype.is_complex:
+        return None
+    shape = arr.shape
+    if arr.ndim == 2 and shape[1] >= _SEQ_MIN and shape[1] > shape[0]:
+        dyn = 1  # (batch, length) ids, masks, labels: a sequence from the start
+    else:
+        dyn = _dynamic_dim(shape, dtype)
+    if dyn is None:
+        return None
+    return _pad_host(arr, dyn, dtype, index)
+
+
+def _dynamic_dim(shape, dtype):
+    """The one dim along which transfers of ``shape``'s family met two lengths, or None."""
+    dyn = None
+    for j, n in enumerate(shape):
+        key = (j, shape[:j], shape[j + 1:], dtype)
+        seen = _SEEN.get(key)
+        if seen is None:
+            if len(_SEEN) >= _SEEN_LIMIT:
+                _SEEN.clear()
+            seen = _SEEN[key] = set()
+        if n not in seen and len(seen) < _LENGTHS_LIMIT:
+            seen.add(n)
+        if len(seen) >= 2 and n >= 2:
+            if dyn is not None:
+                return None  # more than one dim varies: not a sequence
+            dyn = j
+    return dyn
+
+
+def _pad_host(arr, dyn, dtype, index):
+    n = arr.shape[dyn]
+    shape = arr.shape
+    unit = arr.nbytes // n
+    if unit == 0:
+        return None
+    cap = _growth._capacity(n, unit)
+    if cap * unit > _growth.MAX_BYTES:
+        return None
+    host = np.zeros(shape[:dyn] + (cap,) + shape[dyn + 1:], dtype=arr.dtype)
+    host[(slice(None),) * dyn + (slice(0, n),)] = arr
+    dev = runtime.jax().device_put(host, runtime.jax_device(index))
+    M.padded["transfers"] += 1
+    st = _st.new_storage(shape, dtype, index, _st.Grown(dev, dyn, n, None, host_copy=arr))
+    return _st.tensor_on(st, shape, _st.contiguous_strides(shape), 0, dtype)
+
+
+# ------------------------------------------------------------------------------ views
+
+
+def _padded(t):
+    """``(StorageData, Grown)`` of a tensor whose storage is padded, else None."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    sd = getattr(t.untyped_storage(), "_tpu", None)
+    if sd is None or sd.arr.__class__ is not _st.Grown:
+        return None
+    return sd, sd.arr
+
+
+def capacity_geometry(t, sd, g):
+    """``(size, stride, offset, i)``: the view ``t`` of padded storage ``sd`` read from
+    its capacity array ``g.arr`` (view dim ``i`` spans the padded dim, whole, from its
+    origin), or None when ``t`` is not such a view (a window, a merge across the padded
+    dim, another dtype, conj/neg bits, an expand)."""
+    if t.dtype is not sd.dtype or t.is_neg() or (t.dtype.is_complex and t.is_conj()):
+        return None
+    S = sd.shape
+    d, n = g.dim, g.n
+    if len(S) != len(g.arr.shape) or d >= len(S) or S[d] != n or n < 2:
+        return None
+    C = g.arr.shape[d]
+    Sc = S[:d] + (C,) + S[d + 1:]
+    cs = _st.contiguous_strides(S)
+    csc = _st.contiguous_strides(Sc)
+    off = t.storage_offset()
+    coord = [0] * len(S)
+    for k, s in enumerate(S):
+        if s > 1:
+            coord[k], off = divmod(off, cs[k])
+    if off or coord[d]:
+        return None
+    size = tuple(t.shape)
+    stride = tuple(t.stride())
+    out = list(stride)
+    ext = [0] * len(S)  # per storage dim: the view's extent along it (steps past coord)
+    whole = set()  # static dims merged into one view dim (read whole)
+    i = None
+    for j, (sz, st) in enumerate(zip(size, stride)):
+        if sz == 1:
+            out[j] = 1
+            continue
+        if sz == 0 or st <= 0:
+            return None
+        m = None
+        for k, s in enumerate(S):  # the storage dim whose steps ``st`` is made of
+            if s > 1 and cs[k] <= st < cs[k] * s:
+                m = k
+                break
+        if m is None or st % cs[m]:
+            return None
+        q = st // cs[m]
+        if m == d:
+            if q != 1 or sz != n or i is not None:
+                return None
+            i = j
+            ext[d] = n - 1
+            out[j] = csc[d]
+            continue
+        if m in whole:
+            return None
+        if coord[m] + ext[m] + (sz - 1) * q < S[m]:
+            ext[m] += (sz - 1) * q  # a step within dim m (a split of it, or all of it)
+            out[j] = q * csc[m]
+            continue
+        if q != 1:
+            return None
+        k, total = m, S[m]  # static dims k..m merged into one view dim, whole
+        while total < sz and k > 0:
+            k -= 1
+            if k == d:
+                return None
+            total *= S[k]
+        group = range(k, m + 1)
+        if total != sz or any(coord[x] or ext[x] or x in whole for x in group):
+            return None
+        whole.update(group)
+        out[j] = csc[m]
+    if i is None:
+        return None
+    cap_size = size[:i] + (C,) + size[i + 1:]
+    return cap_size, tuple(out), sum(c * s for c, s in zip(coord, csc)), i
+
+
+class _Call:
+    """One ruled call: the capacity storages made for its padded arguments (one per
+    storage, so aliasing stays visible), the common length ``n`` and capacity ``C``."""
+
+    __slots__ = ("caps", "n", "C", "index")
+
+    def __init__(self):
+        self.caps = {}
+        self.n = None
+        self.C = None
+        self.index = None
+
+    def view(self, t):
+        """``(capacity view of t, i)`` or None (not padded: ``(t, None)``; not a view
+        the rules take, or another length: None)."""
+        p = _padded(t)
+        if p is None:
+            return t, None
+        sd, g = p
+        geo = capacity_geometry(t, sd, g)
+        if geo is None:
+            return None
+        size, stride, offset, i = geo
+        C = size[i]
+        if self.n is None:
+            self.n, self.C, self.index = g.n, C, sd.index
+        elif self.n != g.n or self.C != C:
+            return None
+        st = self.caps.get(id(sd))
+        if st is None:
+            st = self.caps[id(sd)] = _st.new_storage(
+                tuple(g.arr.shape), sd.dtype, sd.index, g.arr)
+        return _st.tensor_on(st, size, stride, offset, t.dtype), i
+
+
+# ------------------------------------------------------------------------------ masks
+
+_INVALID = _executable_limit.LRUCache(share=0.01)  # (C, n, index) -> bool array (C,)
+
+
+def _invalid(C: int, n: int, index: int, ndim: int, i: int):
+    """A bool tensor of ``ndim`` dims, ``C`` along dim ``i`` and 1 elsewhere: True past
+    ``n`` (computed on the device with ``n`` a runtime value)."""
+    key = (C, n, index)
+    arr = _INVALID.get(key)
+    dev = torch.device("tpu", index)
+    if arr is None:
+        pos = torch.arange(C, device=dev)
+        mask = torch.ge(pos, torch.tensor(n).to(dev))
+        arr = _INVALID.put(key, _st.data(mask).get())
+    t = _st.wrap(arr, index, torch.bool)
+    shape = [1] * ndim
+    shape[i] = C
+    return t.view(shape)
+
+
+def _mask(r, i, n, fill=0):
+    """``r`` (capacity shape) with ``fill`` past ``n`` along dim ``i``."""
+    M.padded["masks"] += 1
+    return _masked_fill(r, _invalid(r.shape[i], n, _st.data(r).index, r.dim(), i), fill)
+
+
+def _identity(op_name: str, dtype: torch.dtype):
+    """The identity of a reduction (what the padding must hold), or None."""
+    if op_name in ("any",):
+        return False
+    if op_name == "all":
+        return True
+    if op_name == "sum":
+        return -0.0 if dtype.is_floating_point or dtype.is_complex else 0
+    if op_name == "prod":
+        return 1
+    if op_name in ("amax", "max", "amin", "min"):
+        if dtype is torch.bool:
+            return op_name in ("amin", "min")
+        if dtype.is_complex:
+            return None
+        big = float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
+        return -big if op_name in ("amax", "max") else big
+    return None
+
+
+def wrap_result(r, i: int, n: int):
+    """A capacity-shaped result ``r`` (padded, zeros past ``n`` along dim ``i``) as the
+    logical tensor (length ``n`` there) on a padded storage, or None where ``r``'s
+    layout is not a dense one this can describe."""
+    sd = _st.data(r)
+    size = tuple(r.shape)
+    if r.storage_offset() or r.dtype is not sd.dtype or math.prod(sd.shape) != r.numel():
+        return None
+    if sd.shape == size and r.is_contiguous():
+        order = tuple(range(len(size)))
+    else:
+        perm = _st.dense_permutation(size, tuple(r.stride()))
+        if perm is None or perm == "nondense":
+            return None
+        order = tuple(perm)
+        if tuple(size[p] for p in order) != sd.shape:
+            return None
+    phys = sd.shape
+    k = order.index(i)
+    arr = sd.get()
+    if tuple(arr.shape) != phys:
+        return None
+    lsize = size[:i] + (n,) + size[i + 1:]
+    lphys = phys[:k] + (n,) + phys[k + 1:]
+    cs = _st.contiguous_strides(lphys)
+    lstride = [0] * len(size)
+    for q, p in enumerate(order):
+        lstride[p] = cs[q]
+    st = _st.new_storage(lphys, r.dtype, sd.index, _st.Grown(arr, k, n))
+    return _st.tensor_on(st, lsize, tuple(lstride), 0, r.dtype)
+
+
+def _finish(r, i, n, mask=True):
+    """The logical padded tensor of capacity result ``r`` (masked first), or an exact
+    copy where it cannot be wrapped."""
+    if mask:
+        r = _mask(r, i, n)
+    out = wrap_result(r, i, n)
+    if out is None:  # (not seen in the ruled ops' results; kept exact)
+        out = r.narrow(i, 0, n).clone()
+    return out
+
+
+# ------------------------------------------------------------------------------ rules
+
+
+def _tensor_positions(plan):
+    return [j for j, k in enumerate(plan.sig.kinds) if k in (T, OPT_T)]
+
+
+def _run_capacity(plan, vals):
+    """``plan``'s op on ``vals`` (capacity views), through the executor's own path."""
+    _ACTIVE[0] = True
+    grow = _growth._ACTIVE[0]
+    _growth._ACTIVE[0] = True
+    try:
+        return plan._run(vals)
+    finally:
+        _ACTIVE[0] = False
+        _growth._ACTIVE[0] = grow
+
+
+def _pointwise_rule(plan, vals):
+    """Element-wise ops (see the module docstring)."""
+    c = _Call()
+    new = list(vals)
+    tensors = [j for j in _tensor_positions(plan) if isinstance(vals[j], torch.Tensor)]
+    out_ndim = max((vals[j].dim() for j in tensors), default=0)
+    i_out = None
+    others = []
+    for j in tensors:
+        v = c.view(vals[j])
+        if v is None:
+            return NO
+        t, i = v
+        if i is None:
+            others.append(vals[j])
+            continue
+        a = i + out_ndim - vals[j].dim()
+        if i_out is None:
+            i_out = a
+        elif a != i_out:
+            return NO
+        new[j] = t
+    if i_out is None:
+        return NO
+    for t in others:
+        j = i_out - (out_ndim - t.dim())
+        if j >= 0 and t.shape[j] != 1:
+            return NO  # spans the padded dim without padding (or a broadcast error)
+    mutated = plan.sig.mutated
+    if mutated:
+        if plan.sig.out_args or mutated != [0]:
+            return NO
+        self_ = vals[0]
+        p = _padded(self_)
+        if p is None or len(_st.view_spec(self_, p[0])) != 2 or self_.dim() != out_ndim:
+            return NO
+    if plan.pad_name == "_to_copy":
+        dev = vals[plan.sig.names.index("device")]
+        fmt = vals[plan.sig.names.index("memory_format")]
+        if dev is not None and torch.device(dev).type != "tpu" or fmt not in (
+                None, torch.preserve_format, torch.contiguous_format):
+            return NO
+    if plan.divides and any(not (vals[j].dtype.is_floating_point or vals[j].dtype.is_complex)
+                            for j in tensors):
+        return NO  # an integer divisor's zero check would see the padding
+    r = _run_capacity(plan, new)
+    M.padded["runs"] += 1
+    if mutated:
+        sd, g = _padded(vals[0])
+        cap = new[0]
+        masked = _mask(cap, i_out, c.n)
+        arr = _st.data(masked).get()
+        sd.arr = _st.Grown(arr, g.dim, g.n)
+        return vals[0]
+    return _finish(r, i_out, c.n, mask=plan.pad_masks)
+
+
+def _reduce_dims(dims, ndim):
+    if dims is None:
+        return None
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:
+        return None
+    return sorted({d % ndim if ndim else 0 for d in dims})
+
+
+def _reduction_rule(plan, vals):
+    """Reductions and normalizations (see the module docstring)."""
+    if plan.sig.mutated:
+        return NO
+    name = plan.pad_name
+    x = vals[0]
+    c = _Call()
+    v = c.view(x)
+    if v is None or v[1] is None:
+        return NO
+    t, i = v
+    for j in _tensor_positions(plan)[1:]:  # weights (layer norm), never padded
+        if _padded(vals[j]) is not None:
+            return NO
+    ndim = x.dim()
+    new = list(vals)
+    new[0] = t
+    n = c.n
+    if name in ("_softmax", "_log_softmax"):
+        if not x.dtype.is_floating_point:
+            return NO  # (PyTorch's error for integer inputs)
+        dim = vals[1] % max(ndim, 1)
+        if dim == i:
+            new[0] = _mask(t, i, n, float("-inf"))
+        r = _run_capacity(plan, new)
+        M.padded["runs"] += 1
+        return _finish(r, i, n)
+    if name == "cumsum":
+        r = _run_capacity(plan, new)
+        M.padded["runs"] += 1
+        return _finish(r, i, n)
+    if name == "native_layer_norm":
+        axis = ndim - len(vals[1])
+        if i >= axis:
+            return NO
+        outs = _run_capacity(plan, new)
+        M.padded["runs"] += 1
+        return tuple(_finish(o, i, n) for o in outs)
+    # a reduction over dims (None: all)
+    pos = plan.pad_dim_arg
+    dims = _reduce_dims(vals[pos], ndim) if pos is not None else None
+    keep = bool(vals[plan.pad_keep_arg]) if plan.pad_keep_arg is not None else False
+    if dims is not None and i not in dims:
+        r = _run_capacity(plan, new)
+        M.padded["runs"] += 1
+        i_out = i if keep else i - sum(1 for d in dims if d < i)
+        if isinstance(r, tuple):
+            return tuple(_finish(o, i_out, n) for o in r)
+        return _finish(r, i_out, n)
+    fill = _identity(name, x.dtype)
+    if fill is None or plan.pad_dim_arg is None and name in ("max", "min") and len(vals) > 1:
+        return NO
+    new[0] = _mask(t, i, n, fill)
+    r = _run_capacity(plan, new)  # reduced over the padded dim: an exact result
+    M.padded["runs"] += 1
+    return r
+
+
+def _mm_rule(plan, vals):
+    """``mm``/``addmm``/``bmm`` (see the module docstring)."""
+    if plan.sig.mutated:
+        return NO
+    name = plan.pad_name
+    first = 1 if name == "addmm" else 0
+    a, b = vals[first], vals[first + 1]
+    c = _Call()
+    va, vb = c.view(a), c.view(b)
+    if va is None or vb is None:
+        return NO
+    (ta, ia), (tb, ib) = va, vb
+    nd = a.dim()
+    row, col = nd - 2, nd - 1
+    new = list(vals)
+    new[first], new[first + 1] = ta, tb
+    if name == "addmm" and _padded(vals[0]) is not None:
+        return NO
+    if ia == col and ib == row:  # contracted over the padding: zeros times zeros
+        r = _run_capacity(plan, new)
+        M.padded["runs"] += 1
+        return r
+    if nd == 3 and (ia == 0 or ib == 0):  # the batch dim: padded on both
+        if ia != 0 or ib != 0:
+            return NO
+        i_out = 0
+    elif ia is not None and ib is not None:
+        return NO
+    elif ia is not None:
+        if ia == col:
+            return NO
+        i_out = ia
+    elif ib is not None:
+        if ib == row or (nd == 3 and ib == 0):
+            return NO
+        i_out = ib
+    else:
+        return NO
+    if name == "addmm":
+        bias = vals[0]
+        if i_out == 0 and bias.dim() == 2 and bias.shape[0] != 1 \
+                or i_out == 1 and bias.dim() >= 1 and bias.shape[-1] != 1:
+            return NO
+    r = _run_capacity(plan, new)
+    M.padded["runs"] += 1
+    return _finish(r, i_out, c.n)
+
+
+def _embedding_rule(plan, vals):
+    """``embedding(weight, indices, ...)`` with padded indices."""
+    if _padded(vals[0]) is not None:
+        return NO
+    c = _Call()
+    v = c.view(vals[1])
+    if v is None or v[1] is None:
+        return NO
+    new = list(vals)
+    new[1] = v[0]
+    r = _run_capacity(plan, new)
+    M.padded["runs"] += 1
+    return _finish(r, v[1], c.n)
+
+
+def _attention_rule(plan, vals):
+    """Causal ``flash_fwd(q, k, v, None, True, scale)`` padded alike along dim -2."""
+    q, k, v, bias, is_causal = vals[:5]
+    if bias is not None or not is_causal:
+        return NO
+    c = _Call()
+    new = list(vals)
+    for j in range(3):
+        x = vals[j]
+        w = c.view(x)
+        if w is None or w[1] != x.dim() - 2:
+            return NO
+        new[j] = w[0]
+    if q.shape[-2] != k.shape[-2]:
+        return NO
+    outs = _run_capacity(plan, new)
+    M.padded["runs"] += 1
+    return tuple(_finish(o, o.dim() - 1 if o.dim() == q.dim() - 1 else o.dim() - 2, c.n)
+                 for o in outs)
+
+
+def _cat_rule(plan, vals):
+    """``cat`` of operands padded alike along another dim; one padded operand beside
+    legacy empty 1-D ones (a lazily initialized cache) is copied."""
+    tensors, dim = vals[0], vals[1]
+    keep = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
+    if not keep or _padded(keep[0]) is None:
+        return NO
+    c = _Call()
+    new = []
+    i_out = None
+    for t in keep:
+        v = c.view(t)
+        if v is None or v[1] is None:
+            return NO
+        if i_out is None:
+            i_out = v[1]
+        elif v[1] != i_out:
+            return NO
+        new.append(v[0])
+    nd = keep[0].dim()
+    if any(t.dim() != nd for t in keep) or not -nd <= dim < nd:
+        return NO
+    if dim % nd == i_out and len(keep) > 1:
+        return NO  # along the padded dim: eager.growth's append
+    r = _run_capacity(plan, [new, dim % nd])
+    M.padded["runs"] += 1
+    return _finish(r, i_out, c.n, mask=False)
+
+
+_REDUCTIONS = {  # name -> the overloads ruled (reductions with dim / keepdim arguments)
+    "sum": ("default", "dim_IntList"), "mean": ("default", "dim"), "amax": ("default",),
+    "amin": ("default",), "any": ("default", "dim", "dims"), "all": ("default", "dim", "dims"),
+    "prod": ("default", "dim_int"), "var": ("correction",), "std": ("correction",),
+    "max": ("default", "dim"), "min": ("default", "dim"), "argmax": ("default",),
+    "argmin": ("default",),
+}
+_NORMS = ("_softmax", "_log_softmax", "cumsum", "native_layer_norm")
+_DIVIDES = ("div", "div_", "remainder", "remainder_", "fmod", "fmod_", "floor_divide",
+            "floor_divide_", "true_divide", "true_divide_")
+_KEEPS_ZEROS = ("clone", "_to_copy")
+
+
+def rule_for(plan):
+    """The padded-sequence rule of executor plan ``plan`` (``rule(plan, vals) -> result
+    or NO``), or None; sets the plan's rule parameters."""
+    op = plan.op
+    fop = plan.fsig.op
+    name = fop._schema.name.split("::")[1]
+    overload = fop._overloadname
+    plan.pad_name = name
+    plan.pad_masks = name not in _KEEPS_ZEROS
+    plan.divides = name in _DIVIDES
+    if str(fop) == "torchtpu_attn.flash_fwd.default":
+        return _attention_rule
+    if fop is aten.cat.default and op is fop:
+        return _cat_rule
+    if op is not fop and plan.sig.out_args:
+        return None
+    if name in ("mm", "bmm") and overload == "default" or fop is aten.addmm.default:
+        return _mm_rule
+    if fop is aten.embedding.default:
+        return _embedding_rule
+    if name in _NORMS:
+        return _reduction_rule
+    if overload in _REDUCTIONS.get(name, ()) and op is fop:
+        names = plan.sig.names
+        plan.pad_dim_arg = names.index("dim") if "dim" in names else None
+        plan.pad_keep_arg = names.index("keepdim") if "keepdim" in names else None
+        return _reduction_rule
+    if fop is aten._to_copy.default or (torch.Tag.pointwise in fop.tags
+                                        and torch.Tag.nondeterministic_seeded not in fop.tags):
+        return _pointwise_rule
+    return None
+
+
+def run(plan, vals):
+    """The executor's entry: ``plan.pad(plan, vals)`` when a padded storage may be among
+    the arguments, else NO."""
+    if _ACTIVE[0] or not _st.GROWN_MADE[0] or not enabled():
+        return NO
+    return plan.pad(plan, vals)
