@@ -224,3 +224,35 @@ def _register_direct_kernels() -> None:
     # kernel: not in DIRECT_KERNELS, which the C++ helper's kernels replace)
     lib.impl("mode.values", _kernel_for(torch.ops.aten.mode.values), "PrivateUse1",
              with_keyset=True)
+    # Backward ops that PyTorch implements as CompositeImplicitAutograd (CPU and CUDA have
+    # kernels of their own): decomposed, silu_backward allocates ``ones_like`` and writes
+    # ``sub.out`` into it, five ops where the lowering is one (and the allocation's exact
+    # shape keeps eager.padded's sequences from running it on their capacity).  Below
+    # autograd (backward passes) the executor runs the lowering; where autograd must see
+    # the op (a double backward) it runs PyTorch's decomposition, as before.
+    for op in _IMPLICIT_LOWERED:
+        if op in ops.table():
+            lib.impl(kernel_name(op), _implicit_kernel(op), "AutogradPrivateUse1")
+
+
+_IMPLICIT_LOWERED = (torch.ops.aten.silu_backward.default,)
+
+
+def _implicit_kernel(op):
+    """The AutogradPrivateUse1 kernel of a CompositeImplicitAutograd op with a lowering
+    (see ``_register_direct_kernels``)."""
+    plan = None
+
+    def kernel(*args, **kwargs):
+        nonlocal plan
+        if torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return op.decompose(*args, **kwargs)
+        if plan is None:
+            from torchtpu.eager import executor
+
+            plan = executor.plan_for(op)
+        executor_metrics.ops_dispatched += 1
+        return plan(args, kwargs)
+
+    return kernel

@@ -77,7 +77,7 @@ from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
 from torchtpu.eager import growth as _growth
 from torchtpu.eager.modes import CONFIG
-from torchtpu.ops._schema import OPT_T, OPT_T_LIST, T, T_LIST
+from torchtpu.ops._schema import OPT_T, T
 
 M = _metrics.METRICS
 NO = _growth.NO  # a rule's answer: not for this call (the executor runs it as usual)
@@ -86,6 +86,7 @@ _ACTIVE = [False]  # a rule is running its capacity call (no rule inside a rule)
 _SEEN: dict = {}  # transfer family (dim, shape before, shape after, dtype) -> lengths
 _SEEN_LIMIT = 4096
 _LENGTHS_LIMIT = 64
+_LENGTHS: set = set()  # the lengths of padded transfers (an arange of one is padded)
 _SEQ_MIN = 8  # a 2-D integer transfer (batch, length) of at least this length: padded
 
 aten = torch.ops.aten
@@ -97,6 +98,8 @@ def set_enabled(enabled: bool) -> None:
     start-up value); storages already padded stay padded (their ops then cut them)."""
     ON[0] = bool(enabled)
     _SEEN.clear()
+    _LENGTHS.clear()
+    _ARANGE_SEEN.clear()
 
 
 def enabled() -> bool:
@@ -155,6 +158,9 @@ def _pad_host(arr, dyn, dtype, index):
     host[(slice(None),) * dyn + (slice(0, n),)] = arr
     dev = runtime.jax().device_put(host, runtime.jax_device(index))
     M.padded["transfers"] += 1
+    if len(_LENGTHS) >= _SEEN_LIMIT:
+        _LENGTHS.clear()
+    _LENGTHS.add(n)
     st = _st.new_storage(shape, dtype, index, _st.Grown(dev, dyn, n, None, host_copy=arr))
     return _st.tensor_on(st, shape, _st.contiguous_strides(shape), 0, dtype)
 
@@ -172,11 +178,29 @@ def _padded(t):
     return sd, sd.arr
 
 
+class Geometry:
+    """How a view of a padded storage reads its capacity array.
+
+    Attributes:
+        size, stride, offset: the view's geometry over the capacity array (view dim
+            ``i`` with ``outer * C * inner`` entries, or ``C - start`` for a view that
+            starts at ``start`` along the padded dim).
+        i: the view dim that spans the padded dim.
+        desc: ``(outer, C, inner)``: view dim ``i`` is the storage dims merged around
+            the padded one (``outer``: the product of the merged dims before it,
+            ``inner``: after it; 1 and 1 for the padded dim alone).
+        start, length: where the view starts along the padded dim and how many entries
+            it reads (a view that is not the whole length is moved and masked by
+            :meth:`_Call.view`).
+    """
+
+    __slots__ = ("size", "stride", "offset", "i", "desc", "start", "length")
+
+
 def capacity_geometry(t, sd, g):
-    """``(size, stride, offset, i)``: the view ``t`` of padded storage ``sd`` read from
-    its capacity array ``g.arr`` (view dim ``i`` spans the padded dim, whole, from its
-    origin), or None when ``t`` is not such a view (a window, a merge across the padded
-    dim, another dtype, conj/neg bits, an expand)."""
+    """The :class:`Geometry` of view ``t`` of padded storage ``sd`` in its capacity
+    array ``g.arr``, or None when ``t`` is not a view the rules take (a window of a few
+    entries, a split of the padded dim, another dtype, conj/neg bits, an expand)."""
     if t.dtype is not sd.dtype or t.is_neg() or (t.dtype.is_complex and t.is_conj()):
         return None
     S = sd.shape
@@ -192,75 +216,85 @@ def capacity_geometry(t, sd, g):
     for k, s in enumerate(S):
         if s > 1:
             coord[k], off = divmod(off, cs[k])
-    if off or coord[d]:
+    if off:
         return None
-    size = tuple(t.shape)
+    size = list(t.shape)
     stride = tuple(t.stride())
     out = list(stride)
     ext = [0] * len(S)  # per storage dim: the view's extent along it (steps past coord)
-    whole = set()  # static dims merged into one view dim (read whole)
-    i = None
+    whole = set()  # storage dims merged into one view dim (read whole)
+    geo = Geometry()
+    geo.i = None
     for j, (sz, st) in enumerate(zip(size, stride)):
         if sz == 1:
             out[j] = 1
             continue
-        if sz == 0 or st <= 0:
+        if st == 0:  # an expand along a static dim
+            continue
+        if sz == 0 or st < 0:
             return None
         m = None
         for k, s in enumerate(S):  # the storage dim whose steps ``st`` is made of
             if s > 1 and cs[k] <= st < cs[k] * s:
                 m = k
                 break
-        if m is None or st % cs[m]:
+        if m is None or st % cs[m] or m in whole:
             return None
         q = st // cs[m]
-        if m == d:
-            if q != 1 or sz != n or i is not None:
-                return None
-            i = j
-            ext[d] = n - 1
-            out[j] = csc[d]
-            continue
-        if m in whole:
-            return None
-        if coord[m] + ext[m] + (sz - 1) * q < S[m]:
-            ext[m] += (sz - 1) * q  # a step within dim m (a split of it, or all of it)
+        if coord[m] + ext[m] + (sz - 1) * q < S[m]:  # a step within dim m
+            if m == d:
+                if q != 1 or geo.i is not None:
+                    return None
+                geo.i, geo.desc, geo.start, geo.length = j, (1, C, 1), coord[d], sz
+                size[j] = C - coord[d]
+            ext[m] += (sz - 1) * q
             out[j] = q * csc[m]
             continue
         if q != 1:
             return None
-        k, total = m, S[m]  # static dims k..m merged into one view dim, whole
+        k, total = m, S[m]  # storage dims k..m merged into one view dim, whole
         while total < sz and k > 0:
             k -= 1
-            if k == d:
-                return None
             total *= S[k]
         group = range(k, m + 1)
         if total != sz or any(coord[x] or ext[x] or x in whole for x in group):
             return None
         whole.update(group)
         out[j] = csc[m]
-    if i is None:
+        if d in group:
+            if geo.i is not None:
+                return None
+            outer = math.prod(S[k:d])
+            inner = math.prod(S[d + 1:m + 1])
+            geo.i, geo.desc, geo.start, geo.length = j, (outer, C, inner), 0, n
+            size[j] = outer * C * inner
+    if geo.i is None:
         return None
-    cap_size = size[:i] + (C,) + size[i + 1:]
-    return cap_size, tuple(out), sum(c * s for c, s in zip(coord, csc)), i
+    geo.size = tuple(size)
+    geo.stride = tuple(out)
+    geo.offset = sum(c * s for c, s in zip(coord, csc))
+    return geo
+
+
+_SHIFT_LIMIT = 8  # a view starting at most this far into the padded dim is moved
 
 
 class _Call:
     """One ruled call: the capacity storages made for its padded arguments (one per
-    storage, so aliasing stays visible), the common length ``n`` and capacity ``C``."""
+    storage, so aliasing stays visible), and the common padded dim: its ``desc``
+    (:class:`Geometry`) and length ``n``."""
 
-    __slots__ = ("caps", "n", "C", "index")
+    __slots__ = ("caps", "n", "desc", "index")
 
     def __init__(self):
         self.caps = {}
         self.n = None
-        self.C = None
+        self.desc = None
         self.index = None
 
     def view(self, t):
-        """``(capacity view of t, i)`` or None (not padded: ``(t, None)``; not a view
-        the rules take, or another length: None)."""
+        """``(capacity tensor of t, i)``: ``(t, None)`` for a tensor that is not padded;
+        None for a view the rules do not take or of another length or layout."""
         p = _padded(t)
         if p is None:
             return t, None
@@ -268,49 +302,68 @@ class _Call:
         geo = capacity_geometry(t, sd, g)
         if geo is None:
             return None
-        size, stride, offset, i = geo
-        C = size[i]
+        moved = geo.start or geo.length != g.n
+        if moved and (geo.start > _SHIFT_LIMIT or g.n - geo.length - geo.start > _SHIFT_LIMIT):
+            return None  # a window (eager.growth's window reads take it)
         if self.n is None:
-            self.n, self.C, self.index = g.n, C, sd.index
-        elif self.n != g.n or self.C != C:
+            self.n, self.desc, self.index = geo.length, geo.desc, sd.index
+        elif self.n != geo.length or self.desc != geo.desc:
             return None
         st = self.caps.get(id(sd))
         if st is None:
             st = self.caps[id(sd)] = _st.new_storage(
                 tuple(g.arr.shape), sd.dtype, sd.index, g.arr)
-        return _st.tensor_on(st, size, stride, offset, t.dtype), i
+        x = _st.tensor_on(st, geo.size, geo.stride, geo.offset, t.dtype)
+        if moved:  # a view from ``start`` or shorter than the storage: moved, masked
+            i = geo.i
+            if geo.start:
+                pad = [0, 0] * (x.dim() - 1 - i) + [0, geo.start]
+                x = _pad(x, pad, 0)
+            x = _mask(x, i, self.desc, self.n)
+        return x, geo.i
 
 
 # ------------------------------------------------------------------------------ masks
 
-_INVALID = _executable_limit.LRUCache(share=0.01)  # (C, n, index) -> bool array (C,)
+_INVALID = _executable_limit.LRUCache(share=0.01)  # (desc, n, index) -> bool array
 
 
-def _invalid(C: int, n: int, index: int, ndim: int, i: int):
-    """A bool tensor of ``ndim`` dims, ``C`` along dim ``i`` and 1 elsewhere: True past
-    ``n`` (computed on the device with ``n`` a runtime value)."""
-    key = (C, n, index)
+def _invalid(desc, n: int, index: int, ndim: int, i: int):
+    """A bool tensor of ``ndim`` dims, ``outer * C * inner`` along dim ``i`` and 1
+    elsewhere: True at the padding (computed on the device with ``n`` a runtime value)."""
+    key = (desc, n, index)
     arr = _INVALID.get(key)
-    dev = torch.device("tpu", index)
+    outer, C, inner = desc
+    total = outer * C * inner
     if arr is None:
-        pos = torch.arange(C, device=dev)
-        mask = torch.ge(pos, torch.tensor(n).to(dev))
-        arr = _INVALID.put(key, _st.data(mask).get())
+        dev = torch.device("tpu", index)
+        active = _ACTIVE[0]
+        _ACTIVE[0] = True  # (exact tensors: no rule runs on them)
+        try:
+            pos = torch.arange(total, device=dev)
+            if inner > 1:
+                pos = torch.div(pos, inner, rounding_mode="floor")
+            if outer > 1:
+                pos = torch.remainder(pos, C)
+            mask = torch.ge(pos, torch.tensor(n).to(dev))
+            arr = _INVALID.put(key, _st.data(mask).get())
+        finally:
+            _ACTIVE[0] = active
     t = _st.wrap(arr, index, torch.bool)
     shape = [1] * ndim
-    shape[i] = C
+    shape[i] = total
     return t.view(shape)
 
 
-def _mask(r, i, n, fill=0):
-    """``r`` (capacity shape) with ``fill`` past ``n`` along dim ``i``."""
+def _mask(r, i, desc, n, fill=0):
+    """``r`` (capacity shape) with ``fill`` at the padding of dim ``i``."""
     M.padded["masks"] += 1
-    return _masked_fill(r, _invalid(r.shape[i], n, _st.data(r).index, r.dim(), i), fill)
+    return _masked_fill(r, _invalid(desc, n, _st.data(r).index, r.dim(), i), fill)
 
 
 def _identity(op_name: str, dtype: torch.dtype):
     """The identity of a reduction (what the padding must hold), or None."""
-    if op_name in ("any",):
+    if op_name == "any":
         return False
     if op_name == "all":
         return True
@@ -328,10 +381,20 @@ def _identity(op_name: str, dtype: torch.dtype):
     return None
 
 
-def wrap_result(r, i: int, n: int):
-    """A capacity-shaped result ``r`` (padded, zeros past ``n`` along dim ``i``) as the
-    logical tensor (length ``n`` there) on a padded storage, or None where ``r``'s
-    layout is not a dense one this can describe."""
+_reshape_jit = {}
+
+
+def _reshaped(arr, shape):
+    """``arr`` (a JAX array) in ``shape`` (same elements, row-major)."""
+    if tuple(arr.shape) == tuple(shape):
+        return arr
+    return runtime.jax().numpy.reshape(arr, shape)
+
+
+def wrap_result(r, i: int, desc, n: int):
+    """A capacity result ``r`` (zeros at the padding of dim ``i``, laid out by
+    ``desc``) as the logical tensor (``outer * n * inner`` entries there) on a padded
+    storage, or None where ``r``'s layout is not a dense one this can describe."""
     sd = _st.data(r)
     size = tuple(r.shape)
     if r.storage_offset() or r.dtype is not sd.dtype or math.prod(sd.shape) != r.numel():
@@ -350,24 +413,32 @@ def wrap_result(r, i: int, n: int):
     arr = sd.get()
     if tuple(arr.shape) != phys:
         return None
-    lsize = size[:i] + (n,) + size[i + 1:]
-    lphys = phys[:k] + (n,) + phys[k + 1:]
+    outer, C, inner = desc
+    before = (outer,) if outer > 1 else ()
+    after = (inner,) if inner > 1 else ()
+    dim = k + len(before)
+    cap_phys = phys[:k] + before + (C,) + after + phys[k + 1:]
+    lphys = phys[:k] + before + (n,) + after + phys[k + 1:]
     cs = _st.contiguous_strides(lphys)
     lstride = [0] * len(size)
     for q, p in enumerate(order):
-        lstride[p] = cs[q]
-    st = _st.new_storage(lphys, r.dtype, sd.index, _st.Grown(arr, k, n))
+        lstride[p] = cs[q if q < k else q + len(before) + len(after)]
+    lsize = size[:i] + (outer * n * inner,) + size[i + 1:]
+    st = _st.new_storage(lphys, r.dtype, sd.index, _st.Grown(_reshaped(arr, cap_phys), dim, n))
     return _st.tensor_on(st, lsize, tuple(lstride), 0, r.dtype)
 
 
-def _finish(r, i, n, mask=True):
-    """The logical padded tensor of capacity result ``r`` (masked first), or an exact
-    copy where it cannot be wrapped."""
+def _finish(r, i, c, mask=True):
+    """The logical padded tensor of capacity result ``r`` (masked first, unless the op
+    keeps zeros), or an exact copy where it cannot be wrapped."""
     if mask:
-        r = _mask(r, i, n)
-    out = wrap_result(r, i, n)
+        r = _mask(r, i, c.desc, c.n)
+    out = wrap_result(r, i, c.desc, c.n)
     if out is None:  # (not seen in the ruled ops' results; kept exact)
-        out = r.narrow(i, 0, n).clone()
+        outer, C, inner = c.desc
+        shape = r.shape[:i] + (outer, C, inner) + r.shape[i + 1:]
+        out = r.reshape(shape).narrow(i + 1, 0, c.n).reshape(
+            r.shape[:i] + (outer * c.n * inner,) + r.shape[i + 1:]).clone()
     return out
 
 
@@ -384,14 +455,17 @@ def _run_capacity(plan, vals):
     grow = _growth._ACTIVE[0]
     _growth._ACTIVE[0] = True
     try:
-        return plan._run(vals)
+        r = plan._run(vals)
     finally:
         _ACTIVE[0] = False
         _growth._ACTIVE[0] = grow
+    M.padded["runs"] += 1
+    return r
 
 
 def _pointwise_rule(plan, vals):
-    """Element-wise ops (see the module docstring)."""
+    """Element-wise ops, and ops element-wise but along one static dim (softmax
+    backward): see the module docstring."""
     c = _Call()
     new = list(vals)
     tensors = [j for j in _tensor_positions(plan) if isinstance(vals[j], torch.Tensor)]
@@ -404,7 +478,7 @@ def _pointwise_rule(plan, vals):
             return NO
         t, i = v
         if i is None:
-            others.append(vals[j])
+            others.append(j)
             continue
         a = i + out_ndim - vals[j].dim()
         if i_out is None:
@@ -414,17 +488,29 @@ def _pointwise_rule(plan, vals):
         new[j] = t
     if i_out is None:
         return NO
-    for t in others:
+    outer, C, inner = c.desc
+    for pos in others:
+        t = vals[pos]
         j = i_out - (out_ndim - t.dim())
-        if j >= 0 and t.shape[j] != 1:
+        if j < 0 or t.shape[j] == 1:
+            continue
+        if t.stride(j) != 0 or t.shape[j] != outer * c.n * inner:
             return NO  # spans the padded dim without padding (or a broadcast error)
+        # expanded along it (a sum's gradient): the same expand over the capacity
+        size = list(t.shape)
+        size[j] = outer * C * inner
+        new[pos] = _st.tensor_on(t.untyped_storage(), size, t.stride(), t.storage_offset(),
+                                 t.dtype)
+    if plan.pad_rowdim is not None and vals[plan.pad_rowdim] % max(out_ndim, 1) == i_out:
+        return NO
     mutated = plan.sig.mutated
     if mutated:
         if plan.sig.out_args or mutated != [0]:
             return NO
         self_ = vals[0]
         p = _padded(self_)
-        if p is None or len(_st.view_spec(self_, p[0])) != 2 or self_.dim() != out_ndim:
+        if p is None or len(_st.view_spec(self_, p[0])) != 2 or self_.dim() != out_ndim \
+                or p[1].n != c.n:
             return NO
     if plan.pad_name == "_to_copy":
         dev = vals[plan.sig.names.index("device")]
@@ -436,15 +522,12 @@ def _pointwise_rule(plan, vals):
                             for j in tensors):
         return NO  # an integer divisor's zero check would see the padding
     r = _run_capacity(plan, new)
-    M.padded["runs"] += 1
     if mutated:
         sd, g = _padded(vals[0])
-        cap = new[0]
-        masked = _mask(cap, i_out, c.n)
-        arr = _st.data(masked).get()
-        sd.arr = _st.Grown(arr, g.dim, g.n)
+        masked = _mask(new[0], i_out, c.desc, c.n)
+        sd.arr = _st.Grown(_st.data(masked).get(), g.dim, g.n)
         return vals[0]
-    return _finish(r, i_out, c.n, mask=plan.pad_masks)
+    return _finish(r, i_out, c, mask=plan.pad_masks)
 
 
 def _reduce_dims(dims, ndim):
@@ -474,45 +557,35 @@ def _reduction_rule(plan, vals):
     ndim = x.dim()
     new = list(vals)
     new[0] = t
-    n = c.n
     if name in ("_softmax", "_log_softmax"):
         if not x.dtype.is_floating_point:
             return NO  # (PyTorch's error for integer inputs)
-        dim = vals[1] % max(ndim, 1)
-        if dim == i:
-            new[0] = _mask(t, i, n, float("-inf"))
-        r = _run_capacity(plan, new)
-        M.padded["runs"] += 1
-        return _finish(r, i, n)
+        if vals[1] % max(ndim, 1) == i:
+            new[0] = _mask(t, i, c.desc, c.n, float("-inf"))
+        return _finish(_run_capacity(plan, new), i, c)
     if name == "cumsum":
-        r = _run_capacity(plan, new)
-        M.padded["runs"] += 1
-        return _finish(r, i, n)
+        if vals[1] % max(ndim, 1) == i and c.desc != (1, c.desc[1], 1):
+            return NO  # (a scan along merged dims would run into the padding)
+        return _finish(_run_capacity(plan, new), i, c)
     if name == "native_layer_norm":
-        axis = ndim - len(vals[1])
-        if i >= axis:
+        if i >= ndim - len(vals[1]):
             return NO
-        outs = _run_capacity(plan, new)
-        M.padded["runs"] += 1
-        return tuple(_finish(o, i, n) for o in outs)
+        return tuple(_finish(o, i, c) for o in _run_capacity(plan, new))
     # a reduction over dims (None: all)
     pos = plan.pad_dim_arg
     dims = _reduce_dims(vals[pos], ndim) if pos is not None else None
     keep = bool(vals[plan.pad_keep_arg]) if plan.pad_keep_arg is not None else False
     if dims is not None and i not in dims:
         r = _run_capacity(plan, new)
-        M.padded["runs"] += 1
         i_out = i if keep else i - sum(1 for d in dims if d < i)
         if isinstance(r, tuple):
-            return tuple(_finish(o, i_out, n) for o in r)
-        return _finish(r, i_out, n)
+            return tuple(_finish(o, i_out, c) for o in r)
+        return _finish(r, i_out, c)
     fill = _identity(name, x.dtype)
-    if fill is None or plan.pad_dim_arg is None and name in ("max", "min") and len(vals) > 1:
+    if fill is None:
         return NO
-    new[0] = _mask(t, i, n, fill)
-    r = _run_capacity(plan, new)  # reduced over the padded dim: an exact result
-    M.padded["runs"] += 1
-    return r
+    new[0] = _mask(t, i, c.desc, c.n, fill)
+    return _run_capacity(plan, new)  # reduced over the padded dim: an exact result
 
 
 def _mm_rule(plan, vals):
@@ -534,9 +607,7 @@ def _mm_rule(plan, vals):
     if name == "addmm" and _padded(vals[0]) is not None:
         return NO
     if ia == col and ib == row:  # contracted over the padding: zeros times zeros
-        r = _run_capacity(plan, new)
-        M.padded["runs"] += 1
-        return r
+        return _run_capacity(plan, new)
     if nd == 3 and (ia == 0 or ib == 0):  # the batch dim: padded on both
         if ia != 0 or ib != 0:
             return NO
@@ -548,7 +619,7 @@ def _mm_rule(plan, vals):
             return NO
         i_out = ia
     elif ib is not None:
-        if ib == row or (nd == 3 and ib == 0):
+        if ib == row:
             return NO
         i_out = ib
     else:
@@ -558,13 +629,11 @@ def _mm_rule(plan, vals):
         if i_out == 0 and bias.dim() == 2 and bias.shape[0] != 1 \
                 or i_out == 1 and bias.dim() >= 1 and bias.shape[-1] != 1:
             return NO
-    r = _run_capacity(plan, new)
-    M.padded["runs"] += 1
-    return _finish(r, i_out, c.n)
+    return _finish(_run_capacity(plan, new), i_out, c)
 
 
 def _embedding_rule(plan, vals):
-    """``embedding(weight, indices, ...)`` with padded indices."""
+    """``embedding(weight, indices, ...)`` with padded indices (the padding reads row 0)."""
     if _padded(vals[0]) is not None:
         return NO
     c = _Call()
@@ -573,30 +642,95 @@ def _embedding_rule(plan, vals):
         return NO
     new = list(vals)
     new[1] = v[0]
-    r = _run_capacity(plan, new)
-    M.padded["runs"] += 1
-    return _finish(r, v[1], c.n)
+    return _finish(_run_capacity(plan, new), v[1], c)
+
+
+def _embedding_backward_rule(plan, vals):
+    """``embedding_dense_backward(grad, indices, num_weights, padding_idx, scale)``
+    with grad and indices padded alike: the padding adds zero rows to row 0 (an exact
+    result); not with ``scale_grad_by_freq`` (the padding would count)."""
+    if vals[4]:
+        return NO
+    c = _Call()
+    g, ix = c.view(vals[0]), c.view(vals[1])
+    if g is None or ix is None or ix[1] is None or g[1] != ix[1]:
+        return NO
+    new = list(vals)
+    new[0], new[1] = g[0], ix[0]
+    return _run_capacity(plan, new)
+
+
+def _nll_rule(plan, vals):
+    """``nll_loss_forward(x, target, weight, reduction, ignore_index)`` and its backward
+    ``(grad, x, target, weight, reduction, ignore_index, total_weight)`` with the rows
+    padded alike: padded targets become ``ignore_index`` (sums and the mean's count
+    leave them out)."""
+    bwd = plan.pad_name == "nll_loss_backward"
+    xi, ti = (1, 2) if bwd else (0, 1)
+    x, target = vals[xi], vals[ti]
+    if x.dim() != 2 or _padded(vals[xi + 2]) is not None:
+        return NO
+    c = _Call()
+    vx, vt = c.view(x), c.view(target)
+    if vx is None or vt is None or vx[1] != 0 or vt[1] != 0:
+        return NO
+    new = list(vals)
+    new[xi] = vx[0]
+    ignore = vals[ti + 3]
+    new[ti] = _mask(vt[0], 0, c.desc, c.n, ignore)
+    reduction = vals[ti + 2]
+    if bwd:
+        if reduction == 0:  # 'none': the incoming gradient is padded per row
+            g = c.view(vals[0])
+            if g is None or g[1] != 0:
+                return NO
+            new[0] = g[0]
+        elif _padded(vals[0]) is not None:
+            return NO
+        return _finish(_run_capacity(plan, new), 0, c)
+    out, total = _run_capacity(plan, new)
+    if reduction == 0:
+        out = _finish(out, 0, c)
+    return out, total
 
 
 def _attention_rule(plan, vals):
-    """Causal ``flash_fwd(q, k, v, None, True, scale)`` padded alike along dim -2."""
+    """Causal ``flash_fwd(q, k, v, None, True, scale)`` padded alike along dim -2 (4-D);
+    the log-sum-exp's padding holds +inf, so the backward's probabilities are 0 there."""
     q, k, v, bias, is_causal = vals[:5]
-    if bias is not None or not is_causal:
+    if bias is not None or not is_causal or q.dim() != 4:
         return NO
     c = _Call()
     new = list(vals)
     for j in range(3):
-        x = vals[j]
-        w = c.view(x)
-        if w is None or w[1] != x.dim() - 2:
+        w = c.view(vals[j])
+        if w is None or w[1] != 2:
             return NO
         new[j] = w[0]
-    if q.shape[-2] != k.shape[-2]:
+    out, lse = _run_capacity(plan, new)
+    return _finish(out, 2, c), _finish_lse(lse, c)
+
+
+def _finish_lse(lse, c):
+    out = wrap_result(_mask(lse, 2, c.desc, c.n, float("inf")), 2, c.desc, c.n)
+    return lse.narrow(2, 0, c.n).clone() if out is None else out
+
+
+def _attention_backward_rule(plan, vals):
+    """``flash_bwd(dO, q, k, v, None, out, lse, True, scale, False)`` of a causal
+    attention padded alike: the padded rows of dO, q, k, v, out are zeros and the
+    log-sum-exp's +inf, so no padded entry adds to a valid gradient."""
+    if vals[4] is not None or not vals[7] or vals[9] or vals[10] or vals[1].dim() != 4:
         return NO
+    c = _Call()
+    new = list(vals)
+    for j in (0, 1, 2, 3, 5, 6):
+        w = c.view(vals[j])
+        if w is None or w[1] != 2:
+            return NO
+        new[j] = w[0]
     outs = _run_capacity(plan, new)
-    M.padded["runs"] += 1
-    return tuple(_finish(o, o.dim() - 1 if o.dim() == q.dim() - 1 else o.dim() - 2, c.n)
-                 for o in outs)
+    return tuple(_finish(o, 2, c) if j < 3 else o for j, o in enumerate(outs))
 
 
 def _cat_rule(plan, vals):
@@ -623,9 +757,110 @@ def _cat_rule(plan, vals):
         return NO
     if dim % nd == i_out and len(keep) > 1:
         return NO  # along the padded dim: eager.growth's append
-    r = _run_capacity(plan, [new, dim % nd])
-    M.padded["runs"] += 1
-    return _finish(r, i_out, c.n, mask=False)
+    return _finish(_run_capacity(plan, [new, dim % nd]), i_out, c, mask=False)
+
+
+def _pad_rule(plan, vals):
+    """``constant_pad_nd(x, pad, value)``: static dims as they are; along the padded dim
+    (unmerged) only at its end by ``k``: ``value`` written at ``n .. n+k-1`` (HF's loss
+    pads the labels by one), the length becomes ``n + k``."""
+    x, pad = vals[0], list(vals[1])
+    c = _Call()
+    v = c.view(x)
+    if v is None or v[1] is None:
+        return NO
+    t, i = v
+    nd = x.dim()
+    if len(pad) % 2 or len(pad) > 2 * nd or any(p < 0 for p in pad):
+        return NO
+    before = after = 0
+    j = nd - 1 - i
+    if 2 * j < len(pad):
+        before, after = pad[2 * j], pad[2 * j + 1]
+    if before or (after and c.desc[0] * c.desc[2] != 1):
+        return NO
+    outer, C, inner = c.desc
+    if c.n + after > C:
+        return NO
+    new = list(vals)
+    new[0] = t
+    if after:
+        p = list(pad)
+        p[2 * j + 1] = 0
+        new[1] = p
+    r = _run_capacity(plan, new) if any(new[1]) else t
+    if after:  # value at n .. n+after-1: past the old length, before the new one
+        inv_old = _invalid(c.desc, c.n, c.index, r.dim(), i)
+        inv_new = _invalid(c.desc, c.n + after, c.index, r.dim(), i)
+        r = _masked_fill(_mask(r, i, c.desc, c.n), inv_old & ~inv_new, vals[2])
+    c.n += after
+    return _finish(r, i, c, mask=False) if after else _finish(r, i, c)
+
+
+_ARANGE_SEEN: dict = {}  # (op, start, step, dtype, device) -> lengths made
+
+
+def _arange_rule(plan, vals):
+    """``arange(start, end, step)`` of integer ``start``/``step`` whose family (the same
+    op, start, step, dtype and device) has made two lengths: made over the capacity
+    (``start + i * step`` for ``i < C``, then masked), so the ops on it run padded."""
+    if plan.pad_name != "arange" or plan.sig.mutated:
+        return NO
+    names = plan.sig.names
+    arg = dict(zip(names, vals))
+    start, end, step = arg.get("start", 0), arg["end"], arg.get("step", 1)
+    dtype, device = arg["dtype"], arg["device"]
+    if not all(x.__class__ is int for x in (start, end, step)) or step == 0:
+        return NO
+    if dtype is None:
+        dtype = torch.int64  # (integer start, end and step)
+    if dtype not in (torch.int64, torch.int32, torch.float32, torch.float64):
+        return NO
+    n = -(-(end - start) // step)
+    if n < 2:
+        return NO
+    key = (plan.op, start, step, dtype, str(device))
+    seen = _ARANGE_SEEN.get(key)
+    if seen is None:
+        if len(_ARANGE_SEEN) >= _SEEN_LIMIT:
+            _ARANGE_SEEN.clear()
+        seen = _ARANGE_SEEN[key] = set()
+    if n not in seen and len(seen) < _LENGTHS_LIMIT:
+        seen.add(n)
+    if len(seen) < 2 and n not in _LENGTHS:
+        return NO  # (positions of a padded transfer's length are padded at once)
+    if n * dtype.itemsize > _growth.MAX_BYTES // 2:
+        return NO
+    C = _growth._capacity(n, dtype.itemsize)
+    end_c = start + C * step
+    if dtype is torch.int32 and not -2**31 <= end_c < 2**31:
+        return NO
+    new = list(vals)
+    new[names.index("end")] = end_c
+    r = _run_capacity(plan, new)
+    c = _Call()
+    c.n, c.desc, c.index = n, (1, C, 1), _st.data(r).index
+    return _finish(r, 0, c)
+
+
+def _slice_backward_rule(plan, vals):
+    """``slice_backward(grad, input_sizes, dim, ...)`` of a slice along a static dim
+    (rotary embeddings' halves): the same over the capacity."""
+    c = _Call()
+    v = c.view(vals[0])
+    if v is None or v[1] is None:
+        return NO
+    t, i = v
+    sizes = list(vals[1])
+    if len(sizes) != t.dim() or vals[2] % len(sizes) == i:
+        return NO
+    outer, C, inner = c.desc
+    if sizes[i] != outer * c.n * inner:
+        return NO
+    sizes[i] = outer * C * inner
+    new = list(vals)
+    new[0], new[1] = t, sizes
+    return _finish(_run_capacity(plan, new), i, c, mask=False)
 
 
 _REDUCTIONS = {  # name -> the overloads ruled (reductions with dim / keepdim arguments)
@@ -636,9 +871,11 @@ _REDUCTIONS = {  # name -> the overloads ruled (reductions with dim / keepdim ar
     "argmin": ("default",),
 }
 _NORMS = ("_softmax", "_log_softmax", "cumsum", "native_layer_norm")
+_ROWWISE = {"_softmax_backward_data": 2, "_log_softmax_backward_data": 2}
 _DIVIDES = ("div", "div_", "remainder", "remainder_", "fmod", "fmod_", "floor_divide",
             "floor_divide_", "true_divide", "true_divide_")
 _KEEPS_ZEROS = ("clone", "_to_copy")
+_pad = aten.constant_pad_nd.default
 
 
 def rule_for(plan):
@@ -651,19 +888,39 @@ def rule_for(plan):
     plan.pad_name = name
     plan.pad_masks = name not in _KEEPS_ZEROS
     plan.divides = name in _DIVIDES
-    if str(fop) == "torchtpu_attn.flash_fwd.default":
-        return _attention_rule
-    if fop is aten.cat.default and op is fop:
-        return _cat_rule
+    plan.pad_rowdim = _ROWWISE.get(name)
+    plan.pad_factory = False
     if op is not fop and plan.sig.out_args:
         return None
+    if str(fop) == "torchtpu_attn.flash_fwd.default":
+        return _attention_rule
+    if str(fop) == "torchtpu_attn.flash_bwd.default":
+        return _attention_backward_rule
+    if op is not fop:  # in-place
+        pointwise = torch.Tag.pointwise in fop.tags
+        return _pointwise_rule if pointwise and name not in _DIVIDES else None
+    if fop in (aten.arange.start_step, aten.arange.start, aten.arange.default):
+        plan.pad_factory = True
+        return _arange_rule
+    if fop is aten.cat.default:
+        return _cat_rule
+    if fop is aten.constant_pad_nd.default:
+        return _pad_rule
+    if fop is aten.slice_backward.default:
+        return _slice_backward_rule
     if name in ("mm", "bmm") and overload == "default" or fop is aten.addmm.default:
         return _mm_rule
     if fop is aten.embedding.default:
         return _embedding_rule
+    if fop is aten.embedding_dense_backward.default:
+        return _embedding_backward_rule
+    if fop in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
+        return _nll_rule
     if name in _NORMS:
         return _reduction_rule
-    if overload in _REDUCTIONS.get(name, ()) and op is fop:
+    if name in _ROWWISE:
+        return _pointwise_rule
+    if overload in _REDUCTIONS.get(name, ()):
         names = plan.sig.names
         plan.pad_dim_arg = names.index("dim") if "dim" in names else None
         plan.pad_keep_arg = names.index("keepdim") if "keepdim" in names else None
@@ -677,6 +934,7 @@ def rule_for(plan):
 def run(plan, vals):
     """The executor's entry: ``plan.pad(plan, vals)`` when a padded storage may be among
     the arguments, else NO."""
-    if _ACTIVE[0] or not _st.GROWN_MADE[0] or not enabled():
+    if _ACTIVE[0] or _growth._ACTIVE[0] or not (_st.GROWN_MADE[0] or plan.pad_factory) \
+            or not enabled():
         return NO
     return plan.pad(plan, vals)

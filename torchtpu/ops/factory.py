@@ -336,7 +336,9 @@ def write_out(out: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     rsd = _st.data(r)
     if (out.dtype == r.dtype and len(_st.view_spec(out, sd)) == 2
             and len(_st.view_spec(r, rsd)) == 2):
-        sd.arr = rsd.get()  # each is its whole storage: swap the array, no copy
+        # each is its whole storage: swap the array, no copy (a padded array as it is:
+        # eager.padded's arange)
+        sd.arr = rsd.arr if rsd.arr.__class__ is _st.Grown else rsd.get()
         return out
     out.copy_(r)
     return out

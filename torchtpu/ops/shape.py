@@ -151,6 +151,19 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     return x.at[(slice(None),) * d + (slice(s, e, st),)].set(cast(src, tdtype(x)))
 
 
+@lower(aten.slice_backward.default)
+def slice_backward(g, input_sizes, dim, start, end, step):
+    """The gradient of ``x[..., start:end:step, ...]``: zeros of ``input_sizes`` with
+    ``g`` in the slice (PyTorch's composite: ``zeros`` + ``copy_`` into the slice)."""
+    sizes = tuple(input_sizes)
+    d = _nd(len(sizes), dim)
+    s, e, st = _slice_bounds(sizes[d], start, end, step)
+    out = jnp().zeros(sizes, g.dtype)
+    if g.size == 0:
+        return out
+    return out.at[(slice(None),) * d + (slice(s, e, st),)].set(g)
+
+
 @lower(aten.diagonal_scatter.default)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     j = jnp()
