@@ -500,10 +500,17 @@ def host_values(t: torch.Tensor) -> np.ndarray | None:
     sd = getattr(t.untyped_storage(), "_tpu", None)
     if sd is None or sd.arr is None:
         return None
-    e = _HOST_COPIES.get(id(sd.arr))
-    if e is None or e[0] is not sd.arr or t.dtype is not sd.dtype or t.is_neg():
+    a = sd.arr
+    if a.__class__ is Grown and a.host_copy is not None:  # a padded host transfer
+        host = a.host_copy
+    else:
+        e = _HOST_COPIES.get(id(a))
+        if e is None or e[0] is not a:
+            return None
+        host = e[1]
+    if t.dtype is not sd.dtype or t.is_neg():
         return None
-    flat = e[1].reshape(-1)
+    flat = host.reshape(-1)
     off = t.storage_offset()
     item = flat.itemsize
     return np.lib.stride_tricks.as_strided(flat[off:], tuple(t.shape),

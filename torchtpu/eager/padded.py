@@ -87,6 +87,7 @@ _SEEN: dict = {}  # transfer family (dim, shape before, shape after, dtype) -> l
 _SEEN_LIMIT = 4096
 _LENGTHS_LIMIT = 64
 _LENGTHS: set = set()  # the lengths of padded transfers (an arange of one is padded)
+_TRANSFER_MAX = 64 << 20  # larger transfers are never padded (their host copy is kept)
 _SEQ_MIN = 8  # a 2-D integer transfer (batch, length) of at least this length: padded
 
 aten = torch.ops.aten
@@ -114,7 +115,7 @@ def transfer(arr: np.ndarray, dtype: torch.dtype, index: int):
     tensor when its shape family has met two lengths along one dim (and only one);
     else None (the caller transfers it exactly)."""
     if not enabled() or arr.ndim == 0 or _ACTIVE[0] or _growth._ACTIVE[0] \
-            or dtype.is_floating_point or dtype.is_complex:
+            or dtype.is_floating_point or dtype.is_complex or arr.nbytes > _TRANSFER_MAX:
         return None
     shape = arr.shape
     if arr.ndim == 2 and shape[1] >= _SEQ_MIN and shape[1] > shape[0]:
