@@ -84,7 +84,8 @@ class Metrics:
         padded: padded sequences (``torchtpu.eager.padded``): ``transfers`` (host
             transfers padded to a capacity), ``runs`` (ops run on capacity arrays with
             the length as a runtime value), ``masks`` (results zeroed past the length
-            on the device), ``cuts`` (reads of the exact array cut on the device) and
+            on the device), ``appends`` (cats along the padded dim written at the
+            length), ``cuts`` (reads of the exact array cut on the device) and
             ``host_cuts`` (from a padded transfer's host copy: a transfer, no sync),
             ``cut_ops`` (by op: the ops that read a padded storage without a rule).
         async_compile: STRICT first calls compiled on worker threads
@@ -211,8 +212,8 @@ class Metrics:
                               "churning_ops": 0}
         self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
                        "cuts": 0}
-        self.padded = {"transfers": 0, "runs": 0, "masks": 0, "cuts": 0, "host_cuts": 0,
-                       "cut_ops": collections.Counter()}
+        self.padded = {"transfers": 0, "runs": 0, "masks": 0, "appends": 0, "cuts": 0,
+                       "host_cuts": 0, "cut_ops": collections.Counter()}
         self.op_executables = collections.Counter()
         self.async_compile = {"jobs": 0, "queued_runs": 0, "waits": 0, "wait_seconds": 0.0,
                               "compile_seconds": 0.0, "errors": 0}

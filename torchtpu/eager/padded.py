@@ -433,7 +433,14 @@ def _finish(r, i, c, mask=True):
     """The logical padded tensor of capacity result ``r`` (masked first, unless the op
     keeps zeros), or an exact copy where it cannot be wrapped."""
     if mask:
-        r = _mask(r, i, c.desc, c.n)
+        perm = _st.dense_permutation(tuple(r.shape), tuple(r.stride()))
+        if perm is None or perm == "nondense":
+            r = _mask(r, i, c.desc, c.n)
+        else:  # masked in its physical order, so the result keeps r's layout
+            inverse = [0] * len(perm)
+            for q, p in enumerate(perm):
+                inverse[p] = q
+            r = _mask(r.permute(perm), inverse[i], c.desc, c.n).permute(inverse)
     out = wrap_result(r, i, c.desc, c.n)
     if out is None:  # (not seen in the ruled ops' results; kept exact)
         outer, C, inner = c.desc
@@ -741,6 +748,19 @@ def _cat_rule(plan, vals):
     keep = [t for t in tensors if not (t.dim() == 1 and t.shape[0] == 0)]
     if not keep or _padded(keep[0]) is None:
         return NO
+    if len(keep) == 2 and _padded(keep[1]) is None:  # an append along the padded dim
+        a, b = keep
+        if len(_st.view_spec(a, _st.data(a))) == 2:
+            return NO  # a whole storage: eager.growth's append (which also regrows)
+        c = _Call()
+        v = c.view(a)
+        nd = a.dim()
+        if v is None or v[1] is None or b.dim() != nd or not -nd <= dim < nd \
+                or dim % nd != v[1] or a.dtype is not b.dtype or b.shape[v[1]] == 0 \
+                or any(a.shape[j] != b.shape[j] for j in range(nd) if j != v[1]):
+            return NO
+        r = _append(c, v[0], v[1], b)
+        return NO if r is None else r
     c = _Call()
     new = []
     i_out = None
@@ -759,6 +779,26 @@ def _cat_rule(plan, vals):
     if dim % nd == i_out and len(keep) > 1:
         return NO  # along the padded dim: eager.growth's append
     return _finish(_run_capacity(plan, [new, dim % nd]), i_out, c, mask=False)
+
+
+def _append(c, a, i, b):
+    """``cat([a, b], i)`` along the padded dim of ``a`` (its capacity tensor ``a``, length
+    ``c.n``) with ``b`` exact: ``b`` written at the runtime offset ``n`` (``index_copy``:
+    one executable per capacity), or None where the capacity is full."""
+    outer, C, inner = c.desc
+    k = b.shape[i]
+    if outer * inner != 1 or c.n + k > C:
+        return None
+    active = _ACTIVE[0]
+    _ACTIVE[0] = True  # (exact tensors: no rule runs on them)
+    try:
+        pos = torch.arange(c.n, c.n + k).to(a.device)
+        r = aten.index_copy.default(a, i, pos, b)
+    finally:
+        _ACTIVE[0] = active
+    M.padded["appends"] += 1
+    c.n += k
+    return _finish(r, i, c, mask=False)
 
 
 def _pad_rule(plan, vals):
