@@ -35,17 +35,25 @@ its padded results are wrapped with the true length:
 * reductions (``sum``, ``mean``, ``amax``/``amin``, ``any``/``all``, ``var``/``std``,
   ``prod``, ``max``/``min``/``argmax``/``argmin`` with a dim, ``_softmax``/
   ``_log_softmax``, ``native_layer_norm``) over other dims; ``sum``/``any``/``all``/
-  ``amax``/``amin``/``prod`` over the padded dim or the whole tensor with the
-  reduction's identity in the padding (``-0.0`` for float sums: the exact additive
-  identity), their results exact; ``_softmax``/``_log_softmax`` over the padded dim with
-  ``-inf`` there; ``cumsum`` along any dim (a prefix is unchanged by what follows);
+  ``amax``/``amin``/``prod``/``max``/``min`` over the padded dim or the whole tensor
+  with the reduction's identity in the padding (``-0.0`` for float sums: the exact
+  additive identity), their results exact; ``mean`` there as that sum divided by the
+  true count; ``_softmax``/``_log_softmax`` over the padded dim with ``-inf`` there;
+  ``cumsum`` along any dim (a prefix is unchanged by what follows);
 * ``mm``/``addmm``/``bmm`` with the padded dim on rows or columns (padded results), or
   contracted on both operands (zeros times zeros: an exact result);
 * ``embedding`` with padded indices (the padding reads row 0);
-* causal attention (``torchtpu_attn::flash_fwd``) with queries, keys and values padded
-  alike: no valid query sees a key past the length;
+* causal attention (``torchtpu_attn::flash_fwd`` / ``flash_bwd``) with queries, keys
+  and values padded alike: no valid query sees a key past the length (the log-sum-exp's
+  padding holds ``+inf``, so the backward's probabilities are 0 there);
+* ``nll_loss`` forward and backward with padded targets set to ``ignore_index``;
+  ``embedding_dense_backward``; ``_softmax_backward_data``/``_log_softmax_backward_data``
+  along other dims; ``slice_backward`` of a slice of a static dim;
 * ``cat`` along another dim of operands padded alike (legacy empty 1-D operands skipped);
-  ``cat`` along the padded dim is ``eager.growth``'s append.
+  ``cat`` along the padded dim: ``eager.growth``'s append for a whole storage, else an
+  ``index_copy`` at the runtime offset; ``constant_pad_nd`` at the end of the padded dim;
+* ``arange`` of a padded transfer's length (position ids) or of a family that made two
+  lengths: made over the capacity.
 
 Each result is then masked to zeros past ``n`` (``masked_fill`` with a mask made from
 ``n`` as a runtime value: one executable per capacity) unless the op keeps zeros
@@ -589,11 +597,43 @@ def _reduction_rule(plan, vals):
         if isinstance(r, tuple):
             return tuple(_finish(o, i_out, c) for o in r)
         return _finish(r, i_out, c)
+    if name == "mean":
+        return _mean(plan, vals, t, i, c, dims, keep)
     fill = _identity(name, x.dtype)
     if fill is None:
         return NO
     new[0] = _mask(t, i, c.desc, c.n, fill)
     return _run_capacity(plan, new)  # reduced over the padded dim: an exact result
+
+
+_OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _mean(plan, vals, t, i, c, dims, keep):
+    """``mean`` over the padded dim: the sum over the capacity (``-0.0`` in the padding)
+    divided by the true count (a runtime value), as the lowering divides its sum."""
+    x = vals[0]
+    out = vals[plan.sig.names.index("dtype")] or x.dtype
+    if not (out.is_floating_point or out.is_complex) or x.dtype.is_complex:
+        return NO  # (PyTorch's error, or complex: not ruled)
+    acc = _OPMATH.get(out, out)
+    ndim = x.dim()
+    dims = list(range(ndim)) if dims is None else dims
+    count = math.prod(x.shape[d] for d in dims)
+    if count == 0:
+        return NO
+    filled = _mask(t, i, c.desc, c.n, -0.0)
+    active = _ACTIVE[0]
+    _ACTIVE[0] = True  # (a capacity tensor and exact results: no rule runs on them)
+    try:
+        s = aten.sum.dim_IntList(filled, dims, keep, dtype=acc)
+        r = aten.div.Tensor(s, torch.tensor(count, dtype=acc).to(x.device))
+        if r.dtype is not out:
+            r = r.to(out)
+    finally:
+        _ACTIVE[0] = active
+    M.padded["runs"] += 1
+    return r
 
 
 def _mm_rule(plan, vals):
