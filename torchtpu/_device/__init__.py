@@ -246,7 +246,10 @@ def _implicit_kernel(op):
     def kernel(*args, **kwargs):
         nonlocal plan
         if torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args) \
+                or not all(_real_tpu(a) for a in args if isinstance(a, torch.Tensor)):
+            # autograd must record it, or torch.compile is tracing (fake/functional
+            # tensors): PyTorch's decomposition
             return op.decompose(*args, **kwargs)
         if plan is None:
             from torchtpu.eager import executor
@@ -256,3 +259,13 @@ def _implicit_kernel(op):
         return plan(args, kwargs)
 
     return kernel
+
+
+def _real_tpu(t) -> bool:
+    """Whether ``t`` is a real ``tpu`` tensor (not a fake or functional wrapper)."""
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return False
+    try:
+        return getattr(t.untyped_storage(), "_tpu", None) is not None
+    except (RuntimeError, NotImplementedError):
+        return False
