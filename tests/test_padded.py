@@ -71,6 +71,12 @@ CASES = {
     "arange": lambda x, ids, lin, b: (
         torch.arange(ids.shape[1], device=ids.device) * 2 + ids,),
     "inplace": lambda x, ids, lin, b: (_inplace(x),),
+    "factories": lambda x, ids, lin, b: (
+        torch.ones(ids.shape, dtype=torch.long, device=ids.device).cumsum(-1) + ids,
+        torch.full((ids.shape[1], 3), 2.0, device=ids.device) * 3,
+        torch.zeros(2, ids.shape[1], device=ids.device) + 1),
+    "like": lambda x, ids, lin, b: (torch.ones_like(ids) + ids, torch.zeros_like(x) - x,
+                                    torch.full_like(x.transpose(1, 2), 3.0) * 2),
     "integer_division": lambda x, ids, lin, b: (ids // (ids + 1), ids % 3, ids.div(2)),
     "cut_ops": lambda x, ids, lin, b: (
         torch.sort(x, dim=1).values, x.flip(1), x @ x.transpose(1, 2), x[:, -1], x[:, -3:]),

@@ -944,6 +944,50 @@ def _slice_backward_rule(plan, vals):
     return _finish(_run_capacity(plan, new), i, c, mask=False)
 
 
+def _full_rule(plan, vals):
+    """``ones``/``zeros``/``full`` on ``tpu`` of a size with exactly one dim equal to a
+    padded transfer's length (``generate()``'s default attention mask
+    ``torch.ones(input_ids.shape[:2])``): made over the capacity along that dim."""
+    names = plan.sig.names
+    size = list(vals[names.index("size")])
+    dev = vals[names.index("device")]
+    if dev is not None and torch.device(dev).type != "tpu" or not _LENGTHS:
+        return NO
+    hits = [j for j, k in enumerate(size) if k in _LENGTHS]
+    if len(hits) != 1 or any(k.__class__ is not int or k < 0 for k in size):
+        return NO
+    i = hits[0]
+    n = size[i]
+    unit = math.prod(size) // n * 8
+    if n < 2 or unit == 0 or n * unit > _growth.MAX_BYTES // 2:
+        return NO
+    C = _growth._capacity(n, unit)
+    new = list(vals)
+    size[i] = C
+    new[names.index("size")] = size
+    r = _run_capacity(plan, new)
+    c = _Call()
+    c.n, c.desc, c.index = n, (1, C, 1), _st.data(r).index
+    return _finish(r, i, c, mask=plan.pad_name != "zeros")
+
+
+def _like_rule(plan, vals):
+    """``zeros_like``/``ones_like``/``full_like`` of a padded tensor (on ``tpu``): the same
+    over the capacity (``generate()`` makes its attention mask with ``ones_like``)."""
+    dev = vals[plan.sig.names.index("device")]
+    fmt = vals[plan.sig.names.index("memory_format")]
+    if dev is not None and torch.device(dev).type != "tpu" or fmt not in (
+            None, torch.preserve_format, torch.contiguous_format):
+        return NO
+    c = _Call()
+    v = c.view(vals[0])
+    if v is None or v[1] is None:
+        return NO
+    new = list(vals)
+    new[0] = v[0]
+    return _finish(_run_capacity(plan, new), v[1], c, mask=plan.pad_name != "zeros_like")
+
+
 _REDUCTIONS = {  # name -> the overloads ruled (reductions with dim / keepdim arguments)
     "sum": ("default", "dim_IntList"), "mean": ("default", "dim"), "amax": ("default",),
     "amin": ("default",), "any": ("default", "dim", "dims"), "all": ("default", "dim", "dims"),
@@ -987,6 +1031,11 @@ def rule_for(plan):
         return _cat_rule
     if fop is aten.constant_pad_nd.default:
         return _pad_rule
+    if fop in (aten.zeros_like.default, aten.ones_like.default, aten.full_like.default):
+        return _like_rule
+    if fop in (aten.ones.default, aten.zeros.default, aten.full.default):
+        plan.pad_factory = True
+        return _full_rule
     if fop is aten.slice_backward.default:
         return _slice_backward_rule
     if name in ("mm", "bmm") and overload == "default" or fop is aten.addmm.default:
