@@ -422,7 +422,8 @@ class LoweredPlan:
         key = tuple(c.key)
         ex = _ex.CACHE.get(key)
         if ex is None:
-            if _buckets.ON[0] and not CONFIG.defer:
+            if _buckets.ON[0] and not CONFIG.defer and not _padded._ACTIVE[0]:
+                # (a padded sequence's capacity call is shape-generic already)
                 # an op churning through shapes: an executable shared by a bucket of sizes
                 with _metrics.compile_kind("bucket"):
                     res = _buckets.run(self, vals, c)

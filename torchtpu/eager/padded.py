@@ -466,14 +466,13 @@ def _tensor_positions(plan):
 
 
 def _run_capacity(plan, vals):
-    """``plan``'s op on ``vals`` (capacity views), through the executor's own path."""
-    _ACTIVE[0] = True
+    """``plan``'s op on ``vals`` (capacity views), through the executor's own path
+    (``run`` has set ``_ACTIVE``; growth's rules are kept off too)."""
     grow = _growth._ACTIVE[0]
     _growth._ACTIVE[0] = True
     try:
         r = plan._run(vals)
     finally:
-        _ACTIVE[0] = False
         _growth._ACTIVE[0] = grow
     M.padded["runs"] += 1
     return r
@@ -1067,4 +1066,8 @@ def run(plan, vals):
     if _ACTIVE[0] or _growth._ACTIVE[0] or not (_st.GROWN_MADE[0] or plan.pad_factory) \
             or not enabled():
         return NO
-    return plan.pad(plan, vals)
+    _ACTIVE[0] = True  # the rule's own ops (masks, copies, capacity calls) take no rule,
+    try:  # no shape bucket (they pad through the host) and no padded transfer
+        return plan.pad(plan, vals)
+    finally:
+        _ACTIVE[0] = False
