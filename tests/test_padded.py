@@ -75,6 +75,9 @@ CASES = {
         torch.ones(ids.shape, dtype=torch.long, device=ids.device).cumsum(-1) + ids,
         torch.full((ids.shape[1], 3), 2.0, device=ids.device) * 3,
         torch.zeros(2, ids.shape[1], device=ids.device) + 1),
+    "copies": lambda x, ids, lin, b: (
+        torch.isin(ids, torch.tensor([3, 4], device=ids.device)),
+        torch.empty_like(x).copy_(x * 2), x.clone().copy_(x.flip(1))),
     "like": lambda x, ids, lin, b: (torch.ones_like(ids) + ids, torch.zeros_like(x) - x,
                                     torch.full_like(x.transpose(1, 2), 3.0) * 2),
     "integer_division": lambda x, ids, lin, b: (ids // (ids + 1), ids % 3, ids.div(2)),
@@ -216,16 +219,22 @@ def _tiny_llama():
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def test_generate_new_prompt_lengths_match_cpu_without_compiles():
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_generate_new_prompt_lengths_match_cpu_without_compiles(with_mask):
     m = _tiny_llama()
     md = _tiny_llama().to("tpu")
     compiles = []
     for L in (10, 13, 21):
         ids = torch.randint(0, 64, (1, L), generator=torch.Generator().manual_seed(L))
         kw = dict(max_new_tokens=8, do_sample=False)
-        want = m.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        mask = torch.ones_like(ids)
+        want = (m.generate(ids, attention_mask=mask, **kw) if with_mask
+                else m.generate(ids, min_new_tokens=8, **kw))
         c0 = _metrics()[1]
-        got = md.generate(ids.to("tpu"), attention_mask=torch.ones_like(ids).to("tpu"), **kw)
+        if with_mask:  # (without: generate() makes it, torch.ones of the ids' shape)
+            got = md.generate(ids.to("tpu"), attention_mask=mask.to("tpu"), **kw)
+        else:
+            got = md.generate(ids.to("tpu"), min_new_tokens=8, **kw)
         assert torch.equal(got.cpu(), want)
         compiles.append(_metrics()[1] - c0)
     assert compiles[-1] == 0, compiles

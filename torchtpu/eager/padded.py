@@ -970,6 +970,30 @@ def _full_rule(plan, vals):
     return _finish(r, i, c, mask=plan.pad_name != "zeros")
 
 
+def _copy_rule(plan, vals):
+    """``copy_(dst, src)``: into a padded whole ``dst`` element-wise; a padded ``src``
+    into an uninitialized whole ``dst`` of its shape and dtype (an ``out=`` result,
+    ``torch.isin``'s) gives ``dst`` the padded copy."""
+    dst, src = vals[0], vals[1]
+    if _padded(dst) is not None:
+        return _pointwise_rule(plan, vals)
+    sd = _st.data(dst)
+    if sd.arr is not None or len(_st.view_spec(dst, sd)) != 2 or dst.dtype is not src.dtype \
+            or tuple(dst.shape) != tuple(src.shape):
+        return NO
+    c = _Call()
+    v = c.view(src)
+    if v is None or v[1] is None or c.desc[0] * c.desc[2] != 1:
+        return NO
+    t, i = v
+    tmp = _st.empty(tuple(t.shape), dst.dtype, sd.index)
+    new = list(vals)
+    new[0], new[1] = tmp, t
+    _run_capacity(plan, new)
+    sd.arr = _st.Grown(_st.data(tmp).get(), i, c.n)
+    return dst
+
+
 def _like_rule(plan, vals):
     """``zeros_like``/``ones_like``/``full_like`` of a padded tensor (on ``tpu``): the same
     over the capacity (``generate()`` makes its attention mask with ``ones_like``)."""
@@ -1020,6 +1044,8 @@ def rule_for(plan):
         return _attention_rule
     if str(fop) == "torchtpu_attn.flash_bwd.default":
         return _attention_backward_rule
+    if fop is aten.copy.default and op is not fop and not plan.sig.out_args:
+        return _copy_rule
     if op is not fop:  # in-place
         pointwise = torch.Tag.pointwise in fop.tags
         return _pointwise_rule if pointwise and name not in _DIVIDES else None
