@@ -159,31 +159,24 @@ def test_results_keep_logical_shape_and_strides():
         _close(r.cpu(), rc, 1e-5)
 
 
-def test_a_new_length_compiles_nothing_and_syncs_nothing():
-    def step(L):
-        ids, weight, lin, b = _inputs(L, "tpu")
-        x = F.embedding(ids, weight)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        h = _attention(x, lin, b) + x
-        return _cross_entropy(h, ids, lin, b)[0]
+def _step(L, device):
+    ids, weight, lin, b = _inputs(L, device)
+    x = F.embedding(ids, weight)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    h = _attention(x, lin, b) + x
+    return _cross_entropy(h, ids, lin, b)[0]
 
-    step(33).cpu(), step(47).cpu()  # capacity 128: its executables compile here
+
+def test_a_new_length_compiles_nothing_and_syncs_nothing():
+    _step(33, "tpu").cpu(), _step(47, "tpu").cpu()  # capacity 128: compiled here
     p0, c0, s0 = _metrics()
-    loss = step(61)
+    loss = _step(61, "tpu")
     p1, c1, s1 = _metrics()
     assert c1 == c0, "a new length compiled"
     assert s1 == s0, "a padded op synced with the host"
     assert p1["cuts"] == p0["cuts"] and p1["host_cuts"] == p0["host_cuts"]
     assert p1["runs"] > p0["runs"]
-    _close(loss.cpu(), _cpu_step(61), 1e-5)
-
-
-def _cpu_step(L):
-    ids, weight, lin, b = _inputs(L, "cpu")
-    x = F.embedding(ids, weight)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-    h = _attention(x, lin, b) + x
-    return _cross_entropy(h, ids, lin, b)[0]
+    _close(loss.cpu(), _step(61, "cpu"), 1e-5)
 
 
 def test_backward_through_padded_ops_matches_cpu():

@@ -139,19 +139,24 @@ def _dynamic_dim(shape, dtype):
     """The one dim along which transfers of ``shape``'s family met two lengths, or None."""
     dyn = None
     for j, n in enumerate(shape):
-        key = (j, shape[:j], shape[j + 1:], dtype)
-        seen = _SEEN.get(key)
-        if seen is None:
-            if len(_SEEN) >= _SEEN_LIMIT:
-                _SEEN.clear()
-            seen = _SEEN[key] = set()
-        if n not in seen and len(seen) < _LENGTHS_LIMIT:
-            seen.add(n)
+        seen = _record_length(_SEEN, (j, shape[:j], shape[j + 1:], dtype), n)
         if len(seen) >= 2 and n >= 2:
             if dyn is not None:
                 return None  # more than one dim varies: not a sequence
             dyn = j
     return dyn
+
+
+def _record_length(table: dict, key, n: int) -> set:
+    """Add length ``n`` to ``table[key]`` (a family's lengths, bounded) and return them."""
+    seen = table.get(key)
+    if seen is None:
+        if len(table) >= _SEEN_LIMIT:
+            table.clear()
+        seen = table[key] = set()
+    if n not in seen and len(seen) < _LENGTHS_LIMIT:
+        seen.add(n)
+    return seen
 
 
 def _pad_host(arr, dyn, dtype, index):
@@ -527,12 +532,8 @@ def _pointwise_rule(plan, vals):
         if p is None or len(_st.view_spec(self_, p[0])) != 2 or self_.dim() != out_ndim \
                 or p[1].n != c.n:
             return NO
-    if plan.pad_name == "_to_copy":
-        dev = vals[plan.sig.names.index("device")]
-        fmt = vals[plan.sig.names.index("memory_format")]
-        if dev is not None and torch.device(dev).type != "tpu" or fmt not in (
-                None, torch.preserve_format, torch.contiguous_format):
-            return NO
+    if plan.pad_name == "_to_copy" and not _stays_on_tpu(plan, vals):
+        return NO
     if plan.divides and any(not (vals[j].dtype.is_floating_point or vals[j].dtype.is_complex)
                             for j in tensors):
         return NO  # an integer divisor's zero check would see the padding
@@ -683,13 +684,28 @@ def _embedding_rule(plan, vals):
     """``embedding(weight, indices, ...)`` with padded indices (the padding reads row 0)."""
     if _padded(vals[0]) is not None:
         return NO
+    return _one_padded(plan, vals, 1)
+
+
+def _one_padded(plan, vals, j, mask=True):
+    """``plan``'s op with its ``j``-th argument (padded) read from the capacity: the
+    result padded along the same dim."""
     c = _Call()
-    v = c.view(vals[1])
+    v = c.view(vals[j])
     if v is None or v[1] is None:
         return NO
     new = list(vals)
-    new[1] = v[0]
-    return _finish(_run_capacity(plan, new), v[1], c)
+    new[j] = v[0]
+    return _finish(_run_capacity(plan, new), v[1], c, mask=mask)
+
+
+def _stays_on_tpu(plan, vals) -> bool:
+    """Whether a ``device``/``memory_format`` op (``_to_copy``, ``*_like``) keeps its
+    result on ``tpu`` in a layout the rules describe."""
+    dev = vals[plan.sig.names.index("device")]
+    fmt = vals[plan.sig.names.index("memory_format")]
+    return (dev is None or torch.device(dev).type == "tpu") and fmt in (
+        None, torch.preserve_format, torch.contiguous_format)
 
 
 def _embedding_backward_rule(plan, vals):
@@ -899,14 +915,7 @@ def _arange_rule(plan, vals):
     n = -(-(end - start) // step)
     if n < 2:
         return NO
-    key = (plan.op, start, step, dtype, str(device))
-    seen = _ARANGE_SEEN.get(key)
-    if seen is None:
-        if len(_ARANGE_SEEN) >= _SEEN_LIMIT:
-            _ARANGE_SEEN.clear()
-        seen = _ARANGE_SEEN[key] = set()
-    if n not in seen and len(seen) < _LENGTHS_LIMIT:
-        seen.add(n)
+    seen = _record_length(_ARANGE_SEEN, (plan.op, start, step, dtype, str(device)), n)
     if len(seen) < 2 and n not in _LENGTHS:
         return NO  # (positions of a padded transfer's length are padded at once)
     if n * dtype.itemsize > _growth.MAX_BYTES // 2:
@@ -997,18 +1006,9 @@ def _copy_rule(plan, vals):
 def _like_rule(plan, vals):
     """``zeros_like``/``ones_like``/``full_like`` of a padded tensor (on ``tpu``): the same
     over the capacity (``generate()`` makes its attention mask with ``ones_like``)."""
-    dev = vals[plan.sig.names.index("device")]
-    fmt = vals[plan.sig.names.index("memory_format")]
-    if dev is not None and torch.device(dev).type != "tpu" or fmt not in (
-            None, torch.preserve_format, torch.contiguous_format):
+    if not _stays_on_tpu(plan, vals):
         return NO
-    c = _Call()
-    v = c.view(vals[0])
-    if v is None or v[1] is None:
-        return NO
-    new = list(vals)
-    new[0] = v[0]
-    return _finish(_run_capacity(plan, new), v[1], c, mask=plan.pad_name != "zeros_like")
+    return _one_padded(plan, vals, 0, mask=plan.pad_name != "zeros_like")
 
 
 _REDUCTIONS = {  # name -> the overloads ruled (reductions with dim / keepdim arguments)
