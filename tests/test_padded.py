@@ -41,10 +41,10 @@ def _inputs(L, device, B=2):
     return ids, weight.to(device), lin.to(device), bias.to(device)
 
 
-def _attention(x, lin, bias):
+def _attention(x, lin, bias, causal=True):
     B, L, _ = x.shape
     q, k, v = F.linear(x, lin, bias).view(B, L, 3, 2, H // 2).permute(2, 0, 3, 1, 4)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return o.transpose(1, 2).reshape(B, L, H)
 
 
@@ -64,7 +64,8 @@ CASES = {
         x.sum(1), x.amax(1), x.amin(1), (x > 0).all(1), (x > 0).any(1), x.sum(), x.max(),
         x.min(), ids.sum(1), (x * 0.1).prod(1), x.mean(1), (-x.abs()).sum(1)),
     "cumsum": lambda x, ids, lin, b: (x.cumsum(1), x.cumsum(-1), ids.cumsum(-1)),
-    "attention": lambda x, ids, lin, b: (_attention(x, lin, b),),
+    "attention": lambda x, ids, lin, b: (_attention(x, lin, b),
+                                         _attention(x, lin, b, causal=False)),
     "rotary_cat": lambda x, ids, lin, b: (_rotate_half(x) * x.cos(),),
     "shifted_views": lambda x, ids, lin, b: (
         x[:, 1:] * 2, x[:, :-1] + 1, F.pad(ids, (0, 1), value=-100)[:, 1:].contiguous()),
@@ -188,13 +189,27 @@ def test_backward_through_padded_ops_matches_cpu():
             lin.requires_grad_()
             x = F.embedding(ids, weight)
             x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-            h = F.silu(_attention(x, lin, b)) + x
+            h = F.silu(_attention(x, lin, b)) + _attention(x, lin, b, causal=False)
             loss = _cross_entropy(h, ids, lin, b)[0]
             loss.backward()
             grads[device, L] = (loss.detach().cpu(), weight.grad.cpu(), lin.grad.cpu())
     for L in (12, 29):
         for a, b in zip(grads["tpu", L], grads["cpu", L]):
             _close(a, b, 1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_backward_of_a_sum_runs_padded(causal):
+    # dO of ``out.sum()`` is an expand of a 0-d tensor, not a padded tensor
+    grads = []
+    for device in ("cpu", "tpu"):
+        ids, weight, lin, b = _inputs(21, device)
+        weight.requires_grad_()
+        x = F.embedding(ids, weight).view(2, 21, 2, H // 2).transpose(1, 2)
+        F.scaled_dot_product_attention(x, x * 0.5, x + 1, is_causal=causal).sum().backward()
+        grads.append(weight.grad.cpu())
+    assert "torchtpu_attn.flash_bwd.default" not in _metrics()[0]["cut_ops"]
+    _close(grads[1], grads[0], 1e-5)
 
 
 def test_off_switch_gives_exact_storages():

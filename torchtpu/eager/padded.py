@@ -43,9 +43,10 @@ its padded results are wrapped with the true length:
 * ``mm``/``addmm``/``bmm`` with the padded dim on rows or columns (padded results), or
   contracted on both operands (zeros times zeros: an exact result);
 * ``embedding`` with padded indices (the padding reads row 0);
-* causal attention (``torchtpu_attn::flash_fwd`` / ``flash_bwd``) with queries, keys
-  and values padded alike: no valid query sees a key past the length (the log-sum-exp's
-  padding holds ``+inf``, so the backward's probabilities are 0 there);
+* attention (``torchtpu_attn::flash_fwd`` / ``flash_bwd``, no mask) with queries, keys
+  and values padded alike: causal, no valid query sees a key past the length; otherwise
+  those keys get a ``-inf`` bias (the log-sum-exp's padding holds ``+inf``, so the
+  backward's probabilities are 0 there);
 * ``nll_loss`` forward and backward with padded targets set to ``ignore_index``;
   ``embedding_dense_backward``; ``_softmax_backward_data``/``_log_softmax_backward_data``
   along other dims; ``slice_backward`` of a slice of a static dim;
@@ -508,19 +509,14 @@ def _pointwise_rule(plan, vals):
         new[j] = t
     if i_out is None:
         return NO
-    outer, C, inner = c.desc
     for pos in others:
         t = vals[pos]
         j = i_out - (out_ndim - t.dim())
         if j < 0 or t.shape[j] == 1:
             continue
-        if t.stride(j) != 0 or t.shape[j] != outer * c.n * inner:
+        new[pos] = _expanded(t, j, c)
+        if new[pos] is None:
             return NO  # spans the padded dim without padding (or a broadcast error)
-        # expanded along it (a sum's gradient): the same expand over the capacity
-        size = list(t.shape)
-        size[j] = outer * C * inner
-        new[pos] = _st.tensor_on(t.untyped_storage(), size, t.stride(), t.storage_offset(),
-                                 t.dtype)
     if plan.pad_rowdim is not None and vals[plan.pad_rowdim] % max(out_ndim, 1) == i_out:
         return NO
     mutated = plan.sig.mutated
@@ -544,6 +540,17 @@ def _pointwise_rule(plan, vals):
         sd.arr = _st.Grown(_st.data(masked).get(), g.dim, g.n)
         return vals[0]
     return _finish(r, i_out, c, mask=plan.pad_masks)
+
+
+def _expanded(t, j, c):
+    """An exact tensor expanded along dim ``j`` (stride 0, the call's logical length: a
+    sum's gradient) as the same expand over the capacity, or None."""
+    outer, C, inner = c.desc
+    if t.stride(j) != 0 or t.shape[j] != outer * c.n * inner:
+        return None
+    size = list(t.shape)
+    size[j] = outer * C * inner
+    return _st.tensor_on(t.untyped_storage(), size, t.stride(), t.storage_offset(), t.dtype)
 
 
 def _reduce_dims(dims, ndim):
@@ -758,10 +765,12 @@ def _nll_rule(plan, vals):
 
 
 def _attention_rule(plan, vals):
-    """Causal ``flash_fwd(q, k, v, None, True, scale)`` padded alike along dim -2 (4-D);
-    the log-sum-exp's padding holds +inf, so the backward's probabilities are 0 there."""
+    """``flash_fwd(q, k, v, None, is_causal, scale)`` padded alike along dim -2 (4-D):
+    causal, no valid query sees a padded key; otherwise the keys past the length get a
+    ``-inf`` bias.  The log-sum-exp's padding holds +inf, so the backward's
+    probabilities are 0 there."""
     q, k, v, bias, is_causal = vals[:5]
-    if bias is not None or not is_causal or q.dim() != 4:
+    if bias is not None or q.dim() != 4:
         return NO
     c = _Call()
     new = list(vals)
@@ -770,8 +779,19 @@ def _attention_rule(plan, vals):
         if w is None or w[1] != 2:
             return NO
         new[j] = w[0]
+    if not is_causal:
+        new[3] = _key_bias(c, q.dtype)
     out, lse = _run_capacity(plan, new)
     return _finish(out, 2, c), _finish_lse(lse, c)
+
+
+def _key_bias(c, dtype):
+    """An additive attention bias over the capacity's keys: 0, ``-inf`` past the length
+    (float64 for float64 attention, else float32, as ``eager.growth``'s)."""
+    bt = torch.float64 if dtype == torch.float64 else torch.float32
+    inv = _invalid(c.desc, c.n, c.index, 1, 0)
+    zeros = torch.zeros(inv.shape, dtype=bt, device=inv.device)
+    return _masked_fill(zeros, inv, float("-inf"))
 
 
 def _finish_lse(lse, c):
@@ -780,18 +800,23 @@ def _finish_lse(lse, c):
 
 
 def _attention_backward_rule(plan, vals):
-    """``flash_bwd(dO, q, k, v, None, out, lse, True, scale, False)`` of a causal
+    """``flash_bwd(dO, q, k, v, None, out, lse, is_causal, scale, False)`` of an
     attention padded alike: the padded rows of dO, q, k, v, out are zeros and the
-    log-sum-exp's +inf, so no padded entry adds to a valid gradient."""
-    if vals[4] is not None or not vals[7] or vals[9] or vals[10] or vals[1].dim() != 4:
+    log-sum-exp's +inf, so no padded entry adds to a valid gradient (not causal: the
+    forward's key bias again)."""
+    if vals[4] is not None or vals[9] or vals[10] or vals[1].dim() != 4:
         return NO
     c = _Call()
     new = list(vals)
-    for j in (0, 1, 2, 3, 5, 6):
+    for j in (1, 2, 3, 5, 6, 0):
         w = c.view(vals[j])
-        if w is None or w[1] != 2:
+        if j == 0 and w is not None and w[1] is None:  # dO of a sum: expanded over rows
+            w = _expanded(vals[0], 2, c), 2
+        if w is None or w[1] != 2 or w[0] is None:
             return NO
         new[j] = w[0]
+    if not vals[7]:  # not causal: the forward's key bias
+        new[4] = _key_bias(c, vals[1].dtype)
     outs = _run_capacity(plan, new)
     return tuple(_finish(o, 2, c) if j < 3 else o for j, o in enumerate(outs))
 
