@@ -63,6 +63,10 @@ CASES = {
     "reduce_padded_dim": lambda x, ids, lin, b: (
         x.sum(1), x.amax(1), x.amin(1), (x > 0).all(1), (x > 0).any(1), x.sum(), x.max(),
         x.min(), ids.sum(1), (x * 0.1).prod(1), x.mean(1), (-x.abs()).sum(1)),
+    "reduce_integer_extremes": lambda x, ids, lin, b: (
+        (ids * 0).to(torch.uint8).amax(1), (ids * 0 + (-2**63)).amax(1),
+        (ids * 0 - 128).to(torch.int8).max(), (ids * 0 + 255).to(torch.uint8).amin(1)),
+    "multiple_outputs": lambda x, ids, lin, b: torch.frexp(x),
     "cumsum": lambda x, ids, lin, b: (x.cumsum(1), x.cumsum(-1), ids.cumsum(-1)),
     "attention": lambda x, ids, lin, b: (_attention(x, lin, b),
                                          _attention(x, lin, b, causal=False)),
@@ -212,6 +216,20 @@ def test_attention_backward_of_a_sum_runs_padded(causal):
         grads.append(weight.grad.cpu())
     assert _metrics()[0]["cut_ops"].get(cut, 0) == cuts
     _close(grads[1], grads[0], 1e-5)
+
+
+def test_a_family_cut_every_step_stops_padding():
+    # (batch 3, float64 sort: a family and an op no other test here uses)
+    off = _metrics()[0]["families_off"]
+    padded_steps = []
+    for L in range(20, 30):
+        ids = torch.randint(0, 9, (3, L), generator=torch.Generator().manual_seed(L))
+        d = ids.to("tpu")
+        padded_steps.append(_is_padded(d))
+        got = torch.sort(d.double() * 2, dim=1).values  # no rule: a device cut per step
+        assert torch.equal(got.cpu(), torch.sort(ids.double() * 2, dim=1).values)
+    assert padded_steps[:2] == [True, True] and not any(padded_steps[3:])
+    assert _metrics()[0]["families_off"] == off + 1
 
 
 def test_off_switch_gives_exact_storages():

@@ -87,6 +87,8 @@ class Metrics:
             on the device), ``appends`` (cats along the padded dim written at the
             length), ``cuts`` (reads of the exact array cut on the device) and
             ``host_cuts`` (from a padded transfer's host copy: a transfer, no sync),
+            ``families_off`` (transfer families no longer padded: their tensors kept
+            being cut on the device),
             ``cut_ops`` (by op: the ops that read a padded storage without a rule).
         async_compile: STRICT first calls compiled on worker threads
             (``torchtpu.eager.async_compile``): ``jobs`` (first calls), ``queued_runs``
@@ -213,7 +215,7 @@ class Metrics:
         self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
                        "cuts": 0}
         self.padded = {"transfers": 0, "runs": 0, "masks": 0, "appends": 0, "cuts": 0,
-                       "host_cuts": 0, "cut_ops": collections.Counter()}
+                       "host_cuts": 0, "families_off": 0, "cut_ops": collections.Counter()}
         self.op_executables = collections.Counter()
         self.async_compile = {"jobs": 0, "queued_runs": 0, "waits": 0, "wait_seconds": 0.0,
                               "compile_seconds": 0.0, "errors": 0}

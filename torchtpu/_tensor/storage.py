@@ -138,6 +138,8 @@ class StorageData:
                 _metrics.METRICS.growth["cuts"] += 1
             elif a.host_copy is None:
                 _metrics.METRICS.padded["cuts"] += 1
+                if a.family is not None:
+                    a.family.cuts += 1
             self.arr = a.exact(self.shape, self.dtype, self.index)
             if a.chain is not None:
                 a.chain.cut(self)
@@ -275,6 +277,8 @@ class Grown:
         chain: ``eager.growth``'s record of a cat chain, or None.
         host_copy: the storage's exact elements as a numpy array (a padded host transfer,
             ``eager.padded``), or None.
+        family: ``eager.padded``'s record of the transfer family the storage descends
+            from (counts its device cuts), or None.
 
     The growth rules (``eager.growth``), the padded-sequence rules (``eager.padded``)
     and window views (:func:`grown_view_spec`) read
@@ -283,9 +287,9 @@ class Grown:
     :meth:`StorageData.get`, which cuts the capacity off on the device (no host sync).
     """
 
-    __slots__ = ("arr", "dim", "n", "chain", "host_copy")
+    __slots__ = ("arr", "dim", "n", "chain", "host_copy", "family")
 
-    def __init__(self, arr, dim: int, n: int, chain=None, host_copy=None):
+    def __init__(self, arr, dim: int, n: int, chain=None, host_copy=None, family=None):
         self.arr = arr
         self.dim = dim
         self.n = n
@@ -295,6 +299,9 @@ class Grown:
         # the exact elements on the host (a padded host transfer, eager.padded): a cut
         # transfers them again instead of compiling a cut
         self.host_copy = host_copy
+        # eager.padded's record of the transfer family this storage descends from: told
+        # (``family.cuts``) when the storage is cut on the device
+        self.family = family
         GROWN_MADE[0] = True
 
     def exact(self, shape: tuple, dtype: torch.dtype, index: int):

@@ -97,6 +97,8 @@ _SEEN_LIMIT = 4096
 _LENGTHS_LIMIT = 64
 _LENGTHS: set = set()  # the lengths of padded transfers (an arange of one is padded)
 _TRANSFER_MAX = 64 << 20  # larger transfers are never padded (their host copy is kept)
+_FAMILIES: dict = {}  # a family of padded tensors (transfers, aranges, fills) -> _Family
+_BACK_OFF_AFTER = 2  # padded transfers of a family before its cuts may stop its padding
 _SEQ_MIN = 8  # a 2-D integer transfer (batch, length) of at least this length: padded
 
 aten = torch.ops.aten
@@ -108,6 +110,7 @@ def set_enabled(enabled: bool) -> None:
     start-up value); storages already padded stay padded (their ops then cut them)."""
     ON[0] = bool(enabled)
     _SEEN.clear()
+    _FAMILIES.clear()
     _LENGTHS.clear()
     _ARANGE_SEEN.clear()
 
@@ -133,7 +136,42 @@ def transfer(arr: np.ndarray, dtype: torch.dtype, index: int):
         dyn = _dynamic_dim(shape, dtype)
     if dyn is None:
         return None
-    return _pad_host(arr, dyn, dtype, index)
+    key = (dyn, shape[:dyn], shape[dyn + 1:], dtype)
+    fam = _family(("transfer",) + key)
+    if fam is None:
+        return None
+    return _pad_host(arr, dyn, dtype, index, fam)
+
+
+def _family(key):
+    """The :class:`_Family` of ``key`` with one more padded tensor made, or None when the
+    family's padded tensors keep being cut on the device (an attention mask built by
+    indexing ops: each cut compiles per length, so exact tensors cost less)."""
+    fam = _FAMILIES.get(key)
+    if fam is None:
+        if len(_FAMILIES) >= _SEEN_LIMIT:
+            _FAMILIES.clear()
+        fam = _FAMILIES[key] = _Family()
+    if fam.transfers >= _BACK_OFF_AFTER and fam.cuts >= fam.transfers:
+        if not fam.off:
+            fam.off = True
+            M.padded["families_off"] += 1
+        return None
+    fam.transfers += 1
+    return fam
+
+
+class _Family:
+    """A family of padded tensors (transfers of a shape but the padded dim and a dtype;
+    an ``arange``'s or a fill's arguments): padded tensors made (``transfers``), device
+    cuts of the storages computed from them, whether padding stopped."""
+
+    __slots__ = ("transfers", "cuts", "off")
+
+    def __init__(self):
+        self.transfers = 0
+        self.cuts = 0
+        self.off = False
 
 
 def _dynamic_dim(shape, dtype):
@@ -160,7 +198,7 @@ def _record_length(table: dict, key, n: int) -> set:
     return seen
 
 
-def _pad_host(arr, dyn, dtype, index):
+def _pad_host(arr, dyn, dtype, index, family):
     n = arr.shape[dyn]
     shape = arr.shape
     unit = arr.nbytes // n
@@ -176,7 +214,8 @@ def _pad_host(arr, dyn, dtype, index):
     if len(_LENGTHS) >= _SEEN_LIMIT:
         _LENGTHS.clear()
     _LENGTHS.add(n)
-    st = _st.new_storage(shape, dtype, index, _st.Grown(dev, dyn, n, None, host_copy=arr))
+    st = _st.new_storage(shape, dtype, index,
+                         _st.Grown(dev, dyn, n, None, host_copy=arr, family=family))
     return _st.tensor_on(st, shape, _st.contiguous_strides(shape), 0, dtype)
 
 
@@ -299,13 +338,14 @@ class _Call:
     storage, so aliasing stays visible), and the common padded dim: its ``desc``
     (:class:`Geometry`) and length ``n``."""
 
-    __slots__ = ("caps", "n", "desc", "index")
+    __slots__ = ("caps", "n", "desc", "index", "family")
 
     def __init__(self):
         self.caps = {}
         self.n = None
         self.desc = None
         self.index = None
+        self.family = None  # the transfer family of the first padded operand that has one
 
     def view(self, t):
         """``(capacity tensor of t, i)``: ``(t, None)`` for a tensor that is not padded;
@@ -324,6 +364,8 @@ class _Call:
             self.n, self.desc, self.index = geo.length, geo.desc, sd.index
         elif self.n != geo.length or self.desc != geo.desc:
             return None
+        if self.family is None:
+            self.family = g.family
         st = self.caps.get(id(sd))
         if st is None:
             st = self.caps[id(sd)] = _st.new_storage(
@@ -391,8 +433,10 @@ def _identity(op_name: str, dtype: torch.dtype):
             return op_name in ("amin", "min")
         if dtype.is_complex:
             return None
-        big = float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
-        return -big if op_name in ("amax", "max") else big
+        if dtype.is_floating_point:
+            return float("-inf") if op_name in ("amax", "max") else float("inf")
+        info = torch.iinfo(dtype)
+        return info.min if op_name in ("amax", "max") else info.max
     return None
 
 
@@ -406,7 +450,7 @@ def _reshaped(arr, shape):
     return runtime.jax().numpy.reshape(arr, shape)
 
 
-def wrap_result(r, i: int, desc, n: int):
+def wrap_result(r, i: int, desc, n: int, family=None):
     """A capacity result ``r`` (zeros at the padding of dim ``i``, laid out by
     ``desc``) as the logical tensor (``outer * n * inner`` entries there) on a padded
     storage, or None where ``r``'s layout is not a dense one this can describe."""
@@ -439,7 +483,8 @@ def wrap_result(r, i: int, desc, n: int):
     for q, p in enumerate(order):
         lstride[p] = cs[q if q < k else q + len(before) + len(after)]
     lsize = size[:i] + (outer * n * inner,) + size[i + 1:]
-    st = _st.new_storage(lphys, r.dtype, sd.index, _st.Grown(_reshaped(arr, cap_phys), dim, n))
+    st = _st.new_storage(lphys, r.dtype, sd.index,
+                         _st.Grown(_reshaped(arr, cap_phys), dim, n, family=family))
     return _st.tensor_on(st, lsize, tuple(lstride), 0, r.dtype)
 
 
@@ -455,7 +500,7 @@ def _finish(r, i, c, mask=True):
             for q, p in enumerate(perm):
                 inverse[p] = q
             r = _mask(r.permute(perm), inverse[i], c.desc, c.n).permute(inverse)
-    out = wrap_result(r, i, c.desc, c.n)
+    out = wrap_result(r, i, c.desc, c.n, c.family)
     if out is None:  # (not seen in the ruled ops' results; kept exact)
         outer, C, inner = c.desc
         shape = r.shape[:i] + (outer, C, inner) + r.shape[i + 1:]
@@ -537,8 +582,10 @@ def _pointwise_rule(plan, vals):
     if mutated:
         sd, g = _padded(vals[0])
         masked = _mask(new[0], i_out, c.desc, c.n)
-        sd.arr = _st.Grown(_st.data(masked).get(), g.dim, g.n)
+        sd.arr = _st.Grown(_st.data(masked).get(), g.dim, g.n, family=g.family)
         return vals[0]
+    if isinstance(r, tuple):  # (frexp: mantissa and exponent)
+        return tuple(_finish(o, i_out, c, mask=plan.pad_masks) for o in r)
     return _finish(r, i_out, c, mask=plan.pad_masks)
 
 
@@ -795,7 +842,7 @@ def _key_bias(c, dtype):
 
 
 def _finish_lse(lse, c):
-    out = wrap_result(_mask(lse, 2, c.desc, c.n, float("inf")), 2, c.desc, c.n)
+    out = wrap_result(_mask(lse, 2, c.desc, c.n, float("inf")), 2, c.desc, c.n, c.family)
     return lse.narrow(2, 0, c.n).clone() if out is None else out
 
 
@@ -940,9 +987,13 @@ def _arange_rule(plan, vals):
     n = -(-(end - start) // step)
     if n < 2:
         return NO
-    seen = _record_length(_ARANGE_SEEN, (plan.op, start, step, dtype, str(device)), n)
+    key = (plan.op, start, step, dtype, str(device))
+    seen = _record_length(_ARANGE_SEEN, key, n)
     if len(seen) < 2 and n not in _LENGTHS:
         return NO  # (positions of a padded transfer's length are padded at once)
+    fam = _family(key)
+    if fam is None:
+        return NO
     if n * dtype.itemsize > _growth.MAX_BYTES // 2:
         return NO
     C = _growth._capacity(n, dtype.itemsize)
@@ -953,7 +1004,7 @@ def _arange_rule(plan, vals):
     new[names.index("end")] = end_c
     r = _run_capacity(plan, new)
     c = _Call()
-    c.n, c.desc, c.index = n, (1, C, 1), _st.data(r).index
+    c.n, c.desc, c.index, c.family = n, (1, C, 1), _st.data(r).index, fam
     return _finish(r, 0, c)
 
 
@@ -994,13 +1045,16 @@ def _full_rule(plan, vals):
     unit = math.prod(size) // n * 8
     if n < 2 or unit == 0 or n * unit > _growth.MAX_BYTES // 2:
         return NO
+    fam = _family((plan.op, tuple(size[:i]), tuple(size[i + 1:]), str(dev)))
+    if fam is None:
+        return NO
     C = _growth._capacity(n, unit)
     new = list(vals)
     size[i] = C
     new[names.index("size")] = size
     r = _run_capacity(plan, new)
     c = _Call()
-    c.n, c.desc, c.index = n, (1, C, 1), _st.data(r).index
+    c.n, c.desc, c.index, c.family = n, (1, C, 1), _st.data(r).index, fam
     return _finish(r, i, c, mask=plan.pad_name != "zeros")
 
 
@@ -1024,7 +1078,7 @@ def _copy_rule(plan, vals):
     new = list(vals)
     new[0], new[1] = tmp, t
     _run_capacity(plan, new)
-    sd.arr = _st.Grown(_st.data(tmp).get(), i, c.n)
+    sd.arr = _st.Grown(_st.data(tmp).get(), i, c.n, family=c.family)
     return dst
 
 
