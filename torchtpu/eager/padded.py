@@ -56,6 +56,12 @@ its padded results are wrapped with the true length:
 * ``arange`` of a padded transfer's length (position ids) or of a family that made two
   lengths: made over the capacity.
 
+A family of padded tensors (transfers of one shape but the padded dim and dtype; an
+``arange``'s or a fill's arguments) whose storages keep being cut on the device (at
+least one cut per padded tensor after two: an encoder's attention mask built by indexing
+ops) stops being padded: each such cut compiles per length, so exact tensors cost less
+(``metrics()["padded"]["families_off"]``).
+
 Each result is then masked to zeros past ``n`` (``masked_fill`` with a mask made from
 ``n`` as a runtime value: one executable per capacity) unless the op keeps zeros
 (copies, casts, ``cat``).  Anything else *cuts*: ``StorageData.get`` gives the exact
