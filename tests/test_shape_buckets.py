@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchtpu
-from torchtpu.eager import buckets, executables
+from torchtpu.eager import buckets, executables, padded
 
 pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
 
@@ -21,7 +21,11 @@ def bucketed():
     process (``neg`` of 7 float32) would run its exact executable, not a bucket."""
     executables.CACHE.clear()
     buckets.set_policy(enabled=True, after=0)
+    # (integer transfers of changing length would otherwise be padded sequences, whose
+    # rules run them instead: eager.padded, tests/test_padded.py)
+    padded.set_enabled(False)
     yield
+    padded.set_enabled(True)
     buckets.set_policy(buckets.DEFAULT_ON, buckets.DEFAULT_AFTER, buckets.DEFAULT_RECUR)
 
 
