@@ -101,7 +101,11 @@ _ACTIVE = [False]  # a rule is running its capacity call (no rule inside a rule)
 _SEEN: dict = {}  # transfer family (dim, shape before, shape after, dtype) -> lengths
 _SEEN_LIMIT = 4096
 _LENGTHS_LIMIT = 64
-_LENGTHS: set = set()  # the lengths of padded transfers (an arange of one is padded)
+# the lengths (>= _SEQ_MIN) of the last _RECENT padded transfers, most recent last: an
+# arange or a fill of such a length is padded at once (a short dim of another tensor
+# that happens to equal an old length is not)
+_LENGTHS: dict = {}
+_RECENT = 16
 _TRANSFER_MAX = 64 << 20  # larger transfers are never padded (their host copy is kept)
 _FAMILIES: dict = {}  # a family of padded tensors (transfers, aranges, fills) -> _Family
 _BACK_OFF_AFTER = 2  # padded transfers of a family before its cuts may stop its padding
@@ -217,9 +221,11 @@ def _pad_host(arr, dyn, dtype, index, family):
     host[(slice(None),) * dyn + (slice(0, n),)] = arr
     dev = runtime.jax().device_put(host, runtime.jax_device(index))
     M.padded["transfers"] += 1
-    if len(_LENGTHS) >= _SEEN_LIMIT:
-        _LENGTHS.clear()
-    _LENGTHS.add(n)
+    if n >= _SEQ_MIN:
+        _LENGTHS.pop(n, None)
+        _LENGTHS[n] = True
+        if len(_LENGTHS) > _RECENT:
+            del _LENGTHS[next(iter(_LENGTHS))]
     st = _st.new_storage(shape, dtype, index,
                          _st.Grown(dev, dyn, n, None, host_copy=arr, family=family))
     return _st.tensor_on(st, shape, _st.contiguous_strides(shape), 0, dtype)
@@ -398,20 +404,15 @@ def _invalid(desc, n: int, index: int, ndim: int, i: int):
     arr = _INVALID.get(key)
     outer, C, inner = desc
     total = outer * C * inner
-    if arr is None:
+    if arr is None:  # (inside a rule: these ops take no rule)
         dev = torch.device("tpu", index)
-        active = _ACTIVE[0]
-        _ACTIVE[0] = True  # (exact tensors: no rule runs on them)
-        try:
-            pos = torch.arange(total, device=dev)
-            if inner > 1:
-                pos = torch.div(pos, inner, rounding_mode="floor")
-            if outer > 1:
-                pos = torch.remainder(pos, C)
-            mask = torch.ge(pos, torch.tensor(n).to(dev))
-            arr = _INVALID.put(key, _st.data(mask).get())
-        finally:
-            _ACTIVE[0] = active
+        pos = torch.arange(total, device=dev)
+        if inner > 1:
+            pos = torch.div(pos, inner, rounding_mode="floor")
+        if outer > 1:
+            pos = torch.remainder(pos, C)
+        mask = torch.ge(pos, torch.tensor(n).to(dev))
+        arr = _INVALID.put(key, _st.data(mask).get())
     t = _st.wrap(arr, index, torch.bool)
     shape = [1] * ndim
     shape[i] = total
@@ -444,9 +445,6 @@ def _identity(op_name: str, dtype: torch.dtype):
         info = torch.iinfo(dtype)
         return info.min if op_name in ("amax", "max") else info.max
     return None
-
-
-_reshape_jit = {}
 
 
 def _reshaped(arr, shape):
@@ -683,15 +681,10 @@ def _mean(plan, vals, t, i, c, dims, keep):
     if count == 0:
         return NO
     filled = _mask(t, i, c.desc, c.n, -0.0)
-    active = _ACTIVE[0]
-    _ACTIVE[0] = True  # (a capacity tensor and exact results: no rule runs on them)
-    try:
-        s = aten.sum.dim_IntList(filled, dims, keep, dtype=acc)
-        r = aten.div.Tensor(s, torch.tensor(count, dtype=acc).to(x.device))
-        if r.dtype is not out:
-            r = r.to(out)
-    finally:
-        _ACTIVE[0] = active
+    s = aten.sum.dim_IntList(filled, dims, keep, dtype=acc)
+    r = aten.div.Tensor(s, torch.tensor(count, dtype=acc).to(x.device))
+    if r.dtype is not out:
+        r = r.to(out)
     M.padded["runs"] += 1
     return r
 
@@ -922,13 +915,8 @@ def _append(c, a, i, b):
     k = b.shape[i]
     if outer * inner != 1 or c.n + k > C:
         return None
-    active = _ACTIVE[0]
-    _ACTIVE[0] = True  # (exact tensors: no rule runs on them)
-    try:
-        pos = torch.arange(c.n, c.n + k).to(a.device)
-        r = aten.index_copy.default(a, i, pos, b)
-    finally:
-        _ACTIVE[0] = active
+    pos = torch.arange(c.n, c.n + k).to(a.device)  # (a runtime input: not padded)
+    r = aten.index_copy.default(a, i, pos, b)
     M.padded["appends"] += 1
     c.n += k
     return _finish(r, i, c, mask=False)
