@@ -54,8 +54,7 @@ its padded results are wrapped with the true length:
   ``cat`` along the padded dim: ``eager.growth``'s append for a whole storage, else an
   ``index_copy`` at the runtime offset; ``constant_pad_nd`` at the end of the padded dim;
 * ``arange`` of a recent padded transfer's length (at least 8, one of the last 16:
-  position ids) or of a family that made two
-  lengths: made over the capacity.
+  position ids) or of a family that made two lengths: made over the capacity.
 
 A family of padded tensors (transfers of one shape but the padded dim and dtype; an
 ``arange``'s or a fill's arguments) whose storages keep being cut on the device (at
