@@ -619,9 +619,12 @@ def test_all_any_out_of_another_dtype_raises_as_cpu(op, dtype):
     _same_values(ok)
 
 
-@pytest.mark.parametrize("case", ["2d", "float", "minlength", "weights_2d", "weights_len"])
+@pytest.mark.parametrize("case", ["2d", "float", "minlength", "weights_2d", "weights_len",
+                                  "int64_max", "overflowing_size", "overflowing_minlength"])
 def test_bincount_invalid_arguments_raise_as_cpu(case):
-    # a 2-d input was counted as if flattened; the others raised numpy's errors
+    # a 2-d input was counted as if flattened; the others raised numpy's errors; an
+    # int64-max value made numpy's bincount write out of bounds (the heap corrupted, an
+    # abort at interpreter exit)
     def run(dev):
         x = torch.tensor([1, 0], device=dev)
         w = torch.tensor([1.0, 0.5], device=dev)
@@ -633,6 +636,12 @@ def test_bincount_invalid_arguments_raise_as_cpu(case):
             torch.bincount(x, w, minlength=-1)
         elif case == "weights_2d":
             torch.bincount(x, w.expand(2, 2))
+        elif case == "int64_max":
+            torch.bincount(torch.tensor([3, 2**63 - 1], device=dev))
+        elif case == "overflowing_size":
+            torch.bincount(torch.tensor([2**62, 1], device=dev))
+        elif case == "overflowing_minlength":
+            torch.bincount(x, minlength=2**63 - 1)
         else:
             torch.bincount(x, torch.tensor([1.0, 0.3, 0.5], device=dev))
 

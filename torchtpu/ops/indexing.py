@@ -1267,6 +1267,14 @@ def bincount(x, weights=None, minlength=0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     if weights is not None and (weights.ndim != 1 or weights.shape[0] != x.shape[0]):
         raise RuntimeError("weights should be 1-d and have the same length as input")
+    # numpy's bincount overflows max(x) + 1 and writes out of bounds: CPU's checks first
+    top = int(v.max()) if v.size else -1
+    if top == np.iinfo(np.int64).max:
+        raise RuntimeError(f"maximum value of input overflowed, it should be < {top} but got "
+                           f"{top}")
+    n = max(top + 1, minlength)
+    if n > np.iinfo(np.int64).max // 8:
+        raise RuntimeError(f"Storage size calculation overflowed with sizes=[{n}]")
     if weights is None or v.size == 0:
         # (an empty input gives int64 zeros even with weights: CPU's kernel does so)
         return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
