@@ -164,6 +164,25 @@ def test_results_keep_logical_shape_and_strides():
         _close(r.cpu(), rc, 1e-5)
 
 
+
+def test_results_with_size_one_dims_keep_cpus_strides():
+    # HF generate's position ids of a batch of 1 came out (1, 1)-strided, not (n, 1) as
+    # on CPU: torch.compile's stride guards recompiled the model for the same shapes
+    def f(ids):
+        mask = torch.ones_like(ids)
+        pos = mask.long().cumsum(-1) - 1
+        x = ids.unsqueeze(-1).float()
+        return (pos.masked_fill(mask == 0, 0), ids * 2 + 1, x * 3, (x + 1).transpose(0, 1),
+                ids.unsqueeze(1) - 1)
+
+    ids = torch.randint(0, 9, (1, 23))
+    d = ids.to("tpu")
+    assert _is_padded(d)
+    for r, rc in zip(f(d), f(ids)):
+        assert _is_padded(r)
+        assert r.shape == rc.shape and r.stride() == rc.stride(), (r.stride(), rc.stride())
+        _close(r.cpu(), rc, 0)
+
 def _step(L, device):
     ids, weight, lin, b = _inputs(L, device)
     x = F.embedding(ids, weight)

@@ -336,6 +336,13 @@ def capacity_geometry(t, sd, g):
             size[j] = outer * C * inner
     if geo.i is None:
         return None
+    # a size-1 dim's stride never addresses anything, but element-wise results follow
+    # their operands' strides: contiguous-like ones (the next dim's stride times its
+    # size) keep a result laid out as PyTorch lays it out ((n, 1) for a (1, n) result,
+    # not (1, 1): Dynamo guards on strides)
+    for j in range(len(size) - 1, -1, -1):
+        if size[j] == 1:
+            out[j] = out[j + 1] * max(size[j + 1], 1) if j + 1 < len(size) else 1
     geo.size = tuple(size)
     geo.stride = tuple(out)
     geo.offset = sum(c * s for c, s in zip(coord, csc))
