@@ -421,6 +421,52 @@ def test_unary_op_on_unsupported_dtype_raises_as_cpu(case):
         run("tpu")
 
 
+_BITWISE = {
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+    "bitwise_xor": torch.bitwise_xor, "and_op": lambda a, b: a & b,
+    "xor_op": lambda a, b: a ^ b, "lshift": torch.bitwise_left_shift,
+    "rshift": torch.bitwise_right_shift, "lshift_op": lambda a, b: a << b,
+    "rshift_op": lambda a, b: a >> b,
+    "iand": lambda a, b: a.__iand__(b), "ilshift": lambda a, b: a.__ilshift__(b),
+    "irshift": lambda a, b: a.__irshift__(b),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_BITWISE))
+@pytest.mark.parametrize("operands", ["float_float", "int_float", "float_int", "float_number",
+                                      "int_float_number", "complex_int", "bool_bool",
+                                      "bool_number", "bool_int", "int_bool"])
+def test_bitwise_ops_follow_cpu_dtype_rules(op, operands):
+    """Bitwise and shift ops on a floating or complex common dtype raise NotImplementedError
+    on CPU (``"bitwise_and_cpu" not implemented for 'Float'``), shifts of two Bools too
+    (``"lshift_cpu" not implemented for 'Bool'``); tpu raised a RuntimeError from JAX's
+    lowering (or shifted the Bools).  ``bool_tensor << 2`` is an int64 on CPU (PyTorch's
+    meta kernel refused it); ``bool_tensor <<= 2`` raises CPU's cast error (tpu cast the
+    shifted values back to Bool)."""
+    fn = _BITWISE[op]
+    lhs, rhs = operands.split("_", 1)
+    make = {"float": lambda dev: torch.tensor([1.5, -2.0, 3.0], device=dev),
+            "int": lambda dev: torch.tensor([1, 2, 3], device=dev),
+            "complex": lambda dev: torch.tensor([1 + 1j, 2, 3], device=dev),
+            "bool": lambda dev: torch.tensor([True, False, True], device=dev),
+            "number": lambda dev: 2, "float_number": lambda dev: 1.5}
+
+    def run(dev):
+        return fn(make[lhs](dev), make[rhs](dev))
+
+    try:
+        want = run("cpu")
+    except Exception as e:  # noqa: BLE001 (CPU's error, whichever)
+        # tpu names its own kernel ("bitwise_and_tpu") where CPU names "bitwise_and_cpu"
+        msg = re.escape(str(e)).replace("_cpu", "_(cpu|tpu)")
+        with pytest.raises(type(e), match=msg):
+            run("tpu")
+    else:
+        got = run("tpu")
+        assert got.device.type == "tpu" and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_scatter_sums_and_products_round_once_as_cpu(dtype):
     """CPU's scatter kernels (``scatter_add``, ``scatter_reduce`` sum/prod, ``scatter``

@@ -498,6 +498,24 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     return out
 
 
+# ------------------------------------------------------------ in-place shifts
+
+
+@decomp(aten.__ilshift__.Tensor, aten.__ilshift__.Scalar)
+def __ilshift__(self, other):
+    """``a <<= b``: CPU's kernel is ``bitwise_left_shift_``'s (one TensorIterator writing
+    ``a``): "result type Long can't be cast to the desired output type Bool" for a Bool
+    ``a`` shifted by an integer.  PyTorch's decomposition (``a.copy_(a << b)``) casts the
+    result into ``a`` instead."""
+    return self.bitwise_left_shift_(other)
+
+
+@decomp(aten.__irshift__.Tensor, aten.__irshift__.Scalar)
+def __irshift__(self, other):
+    """``a >>= b``: as :func:`__ilshift__`."""
+    return self.bitwise_right_shift_(other)
+
+
 # ------------------------------------------------------------ grid_sampler_2d, half types
 
 

@@ -49,13 +49,15 @@ def _same_dtype_out(vals, dts):
     return dts
 
 
-def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check=None):
+def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check=None,
+           meta=None):
     """Register ``op(a, b[, alpha])`` computed in PyTorch's promoted dtype.
 
     ``alpha`` scales ``b`` (``add``/``sub``: ``a + alpha * b``), or ``a`` when
     ``alpha_on_self`` (``rsub``: ``b - alpha * a``, as ATen's ``rsub`` is ``sub(b, a, alpha)``);
     its Python type is checked as PyTorch's ``alpha_check`` does.  ``check(a, b)`` raises
-    CPU's error for operands CPU refuses (at trace time: dtypes only).
+    CPU's error for operands CPU refuses (at trace time: dtypes only); ``meta`` replaces
+    PyTorch's meta kernel where that refuses what CPU accepts.
     """
 
     def lowering(a, b, alpha=None):
@@ -81,7 +83,7 @@ def binary(op, fn, has_alpha=False, float_math=False, alpha_on_self=False, check
                 y = y * cast(alpha, ct)
         return fn(x, y)
 
-    lower(op, prepare=_alpha_fits if has_alpha else None)(lowering)
+    lower(op, prepare=_alpha_fits if has_alpha else None, meta=meta)(lowering)
     return lowering
 
 
@@ -189,14 +191,33 @@ binary(aten.nextafter.default, lambda x, y: jnp().nextafter(x, y))
 binary(aten.logaddexp.default, lambda x, y: jnp().logaddexp(x, y))
 binary(aten.logaddexp2.default, lambda x, y: jnp().logaddexp2(x, y))
 binary(aten.xlogy.Tensor, lambda x, y: _xlogy(x, y), float_math=True)
-binary(aten.bitwise_and.Tensor, lambda x, y: x & y)
-binary(aten.bitwise_and.Scalar, lambda x, y: x & y)
-binary(aten.bitwise_or.Tensor, lambda x, y: x | y)
-binary(aten.bitwise_or.Scalar, lambda x, y: x | y)
-binary(aten.bitwise_xor.Tensor, lambda x, y: x ^ y)
-binary(aten.bitwise_xor.Scalar, lambda x, y: x ^ y)
-binary(aten.bitwise_left_shift.Tensor, lambda x, y: jnp().left_shift(x, y))
-binary(aten.bitwise_right_shift.Tensor, lambda x, y: jnp().right_shift(x, y))
+
+
+def _integral_only(kernel: str, bool_ok: bool = True):
+    """``check`` of the bitwise binary ops: CPU's kernels exist for integral dtypes (and
+    Bool, except the shifts), so a floating or complex common dtype raises
+    NotImplementedError (``"bitwise_and_cpu" not implemented for 'Float'``), as does a
+    Bool one for a shift (``"lshift_cpu" not implemented for 'Bool'``)."""
+
+    def check(a, b):
+        dt = promote(a, b)
+        if dt.is_floating_point or dt.is_complex or (dt is torch.bool and not bool_ok):
+            raise NotImplementedError(
+                f'"{kernel}_tpu" not implemented for \'{scalar_type_name(dt)}\'')
+
+    return check
+
+
+for _name, _fn in (("and", lambda x, y: x & y), ("or", lambda x, y: x | y),
+                   ("xor", lambda x, y: x ^ y)):
+    binary(getattr(aten, f"bitwise_{_name}").Tensor, _fn,
+           check=_integral_only(f"bitwise_{_name}"))
+    binary(getattr(aten, f"bitwise_{_name}").Scalar, _fn,
+           check=_integral_only(f"bitwise_{_name}"))
+binary(aten.bitwise_left_shift.Tensor, lambda x, y: jnp().left_shift(x, y),
+       check=_integral_only("lshift", bool_ok=False))
+binary(aten.bitwise_right_shift.Tensor, lambda x, y: jnp().right_shift(x, y),
+       check=_integral_only("rshift", bool_ok=False))
 
 
 def _nan_propagating(f, x, y):
@@ -1160,9 +1181,25 @@ def logit(x, eps=None):
     return j.log(xf / (1 - xf))
 
 
-binary(aten.__lshift__.Tensor, lambda x, y: jnp().left_shift(x, y))
-binary(aten.__lshift__.Scalar, lambda x, y: jnp().left_shift(x, y))
-binary(aten.__rshift__.Tensor, lambda x, y: jnp().right_shift(x, y))
-binary(aten.__rshift__.Scalar, lambda x, y: jnp().right_shift(x, y))
-binary(aten.bitwise_left_shift.Tensor_Scalar, lambda x, y: jnp().left_shift(x, y))
-binary(aten.bitwise_right_shift.Tensor_Scalar, lambda x, y: jnp().right_shift(x, y))
+def _shift_meta(a, b):
+    """``__lshift__``/``__rshift__``'s output: PyTorch's meta kernel refuses a Bool operand
+    (``bool_tensor << 2``) that CPU's kernel shifts in the promoted dtype (int64 there); the
+    lowering's check raises CPU's error for the dtypes CPU refuses."""
+    shape = torch.broadcast_shapes(*(t.shape for t in (a, b) if isinstance(t, torch.Tensor)))
+    return torch.empty(shape, dtype=torch.result_type(a, b), device="meta")
+
+
+_lshift_check = _integral_only("lshift", bool_ok=False)
+_rshift_check = _integral_only("rshift", bool_ok=False)
+binary(aten.__lshift__.Tensor, lambda x, y: jnp().left_shift(x, y), check=_lshift_check,
+       meta=_shift_meta)
+binary(aten.__lshift__.Scalar, lambda x, y: jnp().left_shift(x, y), check=_lshift_check,
+       meta=_shift_meta)
+binary(aten.__rshift__.Tensor, lambda x, y: jnp().right_shift(x, y), check=_rshift_check,
+       meta=_shift_meta)
+binary(aten.__rshift__.Scalar, lambda x, y: jnp().right_shift(x, y), check=_rshift_check,
+       meta=_shift_meta)
+binary(aten.bitwise_left_shift.Tensor_Scalar, lambda x, y: jnp().left_shift(x, y),
+       check=_lshift_check)
+binary(aten.bitwise_right_shift.Tensor_Scalar, lambda x, y: jnp().right_shift(x, y),
+       check=_rshift_check)
