@@ -766,6 +766,66 @@ def test_mode_out_of_another_dtype_raises_as_cpu(dtypes):
     _same_error(run)
 
 
+def _same_error_but_kernel_name(fn):
+    """``fn(device)`` raises on CPU; tpu must raise the same type and message, up to the
+    device in the kernel's name ("median_cpu" on CPU, "median_tpu" on tpu)."""
+    with pytest.raises(Exception) as cpu:
+        fn("cpu")
+    with pytest.raises(cpu.type, match=re.escape(str(cpu.value)).replace("_cpu", "_(cpu|tpu)")):
+        fn("tpu")
+
+
+@pytest.mark.parametrize("op", ["median", "nanmedian"])
+@pytest.mark.parametrize("case", ["all", "dim", "dim_keepdim", "zero_dim", "zero_dim_dim",
+                                  "empty_other_dim", "out", "empty_all", "empty_dim"])
+def test_median_of_bool_raises_as_cpu(op, case):
+    """``median``/``nanmedian`` of a Bool tensor raise NotImplementedError on CPU
+    (``"median_cpu"``, or ``"median_out"`` over a dim, not implemented for 'Bool'); tpu
+    returned a value.  An empty tensor's checks come first, as on CPU (the median of all
+    of no elements is NaN cast to Bool; an empty reduced dim is an IndexError)."""
+    def run(dev):
+        fn = getattr(torch, op)
+
+        def b(*shape):
+            return torch.ones(shape, dtype=torch.bool, device=dev)
+
+        if case == "all":
+            return (fn(b(3)),)
+        if case == "dim":
+            return tuple(fn(b(3), 0))
+        if case == "dim_keepdim":
+            return tuple(fn(b(2, 3), 1, True))
+        if case == "zero_dim":
+            return (fn(b()),)
+        if case == "zero_dim_dim":
+            return tuple(fn(b(), 0))
+        if case == "empty_other_dim":
+            return tuple(fn(b(0, 3), 1))
+        if case == "out":
+            out = (torch.empty(0, dtype=torch.bool, device=dev),
+                   torch.empty(0, dtype=torch.long, device=dev))
+            return tuple(fn(b(3), 0, out=out))
+        if case == "empty_all":
+            return (fn(b(0)),)
+        return tuple(fn(b(0), 0))
+
+    if case == "empty_all":
+        _same_values(run)
+    else:
+        _same_error_but_kernel_name(run)
+
+
+@pytest.mark.parametrize("shape", [(3,), (0, 3)])
+def test_kthvalue_of_bool_raises_as_cpu(shape):
+    """``kthvalue`` of a Bool tensor: ``"kthvalue_cpu" not implemented for 'Bool'`` on CPU
+    (a 0-d one is returned as is there, and is here); tpu returned a value."""
+    def run(dev):
+        torch.ones(shape, dtype=torch.bool, device=dev).kthvalue(1)
+
+    _same_error_but_kernel_name(run)
+    _same_values(lambda dev: tuple(torch.tensor(True, device=dev).kthvalue(1)))
+
+
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.int64, torch.float16,
                                    torch.float32, torch.float64])
 def test_hash_tensor_as_cpu(dtype):

@@ -698,6 +698,7 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     n = x.shape[axis]
     if not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
+    _not_for_bool(x, "kthvalue_tpu")  # CPU: "kthvalue_cpu"
     v, i = _sort(x, axis, False)
     v = lax().slice_in_dim(v, k - 1, k, axis=axis)
     i = lax().slice_in_dim(i, k - 1, k, axis=axis)
@@ -723,11 +724,13 @@ def _median(x, dim, keepdim, ignore_nan):
     j = jnp()
     i64 = npdt(torch.int64)
     if x.ndim == 0:
+        _not_for_bool(x, "median_out")
         return x, j.zeros((), i64)
     axis = _one_dim(x.ndim, dim)
     n = x.shape[axis]
     if n == 0:
         raise IndexError(f"median(): Expected reduction dim {dim} to have non-zero size.")
+    _not_for_bool(x, "median_out")  # (CPU's median_out kernel's name, also nanmedian's)
     v, i = _sort(x, axis, False)
     if j.issubdtype(x.dtype, j.floating):
         cnt = j.sum(~j.isnan(x), axis=axis, keepdims=True)
@@ -757,9 +760,17 @@ def nanmedian_dim(x, dim, keepdim=False):
 
 def _median_all(x, ignore_nan):
     j = jnp()
-    if x.size == 0:
+    if x.size == 0:  # (NaN cast to the dtype, before CPU's dtype dispatch: True for Bool)
         return j.full((), j.nan, x.dtype)
+    _not_for_bool(x, "median_tpu")  # CPU: "median_cpu" (nanmedian too)
     return _median(x.reshape(-1), 0, False, ignore_nan)[0]
+
+
+def _not_for_bool(x, kernel: str) -> None:
+    """CPU's dispatch error of a sorting kernel without a Bool instantiation (median,
+    nanmedian, kthvalue: ``"median_cpu" not implemented for 'Bool'``)."""
+    if x.dtype == jnp().bool_:
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
 
 
 @lower(aten.median.default)
