@@ -341,6 +341,53 @@ def test_unique_dim_with_nan_on_many_rows_raises():
     torch.testing.assert_close(torch.unique(y.flip(0), dim=0).cpu(), torch.arange(20.0))
 
 
+# ---------------------------------------------------------------- isin and strides
+
+
+_ISIN_TESTS = {
+    "rows_sliced": lambda d: torch.arange(12, device=d).view(3, 4)[:, :2],
+    "transposed": lambda d: torch.arange(12, device=d).view(3, 4).t(),
+    "3d_sliced": lambda d: torch.arange(24, device=d).view(2, 3, 4)[:, 1:, ::2],
+    "strided_1d": lambda d: torch.arange(12, device=d)[::3],
+    "expanded": lambda d: torch.tensor([[1, 2]], device=d).expand(3, 2),
+    "float_sliced": lambda d: torch.arange(12.0, device=d).view(3, 4)[:, :2],
+}
+_ISIN_ELEMENTS = {
+    "six": lambda d: torch.arange(6, device=d),
+    "hundred": lambda d: torch.arange(100, device=d),
+    "six_float": lambda d: torch.arange(6.0, device=d),
+    "six_int32": lambda d: torch.arange(6, dtype=torch.int32, device=d),
+    "zero_dim": lambda d: torch.tensor(3, device=d),
+    "empty": lambda d: torch.arange(0, device=d),
+    "number": lambda d: 3,
+    "float_number": lambda d: 3.0,
+}
+
+
+@pytest.mark.parametrize("elements", sorted(_ISIN_ELEMENTS))
+@pytest.mark.parametrize("test", sorted(_ISIN_TESTS))
+@pytest.mark.parametrize("form", ["plain", "invert", "out"])
+def test_isin_of_non_contiguous_test_elements_as_cpu(test, elements, form):
+    """CPU's ``isin`` with few test elements (< int(10 * numel ** 0.145)) reads
+    ``test_elements.to(common_dtype).view(-1)``: test elements of the common dtype that no
+    1-d view covers raise "view size is not compatible with input tensor's size and
+    stride"; a dtype cast (a copy) or the sorting kernel (more test elements) takes any
+    strides, as do no elements at all.  tpu returned a value for every case."""
+    def run(dev):
+        e, t = _ISIN_ELEMENTS[elements](dev), _ISIN_TESTS[test](dev)
+        if form == "out":
+            out = torch.empty(0, dtype=torch.bool, device=dev)
+            return (torch.isin(e, t, out=out), out)
+        return (torch.isin(e, t, invert=form == "invert"),)
+
+    try:
+        run("cpu")
+    except RuntimeError:
+        _same_error(run)
+    else:
+        _same_values(run)
+
+
 # ---------------------------------------------------------------- default dtype, complex order
 
 

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
 aten = torch.ops.aten
@@ -514,6 +517,49 @@ def __ilshift__(self, other):
 def __irshift__(self, other):
     """``a >>= b``: as :func:`__ilshift__`."""
     return self.bitwise_right_shift_(other)
+
+
+# ------------------------------------------------------------ isin
+
+
+def _isin_brute_force_view_check(elements, test_elements) -> None:
+    """CPU's ``isin`` with few test elements (fewer than ``int(10 * n ** 0.145)`` for
+    ``n`` elements, NumPy's heuristic; none when ``n == 0``) runs its brute-force kernel,
+    which reads ``test_elements.to(common_dtype).view(-1)``: a ``test_elements`` already
+    of the common dtype that no 1-d view covers (``t[:, :2]``, ``t.t()``) raises "view
+    size is not compatible with input tensor's size and stride".  (The sorting kernel
+    and PyTorch's decomposition take any strides.)  Eager only: a compiled graph (fake
+    tensors) computes the value, as Inductor's CPU code does."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(test_elements):
+        return
+    n = elements.numel() if isinstance(elements, torch.Tensor) else 1
+    m = test_elements.numel()
+    if n == 0 or m >= int(10.0 * math.pow(n, 0.145)):
+        return
+    if torch.result_type(elements, test_elements) != test_elements.dtype:
+        return  # CPU's .to() copies it, contiguous
+    torch.empty_strided(test_elements.shape, test_elements.stride(),
+                        dtype=test_elements.dtype, device="meta").view(-1)
+
+
+def _isin_as_cpu(op):
+    from torch._decomp import decomposition_table
+
+    torch_decomp = decomposition_table[op]
+
+    @functools.wraps(torch_decomp)  # (its signature: the out= adaptation reads it)
+    def isin(elements, test_elements, *args, **kwargs):
+        _isin_brute_force_view_check(elements, test_elements)
+        return torch_decomp(elements, test_elements, *args, **kwargs)
+
+    _TABLE[op] = isin
+
+
+for _op in (aten.isin.Tensor_Tensor, aten.isin.Tensor_Tensor_out, aten.isin.Scalar_Tensor,
+            aten.isin.Scalar_Tensor_out):
+    _isin_as_cpu(_op)
 
 
 # ------------------------------------------------------------ grid_sampler_2d, half types
