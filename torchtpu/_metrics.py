@@ -125,8 +125,11 @@ class Metrics:
             the ``out.detach()`` graph after a graph break --: no executable launched),
             ``staged_graphs`` (graphs with data-dependent nodes -- ``item()``,
             ``nonzero``... captured by Dynamo -- cut into compiled stretches between eager
-            sync nodes, ``torchtpu.compile.staged``) and ``eager_stages`` (sync stages
-            run: each a host sync).
+            sync nodes, ``torchtpu.compile.staged``), ``eager_stages`` (sync stages
+            run: each a host sync), ``seq_bucket_calls`` (calls of a decoding-step graph
+            run on a bucketed capacity of its growing cache, ``torchtpu.compile.
+            seq_buckets``) and ``seq_bucket_moves`` (cache inputs moved to a new
+            capacity on the device for such a call).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -203,6 +206,8 @@ class Metrics:
             "launch_free_calls": 0,
             "staged_graphs": 0,
             "eager_stages": 0,
+            "seq_bucket_calls": 0,
+            "seq_bucket_moves": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,

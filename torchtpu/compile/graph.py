@@ -39,6 +39,7 @@ from torchtpu._device import persistent_cache, runtime, state
 from torchtpu._tensor import storage as _st
 from torchtpu.compile import collectives as _coll
 from torchtpu.compile import executable_cache
+from torchtpu.compile import seq_buckets as _seq
 from torchtpu.compile.decompositions import ASSERT_ASYNC
 from torchtpu.eager import inflight
 from torchtpu.ops._scalar import Scalar, register_pytree
@@ -619,6 +620,12 @@ class GraphExecutable:
             self.group = _coll.group_of(coll)
             self.mutated_inputs = []  # no donation across the SPMD boundary
             M.compile["collectives"] += len(coll)
+        # a decoding step over a growing cache: bucketed executables (compile.seq_buckets)
+        self.seq_plan = None
+        if self.symbolic and not coll and not self.effects and not self.host_calls \
+                and not self.mutated_inputs and not self.get_attrs and not self.random:
+            self.seq_plan = _seq.analyze(self.nodes, self.placeholders, self.output)
+        self._seq_len = None  # the bucketed call's cache length after its appends
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
@@ -638,6 +645,19 @@ class GraphExecutable:
             M.collectives[("compiled", name)] += 1
         if self.get_attrs:
             args = list(args) + [getattr(self.gm, n.target) for n in self.get_attrs]
+        seq_n = None
+        if self.seq_plan is not None:
+            plan = self.seq_plan
+            seq_n = _seq.cache_length(args, plan)
+            if seq_n is not None:  # the caches as capacity tensors, the length at run time
+                cap = _seq.capacity(seq_n, plan.k)
+                args = list(args)
+                for i, d in plan.caches:
+                    args[i] = _seq.capacity_tensor(
+                        args[i], d, cap, _seq.capacity_array(args[i], d, seq_n, cap))
+                for i in plan.symints:
+                    args[i] = cap
+                c["seq_bucket_calls"] += 1
         # device inputs: one slot per distinct storage; the key is the inputs' layout (per
         # tensor input ("t", slot, view spec), the view spec as storage.view_spec, inlined:
         # this loop runs for every input of every call)
@@ -691,6 +711,10 @@ class GraphExecutable:
         elif self.feed_pos:
             host_vals = self._pack_host([args[i] for i in self.feed_pos], key)
         keys = [state.rng(index).next_key_data() for _ in self.random] if self.random else []
+        if seq_n is not None:
+            key.append(_SEQ_KEY)
+            host_vals = list(host_vals) + [np.asarray(seq_n, np.int32)]
+            self._seq_len = seq_n + self.seq_plan.k
         # torch.set_float32_matmul_precision: read at each call, part of the key
         key.append(("prec", torch._C._get_float32_matmul_precision()))
         key.append(index)
@@ -942,6 +966,7 @@ class GraphExecutable:
         result = {}  # filled by the trace: output storage slots, written inputs, checks
         n_inputs = len(arrays)
         prec = key[-2][1]  # the float32 matmul precision setting (see __call__)
+        seq = self.seq_plan if key[-3] == _SEQ_KEY else None  # bucketed (seq_buckets)
 
         def fn(arrays, host_vals, keys):
             jnp = jax.numpy
@@ -952,6 +977,7 @@ class GraphExecutable:
                 env[n] = ("c", host_vals[g][o:o + size].reshape(shape))
             written = {}
             checks = []
+            seq_n = host_vals[-1] if seq is not None else None
 
             def read(v):
                 if isinstance(v, tuple) and v and v[0] == "t":
@@ -1044,6 +1070,14 @@ class GraphExecutable:
                 if t is _coll.WAIT:  # XLA orders the collective before its readers
                     env[n] = a[0]
                     continue
+                if seq is not None and n in seq.cats:  # an append at the runtime length
+                    d, _ = seq.cats[n]
+                    parts = [read(x) for x in a[0]]
+                    new = parts[1] if len(parts) == 2 else jnp.concatenate(parts[1:], d)
+                    r = _seq.append(jax, parts[0], new, d, seq_n)
+                    env[n] = new_storage(r, torch.empty(r.shape, dtype=val.dtype,
+                                                        device="meta"))
+                    continue
                 if t in _coll.LOWERED:
                     fakes = list(val) if isinstance(val, (list, tuple)) else [val]
                     def carg(v):
@@ -1111,6 +1145,9 @@ class GraphExecutable:
                 vals = sig.normalize(a, kw)
                 for i, v in self.overrides.get(n, {}).items():
                     vals[i] = v
+                if seq is not None and n in seq.attns:  # the keys past the length: -inf
+                    kcap = read(vals[1]).shape[2]
+                    vals[3] = ("c", _seq.key_bias(jax, kcap, seq_n + seq.k, read(vals[0]).dtype))
                 largs = [arg(v, k, d, low.static_scalars)
                          for v, k, d in zip(vals, sig.kinds, sig.defaults)]
                 fakes = val if isinstance(val, (list, tuple)) else [val]
@@ -1146,6 +1183,7 @@ class GraphExecutable:
             result["env"] = {o.name: env.get(o) for o in outs if isinstance(o, torch.fx.Node)}
             result["sdt"] = sdt
             result["shapes"] = [tuple(storages[j].shape) for j in out_slots]
+            result["seq"] = seq is not None
             flags = (jnp.stack([jnp.any(b) for b, _, _ in checks]),) if checks else ()
             # the values of the effect-token checks (strip_effects), read on the host after
             eff = tuple(read(env[v]) if isinstance(v, torch.fx.Node)
@@ -1259,6 +1297,9 @@ class GraphExecutable:
             if isinstance(v, list):
                 raise NotImplementedError("torchtpu.compile: a Tensor[] graph output")
             _, j, spec = v
+            if result.get("seq") and o in self.seq_plan.cats:  # a grown cache
+                plan.append((5, slot_pos[j], self.seq_plan.cats[o][0], fake.dtype))
+                continue
             if len(spec) > 6:
                 bits.append((len(plan), spec[6], spec[7]))
             geo = (tuple(fake.shape), tuple(fake.stride()), int(fake.storage_offset()),
@@ -1291,6 +1332,8 @@ class GraphExecutable:
                     res.append(mk(storages[p[1]], p[2], p[3], p[4], p[5]))
                 elif k == 0:
                     res.append(p[1])
+                elif k == 5:
+                    res.append(_seq.wrap_output(outs[p[1]], p[2], self._seq_len, p[3], index))
                 elif k == 1:
                     res.append(args[p[1]])
                 else:
@@ -1443,6 +1486,7 @@ _CPU_KEY = ("c",)
 # StorageData.arr classes that StorageData.get() must resolve first (uninitialized storage,
 # pending DeferAndFuse value)
 _NOT_CONCRETE = (type(None), _st.Lazy, _st.Padded, _st.Grown)
+_SEQ_KEY = ("seq_buckets",)  # a key entry: the call runs a bucketed executable
 _NOT_FED = ("n",)
 # sys.getrefcount of an input array held only by its storage: the storage's StorageData,
 # the call's list of input arrays and getrefcount's own argument
