@@ -29,12 +29,17 @@ the ``cat`` results are read only by ``torchtpu_attn::flash_fwd`` as keys or val
 (no bias, not causal: a decoding step's query attends to every key) and by the graph's
 output; SymInt inputs are not read by any node; the graph writes no input.
 
+``TORCHTPU_SEQ_BUCKETS=0`` (or :func:`set_enabled`) turns this off for graphs compiled
+after it: every length compiles its own executable, as before.
+
 Counters (``torchtpu.metrics()["compile"]``): ``seq_bucket_calls`` (calls that ran a
 bucketed executable), ``seq_bucket_moves`` (cache inputs moved to a new capacity on the
 device).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -46,6 +51,19 @@ aten = torch.ops.aten
 M = _metrics.METRICS
 
 MIN_CAPACITY = 16
+
+_ENABLED = [os.environ.get("TORCHTPU_SEQ_BUCKETS", "1") != "0"]
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn bucketed decoding-step executables on or off for graphs compiled from now on
+    (``TORCHTPU_SEQ_BUCKETS=0`` at start-up: off)."""
+    _ENABLED[0] = bool(enabled)
+
+
+def enabled() -> bool:
+    """Whether graphs compiled now get bucketed executables where they match."""
+    return _ENABLED[0]
 
 
 def _flash_fwd():
@@ -91,7 +109,10 @@ class Plan:
 
 def analyze(nodes, placeholders, output_node) -> Plan | None:
     """The :class:`Plan` of a graph (its ``nodes``, ``placeholders`` and output node),
-    or None when it is not the growing-cache pattern of the module docstring."""
+    or None when it is not the growing-cache pattern of the module docstring (or when
+    :func:`enabled` is False)."""
+    if not _ENABLED[0]:
+        return None
     sympy = _sympy()
     flash = _flash_fwd()
     is_ph = set(placeholders)
