@@ -1,7 +1,7 @@
 """Greedy ``generate()`` of tiny MoE (and dense) models, per eager mode, fresh processes.
 
     python -m torchtpu.bench generate [--models mixtral,qwen_moe,llama,llama128]
-                                      [--tokens 16] [--modes strict,defer_and_fuse]
+                                      [--tokens 16] [--modes strict,defer_and_fuse,compiled]
                                       [--calls 3 | --prompts 12,17,17] [--json PATH]
 
 Each (model, mode) runs in a child process of its own with an empty persistent cache
@@ -16,7 +16,9 @@ fused segments compiled / run from cache / replayed op by op (DEFER_AND_FUSE,
 ``metrics()["defer_adaptive"]``), cat appends into spare capacity
 (``metrics()["growth"]``), host syncs, and whether the ids equal CPU's; then each mode's
 first-call and steady-call ratios to STRICT.  The load average is printed beside the
-table.
+table.  Mode ``compiled``: STRICT eager with ``model.forward`` under
+``torch.compile(backend="tpu")`` (``graph exes``: the graph executables built, one per
+capacity bucket of the KV cache with ``torchtpu.compile.seq_buckets``).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def child(kind: str, mode: str, tokens: int, prompts: list) -> list:
         refs[n] = gen(prompt(n))
         cpu_s[n] = time.perf_counter() - t0
     model.to("tpu")
-    torch.tpu.set_eager_mode(mode)
+    torch.tpu.set_eager_mode("strict" if mode == "compiled" else mode)
+    if mode == "compiled":
+        model.forward = torch.compile(model.forward, backend="tpu")
     rows = []
     for call, n in enumerate(prompts):
         torchtpu.reset_metrics()
@@ -100,6 +104,7 @@ def child(kind: str, mode: str, tokens: int, prompts: list) -> list:
             "cpu_seconds": cpu_s[n], "growth_appends": m["growth"]["appends"],
             "host_syncs": m["host_syncs_total"],
             "compiles": m["compiles"], "compile_seconds": m["compile_seconds"],
+            "graph_executables": m["compile"]["executables"],
             "segments_compiled": m["segment_cache_misses"]
             - m["defer_adaptive"]["segments_replayed"],
             "segment_hits": m["segment_cache_hits"],
@@ -151,7 +156,8 @@ def main(argv=None) -> int:
           f"cpu s: the same call on CPU PyTorch in the same process")
     hdr = (f"{'model':<9} {'mode':<15} {'call':>4} {'prompt':>6} {'s':>7} {'cpu s':>6} "
            f"{'/cpu':>7} {'/strict':>7} {'compiles':>8} "
-           f"{'compile s':>9} {'seg comp':>8} {'seg hit':>7} {'replayed':>8} {'grown':>5} "
+           f"{'compile s':>9} {'graph exes':>10} {'seg comp':>8} {'seg hit':>7} "
+           f"{'replayed':>8} {'grown':>5} "
            f"{'syncs':>5} {'= cpu':>5}")
     print(hdr)
     base = {(r["model"], r["call"]): r["seconds"] for r in rows if r["mode"] == "strict"}
@@ -163,6 +169,7 @@ def main(argv=None) -> int:
               f"{r['seconds']:>7.2f} {r['cpu_seconds']:>6.2f} "
               f"{r['seconds'] / r['cpu_seconds']:>6.1f}x "
               f"{ratio:>7} {r['compiles']:>8} {r['compile_seconds']:>9.2f} "
+              f"{r['graph_executables']:>10} "
               f"{r['segments_compiled']:>8} {r['segment_hits']:>7} "
               f"{r['segments_replayed']:>8} {r['growth_appends']:>5} {r['host_syncs']:>5} "
               f"{str(r['same_ids_as_cpu']):>5}")
