@@ -322,3 +322,20 @@ def test_varlen_training_steps_match_cpu_without_compiles(eager_buckets):
     syncs = {k: v - syncs0.get(k, 0) for k, v in torchtpu.metrics()["host_syncs"].items()
              if v != syncs0.get(k, 0)}
     assert syncs == {"item": 3}, syncs  # the losses' .item(): nothing else
+
+
+def test_compiled_graphs_reading_padded_inputs_keep_padding_on():
+    # a graph input is cut to its exact array: not an op without a rule, so the family
+    # must not back off (compiled generate() went back to exact transfers, and its eager
+    # ops compiled per length again, from the third prompt)
+    torch._dynamo.reset()
+    f = torch.compile(lambda ids, mask: (ids * mask).sum(-1), backend="tpu")
+    before = _metrics()[0]["families_off"]
+    for L in (9, 11, 13, 15):
+        ids = torch.randint(0, 9, (2, L))
+        d = ids.to("tpu")
+        assert _is_padded(d)
+        mask = torch.ones_like(d)  # padded, of the transfer's family
+        assert torch.equal(f(d, mask).cpu(), ids.sum(-1))
+    assert _metrics()[0]["families_off"] == before
+    torch._dynamo.reset()

@@ -116,10 +116,12 @@ class StorageData:
             self.counted = True
             ALLOCATOR.alloc(self.index, self.nbytes)
 
-    def get(self):
+    def get(self, charge: bool = True):
         """The concrete storage array: zeros for an uninitialized storage; a pending
         DeferAndFuse value runs its segment first (a sync point); a pending first call
-        (``eager.async_compile``) is waited for."""
+        (``eager.async_compile``) is waited for.  ``charge=False``: a padded storage cut
+        here is not charged to its transfer family (``eager.padded``'s back-off: a
+        compiled graph reading it is not an op without a rule)."""
         a = self.arr
         if a.__class__ is Lazy:
             self.resolve(settle(a))
@@ -138,7 +140,7 @@ class StorageData:
                 _metrics.METRICS.growth["cuts"] += 1
             elif a.host_copy is None:
                 _metrics.METRICS.padded["cuts"] += 1
-                if a.family is not None:
+                if charge and a.family is not None:
                     a.family.cuts += 1
             self.arr = a.exact(self.shape, self.dtype, self.index)
             if a.chain is not None:

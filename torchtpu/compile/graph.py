@@ -683,7 +683,7 @@ class GraphExecutable:
                     j = slot_of[sd] = len(arrays)
                     # (no local name for the array: _own counts its references)
                     arrays.append(sd.arr if sd.arr.__class__ not in _NOT_CONCRETE
-                                  else sd.get())
+                                  else sd.get(charge=False))
                     sdatas.append(sd)
                     storages.append(st)
                 dt = a.dtype
