@@ -669,7 +669,13 @@ def sort_stable(x, stable=None, dim=-1, descending=False):
 @lower(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):
     """Largest/smallest ``k`` along ``dim`` (ties: lowest index first; NaN largest).
-    ``sorted=False`` also returns them sorted (PyTorch leaves the order unspecified)."""
+    ``sorted=False`` also returns them sorted (PyTorch leaves the order unspecified).
+
+    CPU's choice among equal values is libstdc++'s: ``std::partial_sort`` (a heap) when
+    ``k * 64 <= n``, else ``std::nth_element`` (introselect) and a ``std::sort`` of the
+    first ``k - 1``.  That is the lowest index first, as here, for ``n <= 3`` and for
+    ``k == 1`` with ``n >= 64``; other ties come back in an order of those algorithms'
+    making (not reproduced: the values agree, their indices among ties may not)."""
     j = jnp()
     if x.dtype == j.bool_:
         raise RuntimeError("topk does not support bool dtypes on CPU")
@@ -797,8 +803,17 @@ def _mode_out_dtypes(vals, dts):
 
 @lower(aten.mode.default, out_dtypes=_mode_out_dtypes)
 def mode(x, dim=-1, keepdim=False):
-    """Most frequent value along ``dim`` (ties: the smallest value) and the index of its
-    last occurrence."""
+    """Most frequent value along ``dim`` and an index of it, as CPU's kernel finds them:
+    ``std::sort`` of the (value, index) pairs by value (``<``), then a scan for the first
+    longest run of equal values (``!=`` ends a run: each NaN is a run of its own, -0.0
+    and 0.0 are one run), returning the run's last pair.
+
+    For up to 16 values ``std::sort`` is libstdc++'s insertion sort, reproduced step for
+    step (:func:`_insertion_sorted`), NaNs included.  Longer slices: libstdc++'s
+    introsort partitions them, whose order among equal values is not reproduced; a
+    stable sort with NaNs last stands in for it (the same value as CPU's when no NaN is
+    involved; the index of the last occurrence, where CPU's index among the equal values
+    is another one)."""
     j = jnp()
     i64 = npdt(torch.int64)
     if x.ndim == 0:
@@ -807,27 +822,63 @@ def mode(x, dim=-1, keepdim=False):
     n = x.shape[axis]
     if n == 0 or x.size == 0:
         raise IndexError(f"mode(): Expected reduction dim {dim} to have non-zero size.")
-    if j.issubdtype(x.dtype, j.floating):
-        _raise_nan = None  # NaNs compare unequal: each counts once, like distinct values
+    if j.issubdtype(x.dtype, j.complexfloating):
+        raise NotImplementedError(
+            f'"mode_tpu" not implemented for \'{scalar_type_name(tdtype(x))}\'')
     y = j.moveaxis(x, axis, -1)
-    eq = y[..., :, None] == y[..., None, :]
-    cnt = j.sum(eq, axis=-1)
-    best = j.max(cnt, axis=-1, keepdims=True)
-    cand = cnt == best
-    key = _sort_key(y)
-    if y.dtype == j.bool_:
-        big = j.asarray(2, key.dtype)
-    elif j.issubdtype(key.dtype, j.floating):
-        big = j.asarray(j.inf, key.dtype)
+    if n <= 16 and j.issubdtype(y.dtype, j.floating):
+        v, i = _insertion_sorted(y)
     else:
-        big = j.asarray(j.iinfo(key.dtype).max, key.dtype)
-    kmin = j.min(j.where(cand, key, big), axis=-1, keepdims=True)
-    hit = cand & (key == kmin)
-    idx = j.max(j.where(hit, j.arange(n), -1), axis=-1)
-    val = j.take_along_axis(y, idx[..., None], axis=-1)[..., 0]
+        v, i = _sort(y, y.ndim - 1, False)
+    pos = j.arange(n)
+    if n > 1:
+        new_run = v[..., 1:] != v[..., :-1]
+        last = j.concatenate([new_run, j.ones(v.shape[:-1] + (1,), bool)], axis=-1)
+        first = j.concatenate([j.ones(v.shape[:-1] + (1,), bool), new_run], axis=-1)
+        run_start = lax().cummax(j.where(first, pos, 0), axis=v.ndim - 1)
+        freq = j.where(last, pos - run_start + 1, 0)
+        at = j.argmax(freq, axis=-1)[..., None]  # the first of the longest runs
+    else:
+        at = j.zeros(v.shape[:-1] + (1,), j.int32)
+    val = j.take_along_axis(v, at, axis=-1)[..., 0]
+    idx = j.take_along_axis(i, at, axis=-1)[..., 0]
     if keepdim:
         val, idx = j.expand_dims(val, axis), j.expand_dims(idx, axis)
     return val, idx.astype(i64)
+
+
+def _insertion_sorted(y):
+    """libstdc++'s ``__insertion_sort`` of the last axis of ``y`` with ``a < b`` on the
+    values (what ``std::sort`` runs for 16 or fewer elements): (values, int64 indices).
+    An element less than the first goes to the front; any other moves down past the
+    elements it is less than (``__unguarded_linear_insert``).  NaN is less than nothing
+    and nothing is less than it, so it stops the elements after it, as on CPU."""
+    j = jnp()
+    n = y.shape[-1]
+    pos = j.arange(n)
+    i0 = j.broadcast_to(pos.astype(npdt(torch.int64)), y.shape)
+
+    def step(k, vi):
+        v, i = vi
+        val = lax().dynamic_slice_in_dim(v, k, 1, axis=v.ndim - 1)  # v[..., k:k + 1]
+        ival = lax().dynamic_slice_in_dim(i, k, 1, axis=i.ndim - 1)
+        to_front = val[..., 0] < v[..., 0]
+        # the highest place below k whose value ``val`` is not less than: insert after it
+        stop = ~(val < v) & (pos < k)
+        p = j.max(j.where(stop, pos + 1, 0), axis=-1)
+        p = j.where(to_front, 0, p)[..., None]
+        # places p..k-1 move up one, ``val`` goes to p (selections: no gather to build)
+        keep, moved = (pos < p) | (pos > k), pos > p
+        v = j.where(keep, v, j.where(moved, _shift_up(v), val))
+        i = j.where(keep, i, j.where(moved, _shift_up(i), ival))
+        return v, i
+
+    return lax().fori_loop(1, n, step, (y, i0))
+
+
+def _shift_up(a):
+    """``a`` with every element one place later along the last axis (the first kept)."""
+    return jnp().concatenate([a[..., :1], a[..., :-1]], axis=-1)
 
 
 _histc_fits = fits(2, 3)
