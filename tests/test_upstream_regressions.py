@@ -356,6 +356,9 @@ _ISIN_ELEMENTS = {
     "six": lambda d: torch.arange(6, device=d),
     "hundred": lambda d: torch.arange(100, device=d),
     "six_float": lambda d: torch.arange(6.0, device=d),
+    # a float cast of dense test elements keeps their strides (CPU's .to()): a transpose
+    # still raises
+    "three_float": lambda d: torch.arange(3.0, device=d),
     "six_int32": lambda d: torch.arange(6, dtype=torch.int32, device=d),
     "zero_dim": lambda d: torch.tensor(3, device=d),
     "empty": lambda d: torch.arange(0, device=d),

@@ -538,10 +538,14 @@ def _isin_brute_force_view_check(elements, test_elements) -> None:
     m = test_elements.numel()
     if n == 0 or m >= int(10.0 * math.pow(n, 0.145)):
         return
-    if torch.result_type(elements, test_elements) != test_elements.dtype:
-        return  # CPU's .to() copies it, contiguous
-    torch.empty_strided(test_elements.shape, test_elements.stride(),
-                        dtype=test_elements.dtype, device="meta").view(-1)
+    t = torch.empty_strided(test_elements.shape, test_elements.stride(),
+                            dtype=test_elements.dtype, device="meta")
+    common = torch.result_type(elements, test_elements)
+    if common != test_elements.dtype:
+        # CPU's .to() copies it: with the same strides where they are dense (a
+        # transpose), contiguous otherwise
+        t = torch.empty_like(t, dtype=common)
+    t.view(-1)
 
 
 def _isin_as_cpu(op):
