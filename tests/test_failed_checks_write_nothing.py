@@ -187,3 +187,28 @@ def torchtpu_metrics_syncs():
     import torchtpu
 
     return torchtpu.metrics()["host_syncs_total"]
+
+
+OUT_READS = {
+    "index_select": lambda x, i, out: torch.index_select(x, 0, i, out=out),
+    "gather": lambda x, i, out: torch.gather(x, 0, i, out=out),
+    "take": lambda x, i, out: torch.take(x, i, out=out),
+    "embedding_like": lambda x, i, out: torch.index_select(x.view(4, 1), 0, i,
+                                                            out=out.view(2, 1)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OUT_READS))
+def test_out_of_range_read_into_out_leaves_out_as_it_was(eager_mode, op):
+    # the out= tensor got the gather's garbage (int64 min) for a failed device-side check;
+    # CPU raises (after writing the rows before the bad one; tpu writes none)
+    x = torch.arange(4, device=TPU) * 10
+    out = torch.full((2,), 7, device=TPU)
+    with pytest.raises((IndexError, RuntimeError)):
+        OUT_READS[op](x, torch.tensor([1], device=TPU) + torch.tensor([0, 8], device=TPU), out)
+        torch.tpu.synchronize()
+    assert out.cpu().tolist() == [7, 7]
+    with pytest.raises((IndexError, RuntimeError)):
+        OUT_READS[op](torch.arange(4) * 10, torch.tensor([1, 9]), torch.full((2,), 7))
+    OUT_READS[op](x, torch.tensor([3, 0], device=TPU), out)  # a good index still writes
+    assert out.cpu().tolist() == [30, 0]

@@ -672,6 +672,7 @@ class LoweredPlan:
                 return _ex.Executable(None, None, None, c.index, resize=want)
         # Rebuild plan of the lowering's arguments from (arrays, dyn), and the writes.
         writes, write_specs, layout = [], [], []
+        out_writes = set()  # positions in writes that are out= arguments
         pos = 1  # position in key after the op
         for i, v in enumerate(vals):
             k = kinds[i]
@@ -690,6 +691,8 @@ class LoweredPlan:
                 else:
                     item = ("view", kk[0], kk[1])
                     if i in mutated:
+                        if i in out_set:
+                            out_writes.add(len(writes))
                         writes.append(kk[0])
                         write_specs.append(kk[1])
             elif k in (T_LIST, OPT_T_LIST):
@@ -749,7 +752,7 @@ class LoweredPlan:
                 if checks else ()
             if mutated:
                 cur = {}
-                for slot, spec, r in zip(writes, write_specs, fixed):
+                for w, (slot, spec, r) in enumerate(zip(writes, write_specs, fixed)):
                     wdt = runtime.to_np_dtype(spec[1])
                     if r.dtype != wdt:  # out= of another dtype: CPU casts the result
                         r = r.astype(wdt)
@@ -762,13 +765,14 @@ class LoweredPlan:
                         base = jax.numpy.zeros(sshape, runtime.to_np_dtype(sdtype))
                     if tuple(r.shape) != tuple(spec[0]):
                         r = jax.numpy.broadcast_to(r, spec[0])
-                    if flags and len(spec) > 2:
+                    if flags and (len(spec) > 2 or w in out_writes):
                         # a failed device-side check (raised at the next sync point, as
                         # CUDA's device asserts are) writes nothing, as CPU raises before
-                        # writing: the view keeps its elements.  (A write of a whole
-                        # storage gets this from its lowering, which drops every update
-                        # then, ops.indexing._dropped_if: a select here would copy the
-                        # storage, 18x slower for a small index_copy_ into 16 MiB.)
+                        # writing: the view (or out= tensor) keeps its elements.  (An
+                        # in-place write of a whole storage gets this from its lowering,
+                        # which drops every update then, ops.indexing._dropped_if: a
+                        # select here would copy the storage, 18x slower for a small
+                        # index_copy_ into 16 MiB.)
                         r = jax.numpy.where(jax.numpy.any(flags[0]),
                                             _st.read_view(base, spec, offs), r)
                     cur[slot] = _st.write_view(base, spec, r, offs)
