@@ -103,3 +103,25 @@ def test_unbacked_value_size_matches_cpu(monkeypatch):
     assert str(tpu.value) == str(cpu.value)
     torch.testing.assert_close(f(x.clone().to(TPU), good.to(TPU)).cpu(), put(x.clone(), good))
     assert raised  # (the premise: the fake tensors' sizes could not be compared)
+
+
+@pytest.mark.parametrize("mask", [[True, False, True], [[True, False]], [[[True]]]],
+                         ids=["length", "rows", "too_many_dims"])
+def test_compiled_mask_of_the_wrong_shape_raises_cpus_index_error(mask):
+    # was: RuntimeError from the lowering's broadcasting (eager checks the mask's shape on
+    # the host; a compiled graph's node reached the lowering without that check)
+    def f(x, m):
+        x[m] = 0
+        return x
+
+    m = torch.tensor(mask)
+    with pytest.raises(IndexError) as cpu:
+        f(torch.arange(6.0).view(2, 3), m)
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(IndexError) as tpu:
+            torch.compile(f, backend="tpu")(torch.arange(6.0, device="tpu").view(2, 3),
+                                            m.to("tpu"))
+    finally:
+        torch._dynamo.reset()
+    assert str(cpu.value).splitlines()[0] in str(tpu.value)

@@ -235,6 +235,24 @@ def _index_put(x, indices, values, accumulate):
     v = cast(values, dt)
     _check_count(x, indices, "index_put")
     if _has_bool(indices):
+        # the masks' shapes, as eager's host check (_check_masks: a compiled graph's node
+        # gets here without it): CPU's IndexError, not a broadcasting error
+        pos = 0
+        for t in indices:
+            if t is None or t.dtype not in (np.bool_, np.uint8):
+                pos += 1
+                continue
+            for k, n in enumerate(t.shape):
+                if pos + k >= x.ndim or n != x.shape[pos + k]:
+                    at = x.shape[pos + k] if pos + k < x.ndim else None
+                    if at is None:
+                        raise IndexError(f"Dimension out of range (expected to be in range "
+                                         f"of [{-max(x.ndim, 1)}, {max(x.ndim, 1) - 1}], "
+                                         f"but got {pos + k})")
+                    raise IndexError(
+                        f"The shape of the mask {list(t.shape)} at index {k} does not match "
+                        f"the shape of the indexed tensor {list(x.shape)} at index {pos + k}")
+            pos += t.ndim
         r = None
         if sum(a is not None for a in indices) == 1:
             r = _index_put_mask(x, indices, v, accumulate)
