@@ -173,7 +173,38 @@ def _check_output_padding(nd, stride, dilation, output_padding):
                        "got " + " ".join(parts))
 
 
-@lower(aten.convolution_overrideable.default, aten.convolution.default, precision=True)
+def _conv_memory_format(x, w):
+    """CPU's memory format for a convolution's output: channels_last (channels_last_3d)
+    when the input or the weight suggests it (``suggest_memory_format``), else None
+    (contiguous).  PyTorch's meta kernel looks at the input only, off CUDA."""
+    from torch._prims_common import suggest_memory_format
+
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(w.dim())
+    if fmt is None:
+        return None
+    if suggest_memory_format(w) == fmt or (x.dim() == w.dim() and
+                                           suggest_memory_format(x) == fmt):
+        return fmt
+    return None
+
+
+def _conv_meta(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """The output's geometry: PyTorch's meta kernel, laid out as CPU lays it out
+    (:func:`_conv_memory_format`; an unbatched 2-d input: the batched layout, squeezed;
+    a 3-d convolution of one sample, batched or not: contiguous, as CPU gives it)."""
+    out = aten.convolution.default(x, w, bias, stride, padding, dilation, transposed,
+                                   output_padding, groups)
+    fmt = _conv_memory_format(x, w)
+    unbatched = out.dim() == w.dim() - 1
+    if fmt is None or (w.dim() == 5 and (unbatched or out.shape[0] == 1)):
+        return out  # (CPU: a 3-d convolution of one sample stays contiguous)
+    shape = ((1,) if unbatched else ()) + tuple(out.shape)
+    laid = torch.empty(shape, dtype=out.dtype, device="meta", memory_format=fmt)
+    return laid[0] if unbatched else laid
+
+
+@lower(aten.convolution_overrideable.default, aten.convolution.default, precision=True,
+       meta=_conv_meta)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     ct = _conv_dtype(x, w)
     if not ct.is_floating_point and ct is not torch.int64:
