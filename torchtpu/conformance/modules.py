@@ -53,8 +53,10 @@ writes none unless ``--md PATH`` names one).  Modules run in worker processes (`
 ``--per-worker`` modules each, killed after ``--timeout`` seconds per module of the chunk
 (``--jobs 0``: in this process, no timeout).  Results: a Markdown report (``--md``, default
 ``docs/conformance/modules.md``) and, with ``--json PATH``, the raw per-sample records.
-Not done: channels_last, bfloat16 by default (``--dtypes bfloat16`` runs the few infos that
-list it), second-order gradients.
+Modes ``train_cl`` / ``eval_cl`` (``--modes train_cl,eval_cl``): the module and its 4-D
+(5-D) floating inputs in ``torch.channels_last`` (``channels_last_3d``) on both devices;
+the outputs' strides must equal CPU's as well as their values.  Not done: bfloat16 by
+default (``--dtypes bfloat16`` runs the few infos that list it), second-order gradients.
 """
 
 from __future__ import annotations
@@ -329,11 +331,35 @@ def describe_sample(sample) -> str:
     return f"{sample.desc or '-'}: ctor{ctor} fwd{fwd}"
 
 
-def check_sample(info, sample, dtype, training: bool, index: int = 0, seed: int = 0) -> dict:
+def _channels_last(t):
+    """A 4-D (5-D) floating tensor in channels_last (channels_last_3d) memory format."""
+    import torch
+
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() in (4, 5):
+        fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+        return t.detach().contiguous(memory_format=fmt).requires_grad_(t.requires_grad)
+    return t
+
+
+def _stride_mismatch(x_out, y_out):
+    """The first output whose strides differ between CPU and tpu, as a detail line."""
+    import torch
+
+    for i, (x, y) in enumerate(zip(x_out, y_out)):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape \
+                and x.numel() > 1 and x.stride() != y.stride():
+            return f"out[{i}]: strides {tuple(y.stride())} vs CPU {tuple(x.stride())}"
+    return None
+
+
+def check_sample(info, sample, dtype, training: bool, index: int = 0, seed: int = 0,
+                 channels_last: bool = False) -> dict:
     """Run one ModuleInput of ``info`` on CPU and tpu and judge it.
 
     ``sample``: a ``ModuleInput`` made on CPU by ``info.module_inputs_func`` at ``dtype``
-    (float32, float64, ...); ``training``: the module's ``train()`` mode.  Returns
+    (float32, float64, ...); ``training``: the module's ``train()`` mode;
+    ``channels_last``: module and 4-D/5-D inputs in channels_last memory format, output
+    strides compared too.  Returns
     ``{index, desc, status, stage, detail, f64}`` with ``status`` one of :data:`VERDICTS`,
     ``stage`` forward / backward / buffers (where the first failure was), ``detail`` its
     first line, ``f64`` the arbiter's explanation where it was asked.  Never raises for
@@ -348,10 +374,14 @@ def check_sample(info, sample, dtype, training: bool, index: int = 0, seed: int 
         return {**rec, "status": "skip", "detail": "sample has no forward input"}
     ci, fi = sample.constructor_input, sample.forward_input
     args, kwargs = tuple(fi.args), dict(fi.kwargs)
+    if channels_last:
+        args, kwargs = _map((args, kwargs), _channels_last)
     # CPU: build (and materialize a lazy module), probe randomness, run
     try:
         torch.manual_seed(seed)
         m0 = info.module_cls(*ci.args, **ci.kwargs).to(dtype)
+        if channels_last:
+            m0 = m0.to(memory_format=torch.channels_last)
         m0.train(training)
         if info.is_lazy:
             with torch.no_grad():
@@ -382,6 +412,10 @@ def check_sample(info, sample, dtype, training: bool, index: int = 0, seed: int 
         bwd_failure, y_grads = y_grads, dict(x_grads)
     elif y_grads is None:  # an output of the wrong shape: the forward comparison says so
         y_grads = dict(x_grads)
+    if channels_last and not random:
+        why = _stride_mismatch(x_out, y_out)
+        if why is not None:
+            return {**rec, "status": "mismatch", "stage": "forward", "detail": why}
     res = _judge(m0, args, kwargs, dtype, cots, seed, random, rec,
                  (x_out, x_grads, x_bufs), (y_out, y_grads, y_bufs),
                  skip_backward=bwd_failure is not None)
@@ -481,7 +515,8 @@ def check_module(info, dtypes: Iterable, modes: Iterable[str] = ("train", "eval"
     counts, status, first_failure, results, seconds}]``.
 
     ``dtypes``: torch dtypes (those not in ``info.dtypes`` are left out when
-    ``dtype_filter``); ``modes``: ``"train"`` / ``"eval"``; ``limit``: first N samples.
+    ``dtype_filter``); ``modes``: ``"train"`` / ``"eval"`` (``"train_cl"`` / ``"eval_cl"``:
+    in channels_last memory format); ``limit``: first N samples.
     ``status``: the worst verdict of the row (``skip`` only if every sample was skipped).
     A failure to generate the samples is one ``error`` row."""
     rows = []
@@ -492,7 +527,7 @@ def check_module(info, dtypes: Iterable, modes: Iterable[str] = ("train", "eval"
             t0 = time.time()
             row = {"module": info.name, "dtype": dtype_name(dt), "mode": mode}
             try:
-                samples = _samples(info, dt, mode == "train", seed)
+                samples = _samples(info, dt, mode.startswith("train"), seed)
             except Exception as e:  # noqa: BLE001
                 rows.append({**row, "samples": 0, "counts": {"error": 1}, "status": "error",
                              "first_failure": f"module_inputs_func raised {type(e).__name__}: {e}"[:300],
@@ -500,7 +535,8 @@ def check_module(info, dtypes: Iterable, modes: Iterable[str] = ("train", "eval"
                 continue
             if limit is not None:
                 samples = samples[:limit]
-            results = [check_sample(info, s, dt, mode == "train", i, seed)
+            results = [check_sample(info, s, dt, mode.startswith("train"), i, seed,
+                                    channels_last=mode.endswith("_cl"))
                        for i, s in enumerate(samples)]
             rows.append(summarize_row(row, results, time.time() - t0))
     return rows
@@ -706,7 +742,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES),
                    help="comma list (default float32,float64; each module runs those its "
                         "ModuleInfo lists)")
-    p.add_argument("--modes", default="train,eval", help="comma list of train, eval (default both)")
+    p.add_argument("--modes", default="train,eval",
+                   help="comma list of train, eval, train_cl, eval_cl (channels_last; default "
+                   "train,eval)")
     p.add_argument("--quick", action="store_true",
                    help="one sample per module, float32, train mode only")
     p.add_argument("--limit", type=int, default=None, help="first N samples per (module, dtype, mode)")
@@ -728,8 +766,8 @@ def main(argv=None) -> int:
     dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in modes:
-        if m not in ("train", "eval"):
-            p.error(f"unknown mode {m!r} (train, eval)")
+        if m not in ("train", "eval", "train_cl", "eval_cl"):
+            p.error(f"unknown mode {m!r} (train, eval, train_cl, eval_cl)")
     for d in dtypes:
         try:
             dtype_of(d)
