@@ -125,3 +125,31 @@ def test_compiled_hf_generate_matches_cpu_with_bounded_executables():
     assert c["seq_bucket_calls"] >= 25
     # prefill, the first decoding steps Dynamo compiles static, then buckets 16, 32, 64
     assert c["executables"] <= 7, c
+
+
+def _step_promoting(k_cache, v_cache, x, w):
+    q, k, v = (x @ w).view(B, 1, 3, H, D).permute(2, 0, 3, 1, 4)
+    k_cache = torch.cat([k_cache, k], dim=2)  # bfloat16 cache + float32 entries: float32
+    v_cache = torch.cat([v_cache, v], dim=2)
+    out = F.scaled_dot_product_attention(q, k_cache, v_cache)
+    return out, k_cache, v_cache
+
+
+def test_a_cat_that_promotes_the_cache_dtype_runs_exact_executables():
+    # helper-21: the append cast the new entries down to the cache's bfloat16 and the
+    # float32 result was wrapped over a bfloat16 array (wrong values, then setStorage
+    # errors)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(H * D, 3 * H * D, generator=g) * 0.3
+    f = torch.compile(_step_promoting, backend="tpu")
+    torchtpu.reset_metrics()
+    for n in (3, 4, 5):
+        kc = torch.randn(B, H, n, D, generator=g).to(torch.bfloat16)
+        vc = torch.randn(B, H, n, D, generator=g).to(torch.bfloat16)
+        x = torch.randn(B, 1, H * D, generator=g)
+        want = _step_promoting(kc, vc, x, w)
+        got = f(kc.to("tpu"), vc.to("tpu"), x.to("tpu"), w.to("tpu"))
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+    assert torchtpu.metrics()["compile"]["seq_bucket_calls"] == 0

@@ -136,6 +136,9 @@ def analyze(nodes, placeholders, output_node) -> Plan | None:
         if not rest or not all(isinstance(r, torch.Tensor) and isinstance(r.shape[d], int)
                                for r in rest):
             return None
+        dt = n.meta["val"].dtype
+        if sv.dtype != dt or any(r.dtype != dt for r in rest):
+            return None  # cat promotes: the append would write into the cache's dtype
         if cache_dim.setdefault(src, d) != d:
             return None
         syms.add(_sym_expr(size))
