@@ -716,7 +716,8 @@ def test_all_any_out_of_another_dtype_raises_as_cpu(op, dtype):
 
 
 @pytest.mark.parametrize("case", ["2d", "float", "minlength", "weights_2d", "weights_len",
-                                  "int64_max", "overflowing_size", "overflowing_minlength"])
+                                  "int64_max", "overflowing_size", "overflowing_minlength",
+                                  "unallocatable"])
 def test_bincount_invalid_arguments_raise_as_cpu(case):
     # a 2-d input was counted as if flattened; the others raised numpy's errors; an
     # int64-max value made numpy's bincount write out of bounds (the heap corrupted, an
@@ -738,12 +739,19 @@ def test_bincount_invalid_arguments_raise_as_cpu(case):
             torch.bincount(torch.tensor([2**62, 1], device=dev))
         elif case == "overflowing_minlength":
             torch.bincount(x, minlength=2**63 - 1)
+        elif case == "unallocatable":  # numpy's MemoryError was raised, CPU's RuntimeError
+            torch.bincount(torch.tensor([2**40], device=dev))
         else:
             torch.bincount(x, torch.tensor([1.0, 0.3, 0.5], device=dev))
 
     if case == "float":  # CPU names its kernel ("bincount_cpu")
         for dev in ("cpu", "tpu"):
             with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
+                run(dev)
+    elif case == "unallocatable":  # (CPU's message adds its allocator's source line)
+        for dev in ("cpu", "tpu"):
+            with pytest.raises(RuntimeError, match="can't allocate memory: you tried to "
+                                                   "allocate 8796093022216 bytes"):
                 run(dev)
     else:
         _same_error(run)

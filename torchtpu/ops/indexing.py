@@ -1293,9 +1293,13 @@ def bincount(x, weights=None, minlength=0):
     n = max(top + 1, minlength)
     if n > np.iinfo(np.int64).max // 8:
         raise RuntimeError(f"Storage size calculation overflowed with sizes=[{n}]")
-    if weights is None or v.size == 0:
-        # (an empty input gives int64 zeros even with weights: CPU's kernel does so)
-        return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
-    w = np.asarray(weights).reshape(-1)
-    out = np.bincount(v, weights=w.astype(np.float64), minlength=minlength)
+    try:
+        if weights is None or v.size == 0:
+            # (an empty input gives int64 zeros even with weights: CPU's kernel does so)
+            return jnp().asarray(np.bincount(v, minlength=minlength).astype(np.int64))
+        w = np.asarray(weights).reshape(-1)
+        out = np.bincount(v, weights=w.astype(np.float64), minlength=minlength)
+    except MemoryError:  # CPU's allocator raises RuntimeError
+        raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to "
+                           f"allocate {8 * n} bytes.") from None
     return jnp().asarray(out.astype(np.float32 if w.dtype == np.float32 else np.float64))
