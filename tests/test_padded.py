@@ -173,7 +173,7 @@ def test_results_with_size_one_dims_keep_cpus_strides():
         pos = mask.long().cumsum(-1) - 1
         x = ids.unsqueeze(-1).float()
         return (pos.masked_fill(mask == 0, 0), ids * 2 + 1, x * 3, (x + 1).transpose(0, 1),
-                ids.unsqueeze(1) - 1)
+                ids.unsqueeze(1) - 1, ids.t().clone())
 
     ids = torch.randint(0, 9, (1, 23))
     d = ids.to("tpu")

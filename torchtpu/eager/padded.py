@@ -337,12 +337,22 @@ def capacity_geometry(t, sd, g):
     if geo.i is None:
         return None
     # a size-1 dim's stride never addresses anything, but element-wise results follow
-    # their operands' strides: contiguous-like ones (the next dim's stride times its
-    # size) keep a result laid out as PyTorch lays it out ((n, 1) for a (1, n) result,
-    # not (1, 1): Dynamo guards on strides)
+    # their operands' strides: the view's own stride where it is a storage dim's (or the
+    # whole storage's) step, carried over to the capacity, else a contiguous-like one (the
+    # next dim's stride times its size), so results are laid out as PyTorch lays them out
+    # ((n, 1) for a (1, n) result, (1, n) for a clone of its transpose, not (1, 1):
+    # Dynamo guards on strides)
+    total, totalc = math.prod(S), math.prod(Sc)
     for j in range(len(size) - 1, -1, -1):
         if size[j] == 1:
-            out[j] = out[j + 1] * max(size[j + 1], 1) if j + 1 < len(size) else 1
+            st = stride[j]
+            k = next((k for k in range(len(S)) if S[k] > 1 and cs[k] == st), None)
+            if k is not None:
+                out[j] = csc[k]
+            elif st == total and total > 1:
+                out[j] = totalc
+            else:
+                out[j] = out[j + 1] * max(size[j + 1], 1) if j + 1 < len(size) else 1
     geo.size = tuple(size)
     geo.stride = tuple(out)
     geo.offset = sum(c * s for c, s in zip(coord, csc))
