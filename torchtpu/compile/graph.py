@@ -966,7 +966,7 @@ class GraphExecutable:
         result = {}  # filled by the trace: output storage slots, written inputs, checks
         n_inputs = len(arrays)
         prec = key[-2][1]  # the float32 matmul precision setting (see __call__)
-        seq = self.seq_plan if key[-3] == _SEQ_KEY else None  # bucketed (seq_buckets)
+        seq = self.seq_plan if len(key) > 2 and key[-3] == _SEQ_KEY else None  # (seq_buckets)
 
         def fn(arrays, host_vals, keys):
             jnp = jax.numpy
