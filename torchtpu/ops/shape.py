@@ -73,8 +73,26 @@ def _pad_mode(x, padding, nd, mode, name):
     return y
 
 
+def _pad_meta(op):
+    """The output geometry of a 2-d/3-d reflection/replication pad: PyTorch's meta kernel,
+    in the input's memory format where a 4-D (5-D) input suggests channels_last
+    (channels_last_3d), as CPU's kernels lay it out (an unbatched 3-d pad of a 4-D
+    channels_last input too); the meta kernel gives a contiguous output."""
+
+    def meta(x, padding):
+        from torch._prims_common import suggest_memory_format
+
+        out = op(x, padding)
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        if fmt is not None and suggest_memory_format(x) == fmt:
+            return torch.empty(out.shape, dtype=out.dtype, device="meta", memory_format=fmt)
+        return out
+
+    return meta
+
+
 def _reg_pad(op, nd, mode, name):
-    @lower(op)
+    @lower(op, meta=_pad_meta(op) if nd > 1 else None)
     def pad(x, padding):
         return _pad_mode(x, padding, nd, mode, name)
 
