@@ -49,7 +49,7 @@ def slow_compile(monkeypatch, workers):
     def compile_(self, *a, **k):
         if threading.current_thread().name.startswith("torchtpu-compile"):
             time.sleep(0.15)
-            assert gate.wait(30), "test gate never opened"
+            assert gate.wait(120), "test gate never opened"
         return real(self, *a, **k)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_)
