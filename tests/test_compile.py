@@ -49,8 +49,8 @@ def test_mlp_training_step_matches_cpu_and_does_not_recompile():
     torch.manual_seed(0)
     cpu = MLP()
     tpu = copy.deepcopy(cpu).to("tpu")
-    xs = [torch.randn(8, 12) for _ in range(3)]
-    ys = [torch.randint(0, 5, (8,)) for _ in range(3)]
+    xs = [torch.randn(8, 12) for _ in range(4)]
+    ys = [torch.randint(0, 5, (8,)) for _ in range(4)]
     ref = _train(cpu, xs, ys, None)
     torchtpu.reset_metrics()
     model = tpu
@@ -66,7 +66,11 @@ def test_mlp_training_step_matches_cpu_and_does_not_recompile():
         loss.backward()
         opt_step()
         opt.zero_grad()
-        if i == 0:
+        if i == 1:
+            # (stitched graphs, see compile.graph.STITCH: the first step's program is
+            # the forward alone -- the eager loss reads its logits --, the next ones
+            # the backward, the update and the next forward, the same from then on)
+            torch.tpu.synchronize()
             first = torchtpu.metrics()["compile"]
     after = torchtpu.metrics()["compile"]
     _close(loss, ref, 1e-4)
@@ -117,7 +121,12 @@ def test_graph_break_runs_eager_pieces(eager_mode):
     assert torchtpu.metrics()["compile"]["graphs_compiled"] >= 2
 
 
-def test_compiled_graph_is_one_op_to_defer_and_fuse():
+@pytest.mark.parametrize("stitch", [True, False], ids=["stitched", "launched"])
+def test_compiled_graph_is_one_op_to_defer_and_fuse(stitch, monkeypatch):
+    from torchtpu.compile import graph
+    from torchtpu.eager import defer
+
+    monkeypatch.setattr(graph, "STITCH", stitch)
     x = torch.randn(6)
     with torch.tpu.set_eager_mode("defer_and_fuse"):
         t = x.to("tpu") * 3  # pending in the segment
@@ -125,8 +134,14 @@ def test_compiled_graph_is_one_op_to_defer_and_fuse():
         out = torch.compile(lambda a: torch.exp(a) + 1, backend="tpu")(t)
         m = torchtpu.metrics()
         assert m["host_syncs_total"] == 0, m["host_syncs"]
-        assert m["segment_cuts"].get("compiled_graph", 0) >= 1
+        if stitch:  # the graph joins the pending segment: one program for both
+            assert m["segment_cuts"].get("compiled_graph", 0) == 0
+            assert m["compile"]["stitched_calls"] == 1 and defer.pending_ops() == 2
+        else:  # the segment runs first, then the graph's own executable
+            assert m["segment_cuts"].get("compiled_graph", 0) >= 1
+            assert m["compile"]["graph_launches"] == 1
         _close(out, torch.exp(x * 3) + 1)
+        assert torchtpu.metrics()["segments_run"] == 1
 
 
 def test_batchnorm_training_mutates_running_stats():

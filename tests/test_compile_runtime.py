@@ -58,7 +58,17 @@ def _batches(n):
             for _ in range(n)]
 
 
-def test_training_step_donates_optimizer_buffers_and_matches_cpu():
+@pytest.fixture(params=[True, False], ids=["stitched", "launched"])
+def stitch(request, monkeypatch):
+    """Graph calls stitched into one program per step (the default), or each graph's own
+    executable launched (``TORCHTPU_STITCH_GRAPHS=0``)."""
+    from torchtpu.compile import graph
+
+    monkeypatch.setattr(graph, "STITCH", request.param)
+    return request.param
+
+
+def test_training_step_donates_optimizer_buffers_and_matches_cpu(stitch):
     cpu = _mlp()
     tpu = copy.deepcopy(cpu).to("tpu")
     step_c, opt_c = _step_fns(cpu, False)
@@ -73,9 +83,14 @@ def test_training_step_donates_optimizer_buffers_and_matches_cpu():
         ref = step_c(x, y)
         out = step_t(x.to("tpu"), y.to("tpu"))
         _close(out, ref)
-    c = torchtpu.metrics()["compile"]
+    m = torchtpu.metrics()
+    c = m["compile"]
     # every parameter, exp_avg and exp_avg_sq (4 parameters x 3) updated in place
-    assert c["donated_buffers"] == 2 * 12, c
+    if stitch:  # by the step's one program (and the AdamW step counters' copies: CPU)
+        assert m["donated_buffers"] >= 2 * 12 and m["segments_run"] == 2, m
+        assert c["stitched_calls"] == 2 * 3 and c["graph_launches"] == 0, c
+    else:
+        assert c["donated_buffers"] == 2 * 12, c
     assert c["executables"] == 0 and c["recompiles"] == 0, c
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p, q)
@@ -87,24 +102,34 @@ def test_training_step_donates_optimizer_buffers_and_matches_cpu():
         assert st_t["step"].device.type == "cpu" and float(st_t["step"]) == float(st_c["step"])
 
 
-def test_steady_training_step_launches_three_graphs_and_never_syncs():
+def test_steady_training_step_launches_one_program_and_never_syncs(stitch):
     tpu = _mlp().to("tpu")
     step, _ = _step_fns(tpu, True)
     data = [(x.to("tpu"), y.to("tpu")) for x, y in _batches(5)]
-    for x, y in data[:2]:
-        step(x, y)
+    for x, y in data[:2]:  # (as below: the last loss held while the next step starts)
+        loss = step(x, y)
     torch.tpu.synchronize()
     torchtpu.reset_metrics()
     for x, y in data[2:]:
         loss = step(x, y)
     m = torchtpu.metrics()
-    # forward+loss, backward, optimizer update: one executable each; the only eager op
-    # is autograd's ones_like for the loss gradient
-    assert m["compile"]["graph_calls"] == 3 * 3, m["compile"]
+    c = m["compile"]
+    assert c["graph_calls"] == 3 * 3, c
+    # the only eager op is autograd's ones_like for the loss gradient
     assert m["lowered_ops"] == 3, m
-    assert m["compile"]["executables"] == 0 and m["compiles"] == 0, m
+    assert c["executables"] == 0 and m["compiles"] == 0, m
     assert m["host_syncs_total"] == 0, m["host_syncs"]
+    if stitch:
+        # forward+loss, the loss seed, backward and the optimizer update: one program per
+        # step, each step's run when the next one calls its forward graph again
+        assert c["stitched_calls"] == 3 * 3 and c["graph_launches"] == 0, c
+        assert m["segments_run"] == 2 and m["segment_cuts"] == {"step_boundary": 2}, m
+        assert m["segment_ops"] == 2 * 4, m
+    else:  # forward+loss, backward, optimizer update: one executable each
+        assert c["graph_launches"] == 3 * 3 and m["segments_run"] == 0, m
     assert np.isfinite(float(loss.detach().cpu()))
+    if stitch:
+        assert torchtpu.metrics()["segments_run"] == 3
 
 
 def test_donation_spares_another_tensor_sharing_the_buffer():

@@ -102,8 +102,10 @@ class Metrics:
             ``tracing_seconds`` (AOTAutograd inside the backend call, plus Dynamo's own
             tracing when PyTorch reports it), ``lowering_seconds`` (our FX -> JAX
             interpretation and StableHLO emission), ``xla_seconds`` (XLA compilation),
-            ``executables`` (one per graph and input layout), ``cache_hits`` (calls that
-            reused an executable), ``graph_calls``, ``recompiles`` (Dynamo compiled a frame
+            ``executables`` (one per graph and input layout; with stitching, one per
+            DeferAndFuse segment structure holding graph calls, its seconds counted in
+            ``xla_seconds``), ``cache_hits`` (calls that reused an executable or a
+            stitched node), ``graph_calls``, ``recompiles`` (Dynamo compiled a frame
             again for the ``tpu`` backend after a guard failed), ``recompile_reasons``
             (dict: the guard failure behind each of those recompiles, as Dynamo words it
             for ``TORCH_LOGS=recompiles`` without the compile id, e.g. ``"tensor 'x'
@@ -129,7 +131,12 @@ class Metrics:
             run: each a host sync), ``seq_bucket_calls`` (calls of a decoding-step graph
             run on a bucketed capacity of its growing cache, ``torchtpu.compile.
             seq_buckets``) and ``seq_bucket_moves`` (cache inputs moved to a new
-            capacity on the device for such a call).
+            capacity on the device for such a call), ``graph_launches`` (of
+            ``graph_calls``, calls that launched the graph's own executable) and
+            ``stitched_calls`` (of ``graph_calls``, calls recorded into the pending
+            DeferAndFuse segment, to run fused with the graphs and ops around them:
+            ``torchtpu.compile.graph``'s stitching; ``segments_run`` counts those
+            launches).
         persistent_cache: JAX's on-disk compilation cache (``_device.persistent_cache``):
             ``hits`` (executables loaded instead of compiled), ``misses`` and
             ``load_seconds``.
@@ -208,6 +215,8 @@ class Metrics:
             "eager_stages": 0,
             "seq_bucket_calls": 0,
             "seq_bucket_moves": 0,
+            "graph_launches": 0,
+            "stitched_calls": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,

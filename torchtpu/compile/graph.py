@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import math
 import operator
+import os
 import sys
 import time
 
@@ -626,6 +627,10 @@ class GraphExecutable:
                 and not self.mutated_inputs and not self.get_attrs and not self.random:
             self.seq_plan = _seq.analyze(self.nodes, self.placeholders, self.output)
         self._seq_len = None  # the bucketed call's cache length after its appends
+        # stitching (STITCH): layout key -> (node, n_new, written, check_info, assemble)
+        self.stitched: dict = {}
+        # (a dump directory asks for each graph's own StableHLO: not stitched)
+        self.stitchable = self.group is None and not self.effects and dump_prefix is None
 
     # ------------------------------------------------------------------ runtime
     def __call__(self, *args):
@@ -635,9 +640,10 @@ class GraphExecutable:
         if self.arg_error is not None:  # a constant argument that eager also rejects
             e = self.arg_error
             raise type(e)(*e.args)
-        if defer.pending_ops():
-            # the graph is one op to DeferAndFuse: the pending segment is dispatched
-            # (asynchronously) so the graph reads concrete inputs; not a host sync
+        stitch = STITCH and self.stitchable
+        if not stitch and defer.pending_ops():
+            # the pending segment is dispatched (asynchronously) so the graph reads
+            # concrete inputs; not a host sync
             defer.flush("compiled_graph", sync=False)
         c = M.compile
         c["graph_calls"] += 1
@@ -663,6 +669,7 @@ class GraphExecutable:
         # this loop runs for every input of every call)
         sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
         index = None
+        lazy = False
         Tensor = torch.Tensor
         for a in args:
             if isinstance(a, Tensor) and not a.is_cpu:
@@ -682,8 +689,16 @@ class GraphExecutable:
                 if j is None:
                     j = slot_of[sd] = len(arrays)
                     # (no local name for the array: _own counts its references)
-                    arrays.append(sd.arr if sd.arr.__class__ not in _NOT_CONCRETE
-                                  else sd.get(charge=False))
+                    cls = sd.arr.__class__
+                    if cls not in _NOT_CONCRETE:
+                        arrays.append(sd.arr)
+                    elif cls is _Lazy and stitch and sd.arr.node is not _st.ASYNC:
+                        # a pending DeferAndFuse value (an earlier stitched graph's
+                        # result): read in the same segment, or its value once run
+                        arrays.append(sd.arr if sd.arr.value is None else sd.arr.value)
+                        lazy = True
+                    else:
+                        arrays.append(sd.get(charge=False))
                     sdatas.append(sd)
                     storages.append(st)
                 dt = a.dtype
@@ -719,6 +734,39 @@ class GraphExecutable:
         key.append(("prec", torch._C._get_float32_matmul_precision()))
         key.append(index)
         key = tuple(key)
+        if stitch and seq_n is None:
+            st = self.stitched.get(key)
+            if st is None:
+                st = self.stitched[key] = self._stitch_node(key, args, arrays, host_vals,
+                                                            keys, sdatas, index)
+            else:
+                c["cache_hits"] += 1
+            if st is not False:  # recorded: runs fused with what is around it
+                node, n_new, written, check_info, assemble = st
+                if node is None:  # nothing to compute (see _prepare): no node
+                    c["launch_free_calls"] += 1
+                    return assemble((), storages, args, houts, index)
+                if len(inflight.PENDING_CHECKS) > inflight.CHECK_LIMIT \
+                        and defer.starts_step(node):
+                    # the device-side checks queued so far are verified (a sync) at a
+                    # step boundary, not in the middle of the step's segment
+                    defer.flush("step_boundary", sync=False)
+                    host_reads.check_pending()
+                outs = defer.record_graph(node, arrays, (*host_vals, *keys), index, written)
+                c["stitched_calls"] += 1
+                del arrays
+                if late:
+                    self._late(args, late)
+                if check_info:  # (a Lazy flag array: verified at the next sync point)
+                    inflight.add_check(outs[-1], check_info, f"compiled graph {self.name}")
+                for j, arr in zip(written, outs[n_new:]):
+                    sdatas[j].arr = arr
+                return assemble(outs, storages, args, houts, index)
+        if lazy or (stitch and defer.pending_ops()):
+            # launched on its own (device-side checks, a bucketed decoding step): the
+            # pending segment runs first and the graph reads its values
+            defer.flush("compiled_graph", sync=False)
+            arrays = [a.value if a.__class__ is _Lazy else a for a in arrays]
         # one lookup per call: the written input slots (from the layout) and the executable
         hit = self.runtime.get(key)
         if hit is None:
@@ -742,12 +790,14 @@ class GraphExecutable:
             c["launch_free_calls"] += 1
         elif split is None:
             outs = jitted(arrays, host_vals, keys)
+            c["graph_launches"] += 1
             inflight.dispatched(outs)
         else:
             don_slots, kept_slots = split
             outs = jitted([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
                           host_vals, keys)
             c["donated_buffers"] += len(don_slots)
+            c["graph_launches"] += 1
             inflight.dispatched(outs)
         del arrays
         if late:
@@ -760,6 +810,51 @@ class GraphExecutable:
             k = n_new + len(written)
             self._run_effects(outs[k:k + len(self.effects)])
         return assemble(outs, storages, args, houts, index)
+
+    def _stitch_node(self, key, args, arrays, host_vals, keys, sdatas, index):
+        """The layout ``key``'s pure function as a DeferAndFuse node (see STITCH):
+        ``(node, n_new, written, check_info, assemble)``.  Traces
+        the graph once (``jax.eval_shape``: its outputs' shapes); nothing is compiled
+        here -- the segment holding the call is."""
+        jax = runtime.jax()
+        from torchtpu.eager import executables
+
+        t0 = time.perf_counter()
+        self._args = args
+        try:
+            env0, host_in, meta, _ = self._trace_inputs(key)
+            fn, result = self._make_fn(key, sdatas, len(arrays), meta, env0, host_in)
+        finally:
+            self._args = None
+        nh = len(host_vals)
+
+        def traced(arrs, dyn):
+            return fn(arrs, dyn[:nh], dyn[nh:])
+
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+        out_avals = jax.eval_shape(traced, avals, [*host_vals, *keys])
+        M.compile["lowering_seconds"] += time.perf_counter() - t0
+        _, n_new, written, check_info, assemble, _ = self._finish(None, result, None, meta)
+        if not n_new and not written and not check_info:
+            return None, 0, (), (), assemble
+        node = executables.Executable(None, None, (), index)
+        node.traced = traced
+        node.out_avals = list(out_avals)
+        node.name = f"graph:{self.name}"
+        # (a segment replayed op by op, DeferAndFuse's churn rule, runs it through jax.jit)
+        node.jitted = jax.jit(traced)
+
+        def first_call(arrs, dyn):
+            t1 = time.perf_counter()
+            outs = node.jitted(arrs, dyn)
+            M.compile["executables"] += 1
+            M.compile["xla_seconds"] += time.perf_counter() - t1
+            node.call = node.jitted
+            return outs
+
+        node.call = first_call
+        node.compiled = True
+        return node, n_new, written, check_info, assemble
 
     def _run_effects(self, values) -> None:
         """The graph's effect-token checks (:func:`strip_effects`), in graph order, on
@@ -919,10 +1014,12 @@ class GraphExecutable:
         return torch.fx.GraphModule(torch.nn.Module(), g).forward
 
     # ------------------------------------------------------------------ build
-    def _compile(self, key, arrays, host_vals, keys, sdatas, index, donate=()):
-        """Trace, lower and compile the executable for the input layout ``key``;
-        ``donate``: the input slots whose buffers it takes (written inputs only)."""
-        jax = runtime.jax()
+    def _trace_inputs(self, key):
+        """What tracing the layout ``key`` starts from (``self._args`` the call's
+        arguments): the input nodes' values (view specs of tensor slots, or the argument),
+        where each fed host node sits in the packed per-dtype host arrays, the fake values
+        of every node at this call's shapes, and whether those are the graph's own (its
+        traced shapes: the on-disk executable cache may hold the executable)."""
         inputs = self.placeholders + self.get_attrs
         env0 = {}
         for i, n in enumerate(inputs):
@@ -940,15 +1037,22 @@ class GraphExecutable:
             offs[dt] = o + size
             host_in.append((n, g, o, size, shape))
         register_pytree()
-        c = M.compile
-        store = None
         if self.symbolic or _geometry_differs(self.placeholders, self._args):
             meta = _substituted_metas(self.gm, self.placeholders, self._args) \
                 if self.symbolic else None
             if meta is None:
                 meta = _concrete_metas(self.gm, self.placeholders, self._args)
-        else:
-            meta = {n: n.meta.get("val") for n in self.nodes}
+            return env0, host_in, meta, False
+        return env0, host_in, {n: n.meta.get("val") for n in self.nodes}, True
+
+    def _compile(self, key, arrays, host_vals, keys, sdatas, index, donate=()):
+        """Trace, lower and compile the executable for the input layout ``key``;
+        ``donate``: the input slots whose buffers it takes (written inputs only)."""
+        jax = runtime.jax()
+        env0, host_in, meta, exact = self._trace_inputs(key)
+        c = M.compile
+        store = None
+        if exact:
             if self.dump_prefix is None and self.group is None and not self.effects:
                 # the on-disk executable cache (torchtpu.compile.executable_cache): a second
                 # process loads the executable and skips the JAX trace and lowering
@@ -958,13 +1062,82 @@ class GraphExecutable:
                     compiled, result, used = rec
                     c["executables"] += 1
                     return self._finish(compiled, result, _split(used, len(arrays)), meta)
+        fn, result = self._make_fn(key, sdatas, len(arrays), meta, env0, host_in)
+        n_inputs = len(arrays)
+        from jax.sharding import SingleDeviceSharding
+
+        sharding = SingleDeviceSharding(runtime.jax_device(index))
+        spmd = None
+        split = None if self.group is not None else _split(donate, n_inputs)
+        if self.group is not None:
+            spmd = _SPMD(self.group, index, fn, result)
+            jitted = spmd.jitted
+            call_args = spmd.global_args(arrays, host_vals, keys)
+        elif donate:
+            don_slots, kept_slots = split
+
+            def fn_split(don, kept, host_vals, keys):
+                arrs = [None] * n_inputs
+                for j, x in zip(don_slots, don):
+                    arrs[j] = x
+                for j, x in zip(kept_slots, kept):
+                    arrs[j] = x
+                return fn(arrs, host_vals, keys)
+
+            jitted = jax.jit(fn_split, donate_argnums=(0,), out_shardings=sharding)
+            call_args = ([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
+                         host_vals, keys)
+        else:
+            jitted = jax.jit(fn, out_shardings=sharding)
+            call_args = (arrays, host_vals, keys)
+        t0 = time.perf_counter()
+        lowered = jitted.lower(*call_args)
+        t1 = time.perf_counter()
+        if donate and not set(donate) <= set(result["written"]):
+            # a donated buffer the graph does not write back would be lost: no donation
+            c["lowering_seconds"] += t1 - t0
+            return self._compile(key, arrays, host_vals, keys, sdatas, index, ())
+        if self.dump_prefix is not None:
+            from torchtpu.compile import dump
+
+            k = len(self.executables)  # executables of this graph built before this one
+            dump.write(f"{self.dump_prefix}{f'.exe{k}' if k else ''}.stablehlo.mlir",
+                       lowered.as_text())
+            t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
+            t1 = time.perf_counter()
+        pc_hits = M.persistent_cache["hits"]
+        # an executable stored in the graph cache is compiled here, not loaded from JAX's
+        # cache (which XLA:CPU could not serialize again)
+        with persistent_cache.bypassed() if store is not None else contextlib.nullcontext(), \
+                _metrics.compile_kind("graph"):
+            compiled = lowered.compile()
+        if spmd is not None:
+            compiled = spmd.runner(compiled)
+        t2 = time.perf_counter()
+        if M.persistent_cache["hits"] != pc_hits:
+            # loaded from JAX's persistent cache: XLA:CPU cannot serialize such an
+            # executable again (the copy misses its functions), so it is not stored
+            store = None
+        c["lowering_seconds"] += t1 - t0
+        c["xla_seconds"] += t2 - t1
+        c["executables"] += 1
+        M.compiles += 1
+        M.compile_seconds += t2 - t0
+        if store is not None:
+            executable_cache.save_executable(store, compiled, result, donate)
+        return self._finish(compiled, result, split, meta)
+
+    def _make_fn(self, key, sdatas, n_inputs, meta, env0, host_in):
+        """The executable's pure function ``fn(arrays, host_vals, keys) -> outputs`` for
+        the input layout ``key`` (the graph's nodes through their lowerings), and the
+        ``result`` dict its trace fills (output storage slots, written inputs, checks)."""
+        jax = runtime.jax()
         table = ops.table()
         slot_dtypes = [sd.dtype for sd in sdatas]
         nodes = self.nodes
         host = self.host
         random_pos = {n: i for i, n in enumerate(self.random)}
         result = {}  # filled by the trace: output storage slots, written inputs, checks
-        n_inputs = len(arrays)
         prec = key[-2][1]  # the float32 matmul precision setting (see __call__)
         seq = self.seq_plan if len(key) > 2 and key[-3] == _SEQ_KEY else None  # (seq_buckets)
 
@@ -1192,68 +1365,7 @@ class GraphExecutable:
             return tuple(storages[j] for j in out_slots) + tuple(storages[j] for j in wr) \
                 + eff + flags
 
-        from jax.sharding import SingleDeviceSharding
-
-        sharding = SingleDeviceSharding(runtime.jax_device(index))
-        spmd = None
-        split = None if self.group is not None else _split(donate, n_inputs)
-        if self.group is not None:
-            spmd = _SPMD(self.group, index, fn, result)
-            jitted = spmd.jitted
-            call_args = spmd.global_args(arrays, host_vals, keys)
-        elif donate:
-            don_slots, kept_slots = split
-
-            def fn_split(don, kept, host_vals, keys):
-                arrs = [None] * n_inputs
-                for j, x in zip(don_slots, don):
-                    arrs[j] = x
-                for j, x in zip(kept_slots, kept):
-                    arrs[j] = x
-                return fn(arrs, host_vals, keys)
-
-            jitted = jax.jit(fn_split, donate_argnums=(0,), out_shardings=sharding)
-            call_args = ([arrays[j] for j in don_slots], [arrays[j] for j in kept_slots],
-                         host_vals, keys)
-        else:
-            jitted = jax.jit(fn, out_shardings=sharding)
-            call_args = (arrays, host_vals, keys)
-        t0 = time.perf_counter()
-        lowered = jitted.lower(*call_args)
-        t1 = time.perf_counter()
-        if donate and not set(donate) <= set(result["written"]):
-            # a donated buffer the graph does not write back would be lost: no donation
-            c["lowering_seconds"] += t1 - t0
-            return self._compile(key, arrays, host_vals, keys, sdatas, index, ())
-        if self.dump_prefix is not None:
-            from torchtpu.compile import dump
-
-            k = len(self.executables)  # executables of this graph built before this one
-            dump.write(f"{self.dump_prefix}{f'.exe{k}' if k else ''}.stablehlo.mlir",
-                       lowered.as_text())
-            t0 += time.perf_counter() - t1  # the dump is neither lowering nor XLA time
-            t1 = time.perf_counter()
-        pc_hits = M.persistent_cache["hits"]
-        # an executable stored in the graph cache is compiled here, not loaded from JAX's
-        # cache (which XLA:CPU could not serialize again)
-        with persistent_cache.bypassed() if store is not None else contextlib.nullcontext(), \
-                _metrics.compile_kind("graph"):
-            compiled = lowered.compile()
-        if spmd is not None:
-            compiled = spmd.runner(compiled)
-        t2 = time.perf_counter()
-        if M.persistent_cache["hits"] != pc_hits:
-            # loaded from JAX's persistent cache: XLA:CPU cannot serialize such an
-            # executable again (the copy misses its functions), so it is not stored
-            store = None
-        c["lowering_seconds"] += t1 - t0
-        c["xla_seconds"] += t2 - t1
-        c["executables"] += 1
-        M.compiles += 1
-        M.compile_seconds += t2 - t0
-        if store is not None:
-            executable_cache.save_executable(store, compiled, result, donate)
-        return self._finish(compiled, result, split, meta)
+        return fn, result
 
     def _finish(self, compiled, result, split, meta):
         """The executable's runtime tuple: the output plan and assembly (how each graph
@@ -1482,6 +1594,18 @@ def _eager_modules():
     return _EAGER
 
 
+# Stitching (issue 33): a graph call is recorded as one node of the pending DeferAndFuse
+# segment (eager.defer.record_graph) instead of launching its executable, in every eager
+# mode.  The graphs of a training step -- forward, AOTAutograd's backward (no cut at
+# backward() while a segment holds a graph: eager.autograd), the optimizer update --
+# and, in DEFER_AND_FUSE mode, the eager ops between them then run as one XLA program,
+# compiled once per step structure, its written inputs' old buffers donated when nothing
+# else holds them, intermediates no one keeps never materialized.  The segment runs at
+# the next sync point, when an eager STRICT op reads one of its values, or when a graph
+# already in it is called again (the next step).  TORCHTPU_STITCH_GRAPHS=0: each call
+# launches its own executable.
+STITCH = os.environ.get("TORCHTPU_STITCH_GRAPHS", "1") != "0"
+_Lazy = _st.Lazy
 _CPU_KEY = ("c",)
 # StorageData.arr classes that StorageData.get() must resolve first (uninitialized storage,
 # pending DeferAndFuse value)

@@ -15,7 +15,9 @@ In DEFER_AND_FUSE mode the start and the end of a backward pass also end the pen
 segment without a host sync (``metrics()["segment_cuts"]``: "backward" and
 "backward_end"): the forward segment is dispatched while the host records the backward,
 and the backward segment while it records the optimizer step.  The cut points repeat
-every training step, so the compiled-segment cache keeps hitting.
+every training step, so the compiled-segment cache keeps hitting.  A segment that holds a
+compiled graph's call (``torchtpu.compile.graph``'s stitching) is not cut: the forward
+graph, the backward graph and the update run as one program.
 
 The first backward pass once tpu devices are in use installs torchtpu's C++ device guard
 (:func:`torchtpu._tensor.native.install_device_guard`, built once per machine): with
@@ -59,14 +61,15 @@ def _engine_run_backward(t_outputs, *args, **kwargs):
         return _orig(t_outputs, *args, **kwargs)
     from torchtpu.eager import defer
 
-    cut = defer.CUT_AT_BACKWARD and defer.pending_ops()
+    # (a segment holding compiled graphs goes on: forward, backward and update stitched)
+    cut = defer.CUT_AT_BACKWARD and defer.pending_ops() and not defer.holds_graphs()
     if cut:
         defer.flush("backward", sync=False)
     try:
         with torch.autograd.set_multithreading_enabled(False):
             return _orig(t_outputs, *args, **kwargs)
     finally:  # also when backward raises: every "backward" cut has its "backward_end"
-        if defer.CUT_AT_BACKWARD and defer.pending_ops():
+        if defer.CUT_AT_BACKWARD and defer.pending_ops() and not defer.holds_graphs():
             defer.flush("backward_end", sync=False)
 
 

@@ -64,7 +64,8 @@ warnings.filterwarnings("ignore", message="Some donated buffers were not usable"
 class Segment:
     """Ops recorded since the last flush (on one device)."""
 
-    __slots__ = ("index", "thread", "inputs", "input_ids", "dyn", "nodes", "key", "lazies")
+    __slots__ = ("index", "thread", "inputs", "input_ids", "dyn", "nodes", "key", "lazies",
+                 "graphs", "written")
 
     def __init__(self, index, thread):
         self.index = index
@@ -75,6 +76,8 @@ class Segment:
         self.nodes = []  # (traced fn, input refs, number of dyn values, executables.Executable)
         self.key = []  # structure, for the compiled-segment cache
         self.lazies = []  # weakref to each node output's Lazy, with (node, out)
+        self.graphs = set()  # serials of the compiled-graph nodes recorded (record_graph)
+        self.written = set()  # positions in inputs of arrays whose storage a graph rewrote
 
 
 def _out_avals(ex, arrays, dyn):
@@ -160,6 +163,50 @@ def record_arrays(ex, arrays, dyn, index=None):
         return outs
 
 
+def record_graph(ex, arrays, dyn, index, written=()):
+    """Record a compiled graph's call (``torchtpu.compile.graph``'s stitching) as one
+    node: ``ex`` the graph's executable for this input layout (an
+    :class:`~torchtpu.eager.executables.Executable` whose ``traced`` is the graph's pure
+    function), ``arrays`` its storage arrays (concrete or Lazy values of the pending
+    segment), ``dyn`` its host values and RNG keys.  A graph already recorded in the
+    pending segment starts a new one first (cause ``"step_boundary"``, not a host sync):
+    a training loop's segment is one step, whose structure repeats, so its fused program
+    is compiled once.  ``written``: the positions in ``arrays`` of the storages the graph
+    writes: their old arrays are donated when the segment runs, copied first where
+    something else still holds them (so the donated inputs, part of the compiled
+    program's key, are the same from the first step on).  Returns the Lazy values of the
+    graph's results."""
+    with _LOCK:
+        seg = _current
+        if seg is not None and ex.serial in seg.graphs:
+            flush("step_boundary", sync=False)
+        outs = record_arrays(ex, arrays, dyn, index)
+        seg = _current
+        if seg is not None:  # (None: the segment limit ran it already)
+            seg.graphs.add(ex.serial)
+            ids = seg.input_ids
+            for j in written:
+                k = ids.get(id(arrays[j]))
+                if k is not None:  # (not a pending value of this segment)
+                    seg.written.add(k)
+        return outs
+
+
+def starts_step(ex) -> bool:
+    """Whether recording compiled graph ``ex`` (:func:`record_graph`) starts a new
+    segment: the pending one holds it already (the next training step)."""
+    seg = _current
+    return seg is not None and ex.serial in seg.graphs
+
+
+def holds_graphs() -> bool:
+    """Whether the pending segment holds a compiled graph's call: a backward pass then
+    does not end it (the forward graph, the backward graph and the optimizer update run
+    as one program)."""
+    seg = _current
+    return seg is not None and bool(seg.graphs)
+
+
 def pending_ops() -> int:
     """Number of ops recorded and not run yet."""
     return 0 if _current is None else len(_current.nodes)
@@ -191,9 +238,17 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         inflight.clear_last()  # (it would hold references to the inputs)
         inputs = seg.inputs
         seg.inputs = None
-        donate = tuple(i for i in range(len(inputs)) if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED)
-        key = (tuple(seg.key), tuple((n, o) for _, n, o in live), donate)
+        donate = tuple(i for i in range(len(inputs))
+                       if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED or i in seg.written)
+        if seg.written:
+            _own(inputs, seg.written)
+        skey = tuple(seg.key)
+        live_keys = tuple((n, o) for _, n, o in live)
+        key = (skey, live_keys, donate)
         fn = _CACHE.get(key)
+        outs = live_keys  # the values the program returns (a superset of the live ones)
+        if fn is None and seg.graphs:
+            fn, outs = _graph_variant(skey, live_keys, donate)
         M.segments_run += 1
         M.segment_ops += len(seg.nodes)
         M.donated_buffers += len(donate)
@@ -217,19 +272,74 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         del inputs
         if fn is None:
             M.segment_cache_misses += 1
-            fn = _CACHE.put(key, _build(seg, [(n, o) for _, n, o in live], donate,
-                                      len(donated) + len(kept)))
+            fn = _CACHE.put((skey, outs, donate),
+                            _build(seg, list(outs), donate, len(donated) + len(kept)))
+            if seg.graphs:
+                _VARIANTS.setdefault((skey, donate), []).append(outs)
             t0 = time.perf_counter()
             with _metrics.compile_kind("segment"):
                 results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+            dt = time.perf_counter() - t0
             M.compiles += 1
-            M.compile_seconds += time.perf_counter() - t0
+            M.compile_seconds += dt
+            if seg.graphs:  # compiled graphs' program (torchtpu.compile.graph's stitching)
+                M.compile["executables"] += 1
+                M.compile["xla_seconds"] += dt
         else:
             M.segment_cache_hits += 1
-            _CACHE.move_to_end(key)
+            _CACHE.move_to_end((skey, outs, donate))
             results = fn(donated, kept, _pack(seg.dyn, fn.groups))
         inflight.dispatched(results)
+        if outs is not live_keys:  # a program returning more: the live ones, in order
+            pos = {k: i for i, k in enumerate(outs)}
+            results = [results[pos[k]] for k in live_keys]
         _assign(live, results)
+
+
+# Segments holding compiled graphs (stitched training steps): a step's structure repeats,
+# but which of its results are still referenced when it runs depends on the user's code
+# (``out = step()`` keeps the last loss, ``step()`` drops it), and each such pattern
+# would compile the whole step again.  So a program returning a superset of the live
+# values serves a segment too, and a new pattern is compiled returning the union of its
+# values and those of the last program of the same structure: at most a few compiles.
+_VARIANTS: dict = {}  # (structure, donated inputs) -> [returned (node, out) tuples]
+
+
+def _graph_variant(skey, live_keys, donate):
+    """``(program, returned values)`` of a cached program for segment structure ``skey``
+    with donated inputs ``donate`` that returns every value of ``live_keys``; else
+    ``(None, values to compile for)``: ``live_keys`` united with the last program's."""
+    variants = _VARIANTS.get((skey, donate))
+    if not variants:
+        return None, live_keys
+    need = set(live_keys)
+    for outs in reversed(variants):
+        if need <= set(outs):
+            fn = _CACHE.get((skey, outs, donate))
+            if fn is not None:
+                return fn, outs
+    if len(variants) > 8:
+        del variants[0]
+    return None, tuple(sorted(need | set(variants[-1])))
+
+
+_COPY = None
+
+
+def _own(inputs, written) -> None:
+    """Replace each input at a position in ``written`` that something besides the segment
+    still holds (another storage sharing the array, a user's ``to_jax`` result) by a
+    copy (one dispatch for all), which the segment then takes as a donated buffer."""
+    global _COPY
+    shared = [i for i in written if sys.getrefcount(inputs[i]) > _REFS_IF_UNUSED]
+    if not shared:
+        return
+    if _COPY is None:
+        jax = runtime.jax()
+        _COPY = jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
+    M.compile["donation_copies"] += len(shared)
+    for i, x in zip(shared, _COPY([inputs[i] for i in shared])):
+        inputs[i] = x
 
 
 def _assign(live, results):

@@ -422,7 +422,8 @@ class LoweredPlan:
         key = tuple(c.key)
         ex = _ex.CACHE.get(key)
         if ex is None:
-            if _buckets.ON[0] and not CONFIG.defer and not _padded._ACTIVE[0]:
+            if _buckets.ON[0] and not CONFIG.defer and not _padded._ACTIVE[0] \
+                    and not c.stitched:
                 # (a padded sequence's capacity call is shape-generic already)
                 # an op churning through shapes: an executable shared by a bucket of sizes
                 with _metrics.compile_kind("bucket"):
@@ -451,13 +452,13 @@ class LoweredPlan:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
             return self(args, kwargs)
-        if hot is not None:
+        if hot is not None and not c.stitched:
             e = _hot.entry(hot, c, ex)
             if e is not None:  # the next such call takes the hot path
                 if len(self.hot) >= _hot.TABLE_LIMIT:
                     self.hot.clear()
                 self.hot[hot[0]] = e
-        if CONFIG.defer:
+        if CONFIG.defer or c.stitched:  # (stitched: see keying.SHAPE_ONLY)
             outs = _defer.record(ex, c)
             if ex.check_info:
                 _PENDING.append((outs[-1], ex.check_info, self.op))

@@ -40,7 +40,7 @@ class Call:
     """Gathers the dynamic inputs and the cache key of one op call."""
 
     __slots__ = ("arrays", "slots", "sdatas", "dyn", "key", "index", "first_dev", "offs",
-                 "padded", "grow_ok", "regather", "pending")
+                 "padded", "grow_ok", "regather", "pending", "stitched")
 
     def __init__(self, dynamic_offsets=True):
         self.arrays = []
@@ -60,6 +60,9 @@ class Call:
         self.regather = False  # a Grown storage was cut after its slot was taken
         # an input array is a pending first call's value (eager.async_compile)
         self.pending = False
+        # (STRICT) an input is a pending value of a segment of stitched compiled graphs
+        # that this op reads for its shape only: the op is recorded into that segment
+        self.stitched = False
 
     def unpad(self):
         """Replace bucket-padded input arrays by their storages' own arrays (a call
@@ -114,11 +117,14 @@ class Call:
             j = len(self.arrays)
             self.slots[cid] = j
             self.sdatas.append(sd)
-            a = input_array(sd, writeonly)
+            a = input_array(sd, writeonly, op in SHAPE_ONLY)
             if a.__class__ is _st.Padded:
                 self.padded = True
             elif a.__class__ is _st.Lazy:
-                self.pending = True
+                if a.node is _st.ASYNC:
+                    self.pending = True
+                elif not CONFIG.defer:
+                    self.stitched = True
             self.arrays.append(a)
         elif self.arrays[j] is None and not writeonly:
             a = self.arrays[j] = input_array(sd, False)
@@ -137,10 +143,21 @@ class Call:
             self.key.append((j, spec))
 
 
-def input_array(sd, writeonly):
+# Ops whose results depend on an input's shape, dtype and device only (autograd's loss
+# seed ``ones_like(loss)``): in STRICT, such an op reading a pending value of a segment of
+# stitched compiled graphs (``torchtpu.compile.graph``'s STITCH) is recorded into that
+# segment instead of running it first, so a training step's forward graph, loss seed,
+# backward graph and update stay one program.
+SHAPE_ONLY = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in ("ones_like", "zeros_like", "empty_like", "full_like"))
+
+
+def input_array(sd, writeonly, shape_only=False):
     """The storage array to pass to an executable: concrete, or a pending ``Lazy`` value
-    (DeferAndFuse's, or in STRICT an asynchronous first call's); ``None`` for an
-    uninitialized storage (``torch.empty``)."""
+    (DeferAndFuse's, in STRICT an asynchronous first call's, or a stitched segment's
+    that a ``shape_only`` op reads); ``None`` for an uninitialized storage
+    (``torch.empty``)."""
     a = sd.arr
     if a is None:  # uninitialized: the executable makes the zeros it reads, if any
         return None
@@ -154,7 +171,7 @@ def input_array(sd, writeonly):
             # DeferAndFuse take arrays
             if CONFIG.defer or CONFIG.debug_sync:
                 a = sd.get()
-        elif not CONFIG.defer:
+        elif not CONFIG.defer and not (shape_only and a.seg.graphs and not CONFIG.debug_sync):
             a = sd.get()
     # (an eager.buckets Padded array is returned as is: kept for a bucketed call, cut to
     # the storage's own array otherwise, see Call.unpad)
