@@ -30,6 +30,9 @@ class Metrics:
         lowered_ops: ops run through a compiled per-op executable.
         hot_path_calls: of those, calls that took strict eager's hot path
             (``torchtpu.eager.hotpath``: executable known from the call's hot key).
+        stitched_ops: of ``lowered_ops``, STRICT ops recorded into a segment of stitched
+            compiled graphs instead of launched (``eager.keying.SHAPE_ONLY``: autograd's
+            loss seed).
         decomposed_ops: ops run through a PyTorch decomposition.
         view_ops: view ops (metadata only, no device work) that went through Python;
             ``as_strided``/``view`` run in C++ once the native helper is loaded
@@ -177,6 +180,7 @@ class Metrics:
         self.ops_dispatched = 0
         self.lowered_ops = 0
         self.hot_path_calls = 0
+        self.stitched_ops = 0
         self.decomposed_ops = 0
         self.view_ops = 0
         self.cache_hits = 0

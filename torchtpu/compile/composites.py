@@ -16,6 +16,8 @@ AOTAutograd applies.
   as PyTorch builds them).
 - ``cholesky_solve``: the batch dimensions of both operands broadcast, then
   ``_cholesky_solve_helper`` (which the lowering table has).
+- ``_foreach_norm.Scalar`` (``clip_grad_norm_``): one ``linalg_vector_norm`` per tensor,
+  PyTorch's per-tensor fallback.
 - ``masked_scatter_backward``: a running count places the selected gradient elements
   (static shapes, where PyTorch's kernel reads a count from the values).
 - ``_trilinear`` (``torch.nn.functional.bilinear``): two products summed over the
@@ -142,9 +144,17 @@ def masked_scatter_backward(grad, mask, sizes):
     return out[:numel].view(sizes)
 
 
+def foreach_norm(self, ord=2, dtype=None):
+    """``torch._foreach_norm`` (``clip_grad_norm_``'s per-gradient norms): one
+    ``linalg_vector_norm`` per tensor, as PyTorch's own per-tensor fallback computes it
+    (eager tpu runs that fallback; a graph keeps the foreach op whole)."""
+    return [aten.linalg_vector_norm.default(t, ord, dtype=dtype) for t in self]
+
+
 def decompositions() -> dict:
     """``{OpOverload: function}`` of this module's decompositions."""
-    return {aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
+    return {aten._foreach_norm.Scalar: foreach_norm,
+            aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
             aten.cholesky_solve.default: cholesky_solve,
             aten._trilinear.default: trilinear,
             aten.masked_scatter_backward.default: masked_scatter_backward}

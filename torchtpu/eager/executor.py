@@ -459,6 +459,8 @@ class LoweredPlan:
                     self.hot.clear()
                 self.hot[hot[0]] = e
         if CONFIG.defer or c.stitched:  # (stitched: see keying.SHAPE_ONLY)
+            if c.stitched:
+                M.stitched_ops += 1
             outs = _defer.record(ex, c)
             if ex.check_info:
                 _PENDING.append((outs[-1], ex.check_info, self.op))
