@@ -46,13 +46,15 @@ def _check_train_row(r, name, cols, steps, warmup):
     assert 0 < c["our_share_of_first_call"] <= 1
     assert c["recompiles_after_first_step"] == 0 and c["executables_after_first_step"] == 0
     assert c["timed_steps_after_first"] == c["steps_run"] - 1
+    # forward+loss, loss seed, backward and update stitched: one XLA program per step
+    assert c["programs_per_step"] == 1, c
     for col, v in r["columns"].items():  # warm: nothing was built while timing
         assert v["warmup_settled"] and v["built_while_timing"] == 0, (col, v)
     if "compiled_step" in r["columns"]:
         # the whole step compiled: no recompiles, and the flag it sets for Dynamo restored
         w = r["columns"]["compiled_step"]
         assert w["recompiles_after_first_step"] == 0 and w["executables_after_first_step"] == 0
-        assert w["graph_calls_per_step"] >= 1
+        assert w["graph_calls_per_step"] >= 1 and w["programs_per_step"] == 1, w
         assert torch._dynamo.config.trace_autograd_ops is False
 
 

@@ -134,6 +134,20 @@ def test_trainer_default_args_trains_on_tpu_like_cpu(tmp_path):
     torch.testing.assert_close(tpu, cpu, rtol=1e-5, atol=1e-5)
 
 
+def test_trainer_torch_compile_on_tpu_like_cpu(tmp_path):
+    # torch_compile=True: accelerate compiles the model with backend="inductor", which
+    # torchtpu compiles with "tpu" (a warning); the training graphs stitched per step
+    torch._dynamo.reset()
+    try:
+        with pytest.warns(UserWarning, match='backend="tpu"'):
+            tpu = _trainer_losses(tmp_path, use_cpu=False, torch_compile=True)
+    finally:
+        torch._dynamo.reset()
+    cpu = _trainer_losses(tmp_path, use_cpu=True)
+    assert len(tpu) == 3
+    torch.testing.assert_close(tpu, cpu, rtol=1e-5, atol=1e-5)
+
+
 def test_trainer_bf16_on_tpu_like_cpu_bf16(tmp_path):
     tpu = _trainer_losses(tmp_path, use_cpu=False, bf16=True)
     cpu = _trainer_losses(tmp_path, use_cpu=True, bf16=True)

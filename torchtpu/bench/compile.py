@@ -327,6 +327,14 @@ def _time(step, steps, warmup, sync):
             "loss_step": loss_step, "steps_run": w["steps"] + ROUNDS * steps}
 
 
+def _launches(m) -> int:
+    """XLA programs launched so far in STRICT, from ``torchtpu.metrics()`` ``m``: per-op
+    executables (less the ops recorded into stitched segments), DeferAndFuse segments
+    run (a stitched training step is one), and graphs launched on their own."""
+    return (m["lowered_ops"] - m["stitched_ops"] + m["segments_run"]
+            + m["compile"]["graph_launches"])
+
+
 def _na(e):
     msg = str(e).strip().splitlines()
     return f"n/a: {type(e).__name__}: {msg[0][:200] if msg else ''}"
@@ -338,7 +346,9 @@ def train_row(name, steps=None, warmup=3, columns=COLUMNS):
     batch.  Returns ``{"row", "steps", "warmup", "columns": {col: {...} or "n/a: why"},
     "ratio_to_jax": {col: x}}``; the ``compiled`` column adds ``compile_split_s``,
     ``our_share_of_first_call``, ``persistent_cache_hits_first_call``,
-    ``recompiles_after_first_step`` and ``executables_after_first_step``."""
+    ``recompiles_after_first_step``, ``executables_after_first_step``,
+    ``graph_calls_per_step`` and ``programs_per_step`` (XLA programs launched per step
+    after the first: one for a stitched step)."""
     import torchtpu
 
     if warmup < 1:
@@ -406,6 +416,7 @@ def train_row(name, steps=None, warmup=3, columns=COLUMNS):
                 executables_after_first_step=c2["executables"] - c1["executables"],
                 graph_calls_per_step=(c2["graph_calls"] - c1["graph_calls"])
                 / (r["steps_run"] - 1),
+                programs_per_step=(_launches(m2) - _launches(m1)) / (r["steps_run"] - 1),
                 timed_steps_after_first=r["steps_run"] - 1)
             res[col] = r
             torch._dynamo.reset()
@@ -655,6 +666,10 @@ def print_tables(out, file=None):
             f"{c} {v['graph_calls_per_step']:.0f}" for c, v in r["columns"].items()
             if isinstance(v, dict) and "graph_calls_per_step" in v) for r in train]
         p("\nCompiled-graph calls per step: " + "; ".join(calls))
+        progs = [f"{r['row']}: " + ", ".join(
+            f"{c} {v['programs_per_step']:.1f}" for c, v in r["columns"].items()
+            if isinstance(v, dict) and "programs_per_step" in v) for r in train]
+        p("\nXLA programs launched per step (stitched graphs, eager ops): " + "; ".join(progs))
         p("\nFirst-call seconds per column: " + "; ".join(
             f"{r['row']}: " + ", ".join(f"{c} {v['first_call_s']:.1f}"
                                         for c, v in r["columns"].items() if isinstance(v, dict))

@@ -14,9 +14,13 @@ same wrapper.  PyTorch 2.13 resolves a missing backend through
 (an import hook: Dynamo is not imported before the first ``torch.compile``) we set the
 default to ``"inductor"`` as a string of a marker type, and register the ``"tpu"``
 backend.  The wrapper's constructor reads which string its caller (``torch.compile``)
-held: the marker routes tpu graphs to ``"tpu"``; an explicit ``backend="inductor"``
-with ``tpu`` inputs raises a ``RuntimeError`` naming ``backend="tpu"``.  Where that cannot
-be determined (another caller builds the wrapper), the graph is routed to ``"tpu"``.
+held: the marker routes tpu graphs to ``"tpu"`` silently; an explicit
+``backend="inductor"`` with ``tpu`` inputs is routed to ``"tpu"`` too, with a warning
+(once per process) naming ``backend="tpu"``: frameworks write that string for "compile
+with the defaults" (accelerate's ``DynamoBackend`` has no other name for it, so HF
+``Trainer(torch_compile=True)`` passes ``backend="inductor"``), and Inductor has no code
+generator for our device.  Where the caller cannot be determined (another caller builds
+the wrapper), the graph is routed to ``"tpu"``.
 
 Installed by ``torchtpu._device.register()`` (cheap: imports nothing from Dynamo).
 Checked against torch 2.13-2.15; other versions get a warning and no routing.
@@ -149,10 +153,11 @@ def install() -> None:
     def __call__(self, model_, inputs_, **kwargs):
         if _has_tpu_input(inputs_):
             if getattr(self, "_torchtpu_explicit", False):
-                raise RuntimeError(
+                warnings.warn(
                     'torch.compile(..., backend="inductor") got a graph with inputs on the '
-                    'tpu device; Inductor does not compile for tpu. Use backend="tpu" (or no '
-                    'backend: graphs on tpu tensors then go to the tpu backend).')
+                    'tpu device; Inductor does not compile for tpu, so the graph is compiled '
+                    'by backend="tpu" (name it, or no backend, to silence this)',
+                    stacklevel=2)
             from torchtpu.compile.backend import tpu_backend
 
             return tpu_backend(model_, inputs_)
