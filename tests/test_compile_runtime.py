@@ -210,3 +210,91 @@ def test_graph_with_nothing_to_compute_launches_no_executable_and_aliases_as_cpu
     # two graphs per call (x * 2; the views): only the first launches an executable
     assert c["graph_calls"] == 2 * 3, c
     assert c["launch_free_calls"] == 3, c
+
+
+# ------------------------------------------------------------------ stitching's edges
+def test_graph_with_no_device_work_still_updates_its_cpu_inputs(stitch):
+    # every output a host value or a view of an input: no program to record, but the
+    # in-place writes into CPU inputs (computed on the host) must happen, as on CPU
+    @torch.compile(backend="tpu")
+    def bump(c):
+        c.add_(1)
+        return c * 2
+
+    @torch.compile(backend="tpu")
+    def count(x, counter):
+        counter.add_(1)
+        return x.view(-1)
+
+    c, counter = torch.zeros(()), torch.zeros(())
+    assert [float(bump(c)) for _ in range(3)] == [2.0, 4.0, 6.0]
+    assert float(c) == 3.0
+    x = torch.randn(2, 3)
+    for _ in range(3):
+        out = count(x.to("tpu"), counter)
+    assert float(counter) == 3.0
+    _close(out, x.view(-1))
+
+
+def test_a_step_whose_program_fails_leaves_the_parameters_as_they_were(monkeypatch):
+    from torchtpu.eager import defer
+
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = m(x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    cs = torch.compile(step, backend="tpu")
+    x = torch.randn(2, 4).to("tpu")
+    cs(x)
+    torch.tpu.synchronize()
+    before = [p.detach().cpu().clone() for p in m.parameters()]
+
+    def failing(*a, **k):  # as an XLA out-of-memory or compile error would
+        raise RuntimeError("RESOURCE_EXHAUSTED: simulated")
+
+    monkeypatch.setattr(defer, "_build", failing)
+    monkeypatch.setattr(defer, "_CACHE", type(defer._CACHE)(share=0.25))
+    monkeypatch.setattr(defer, "_VARIANTS", {})
+    loss = cs(x)
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        float(loss)
+    # the failed step's update never happened: the parameters are the old ones, usable
+    for p, b in zip(m.parameters(), before):
+        torch.testing.assert_close(p.detach().cpu(), b, rtol=0, atol=0)
+    # its other values raise the failure's story when read
+    with pytest.raises(RuntimeError, match="never computed.*RESOURCE_EXHAUSTED"):
+        float(loss)
+    monkeypatch.undo()
+    ref = copy.deepcopy(m).cpu()
+    ref_loss = ref(x.cpu()).pow(2).sum()
+    _close(cs(x), ref_loss)
+
+
+def test_memory_allocated_counts_a_result_a_later_graph_rewrites():
+    @torch.compile(backend="tpu")
+    def init(x):
+        return x * 2
+
+    @torch.compile(backend="tpu")
+    def upd(b, x):
+        b.add_(x)
+
+    x = torch.randn(64, 64).to("tpu")
+    torch.tpu.synchronize()
+    m0 = torch.tpu.memory_allocated()
+    bufs = []
+    for _ in range(3):
+        b = init(x)
+        upd(b, x)  # (b's storage: made by one node of the segment, rewritten by the next)
+        bufs.append(b)
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() - m0 == 3 * 64 * 64 * 4
+    for b in bufs:
+        _close(b, x.cpu() * 3)

@@ -196,8 +196,13 @@ def settle(lz):
     if lz.value is None:
         if lz.node is ASYNC:
             lz.seg.wait()
-        else:
+        elif lz.error is None:
             _MATERIALIZE()  # eager.defer runs the pending segment (a sync point)
+        if lz.value is None and lz.error is not None:
+            raise RuntimeError(
+                f"torchtpu: this tensor's value was never computed: the deferred program "
+                f"that was to compute it failed ({type(lz.error).__name__}: "
+                f"{str(lz.error)[:300]})") from lz.error
     return lz.value
 
 
@@ -230,10 +235,12 @@ class Lazy:
     (``eager.async_compile``): ``seg`` is its job, ``out`` the result's JAX weak type, and
     ``value`` is set by the worker thread (:func:`settle` waits for it)."""
 
-    __slots__ = ("seg", "node", "out", "shape", "dtype", "value", "owner", "__weakref__")
+    __slots__ = ("seg", "node", "out", "shape", "dtype", "value", "owner", "error",
+                 "__weakref__")
 
     def __init__(self, seg, node, out, shape, dtype):
         self.owner = None  # weakref to the StorageData holding it
+        self.error = None  # why its segment never computed it (it failed to compile or run)
         self.seg = seg
         self.node = node
         self.out = out

@@ -692,7 +692,8 @@ class GraphExecutable:
                     cls = sd.arr.__class__
                     if cls not in _NOT_CONCRETE:
                         arrays.append(sd.arr)
-                    elif cls is _Lazy and stitch and sd.arr.node is not _st.ASYNC:
+                    elif cls is _Lazy and stitch and sd.arr.node is not _st.ASYNC \
+                            and (sd.arr.seg is not None or sd.arr.value is not None):
                         # a pending DeferAndFuse value (an earlier stitched graph's
                         # result): read in the same segment, or its value once run
                         arrays.append(sd.arr if sd.arr.value is None else sd.arr.value)
@@ -745,6 +746,8 @@ class GraphExecutable:
                 node, n_new, written, check_info, assemble = st
                 if node is None:  # nothing to compute (see _prepare): no node
                     c["launch_free_calls"] += 1
+                    if late:
+                        self._late(args, late)
                     return assemble((), storages, args, houts, index)
                 if len(inflight.PENDING_CHECKS) > inflight.CHECK_LIMIT \
                         and defer.starts_step(node):
@@ -752,15 +755,14 @@ class GraphExecutable:
                     # step boundary, not in the middle of the step's segment
                     defer.flush("step_boundary", sync=False)
                     host_reads.check_pending()
-                outs = defer.record_graph(node, arrays, (*host_vals, *keys), index, written)
+                outs = defer.record_graph(node, arrays, (*host_vals, *keys), index, written,
+                                          [sdatas[j] for j in written], n_new)
                 c["stitched_calls"] += 1
                 del arrays
                 if late:
                     self._late(args, late)
                 if check_info:  # (a Lazy flag array: verified at the next sync point)
                     inflight.add_check(outs[-1], check_info, f"compiled graph {self.name}")
-                for j, arr in zip(written, outs[n_new:]):
-                    sdatas[j].arr = arr
                 return assemble(outs, storages, args, houts, index)
         if lazy or (stitch and defer.pending_ops()):
             # launched on its own (device-side checks, a bucketed decoding step): the

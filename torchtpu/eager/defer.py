@@ -65,7 +65,7 @@ class Segment:
     """Ops recorded since the last flush (on one device)."""
 
     __slots__ = ("index", "thread", "inputs", "input_ids", "dyn", "nodes", "key", "lazies",
-                 "graphs", "written")
+                 "graphs", "written", "restores")
 
     def __init__(self, index, thread):
         self.index = index
@@ -78,6 +78,9 @@ class Segment:
         self.lazies = []  # weakref to each node output's Lazy, with (node, out)
         self.graphs = set()  # serials of the compiled-graph nodes recorded (record_graph)
         self.written = set()  # positions in inputs of arrays whose storage a graph rewrote
+        # (storage, its new Lazy, its old value: an input position or an earlier Lazy of
+        # this segment) per storage a graph rewrote: put back if the segment fails
+        self.restores = []
 
 
 def _out_avals(ex, arrays, dyn):
@@ -163,7 +166,7 @@ def record_arrays(ex, arrays, dyn, index=None):
         return outs
 
 
-def record_graph(ex, arrays, dyn, index, written=()):
+def record_graph(ex, arrays, dyn, index, written=(), sdatas=(), n_new=0):
     """Record a compiled graph's call (``torchtpu.compile.graph``'s stitching) as one
     node: ``ex`` the graph's executable for this input layout (an
     :class:`~torchtpu.eager.executables.Executable` whose ``traced`` is the graph's pure
@@ -172,9 +175,11 @@ def record_graph(ex, arrays, dyn, index, written=()):
     pending segment starts a new one first (cause ``"step_boundary"``, not a host sync):
     a training loop's segment is one step, whose structure repeats, so its fused program
     is compiled once.  ``written``: the positions in ``arrays`` of the storages the graph
-    writes: their old arrays are donated when the segment runs, copied first where
-    something else still holds them (so the donated inputs, part of the compiled
-    program's key, are the same from the first step on).  Returns the Lazy values of the
+    writes, ``sdatas`` those storages (``StorageData``), given their new values here (the
+    graph's results after its ``n_new`` new storages); their old arrays are donated when
+    the segment runs, copied first where something else still holds them (so the donated
+    inputs, part of the compiled program's key, are the same from the first step on), and
+    put back if the segment fails to compile or run.  Returns the Lazy values of the
     graph's results."""
     with _LOCK:
         seg = _current
@@ -184,11 +189,17 @@ def record_graph(ex, arrays, dyn, index, written=()):
         seg = _current
         if seg is not None:  # (None: the segment limit ran it already)
             seg.graphs.add(ex.serial)
-            ids = seg.input_ids
-            for j in written:
-                k = ids.get(id(arrays[j]))
-                if k is not None:  # (not a pending value of this segment)
-                    seg.written.add(k)
+        ids = seg.input_ids if seg is not None else None
+        for j, sd, lz in zip(written, sdatas, outs[n_new:]):
+            if lz.value is not None:  # (its segment ran already)
+                sd.arr = lz.value
+                continue
+            k = ids.get(id(arrays[j]))
+            if k is not None:  # (else a pending value of this segment)
+                seg.written.add(k)
+            seg.restores.append((_wref(sd), lz, sd.arr if k is None else k))
+            sd.arr = lz
+            lz.owner = _wref(sd)  # (counted and resolved when the segment runs)
         return outs
 
 
@@ -256,44 +267,53 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
             M.sync(cause)
         else:
             M.segment_cuts[cause] += 1
-        if fn is None and _churning(seg, key):
-            # a family that keeps meeting new shapes: its ops run one by one through their
-            # per-op executables (shared with STRICT and across steps), no fused compile
-            M.segment_cache_misses += 1
-            M.defer_adaptive["segments_replayed"] += 1
-            M.defer_adaptive["ops_replayed"] += len(seg.nodes)
-            results = _replay(seg, inputs, [(n, o) for _, n, o in live])
-            inflight.dispatched(results)
-            _assign(live, results)
-            return
-        dset = set(donate)
-        donated = [inputs[i] for i in donate]
-        kept = [a for i, a in enumerate(inputs) if i not in dset]
-        del inputs
-        if fn is None:
-            M.segment_cache_misses += 1
-            fn = _CACHE.put((skey, outs, donate),
-                            _build(seg, list(outs), donate, len(donated) + len(kept)))
-            if seg.graphs:
-                _VARIANTS.setdefault((skey, donate), []).append(outs)
-            t0 = time.perf_counter()
-            with _metrics.compile_kind("segment"):
-                results = fn(donated, kept, _pack(seg.dyn, fn.groups))
-            dt = time.perf_counter() - t0
-            M.compiles += 1
-            M.compile_seconds += dt
-            if seg.graphs:  # compiled graphs' program (torchtpu.compile.graph's stitching)
-                M.compile["executables"] += 1
-                M.compile["xla_seconds"] += dt
-        else:
-            M.segment_cache_hits += 1
-            _CACHE.move_to_end((skey, outs, donate))
-            results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+        try:
+            _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn)
+        except BaseException as e:
+            _failed(seg, inputs, live, e)
+            raise
+
+
+def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
+    """Compile (or find) and run segment ``seg``'s program; its values to ``live``."""
+    if fn is None and _churning(seg, key):
+        # a family that keeps meeting new shapes: its ops run one by one through their
+        # per-op executables (shared with STRICT and across steps), no fused compile
+        M.segment_cache_misses += 1
+        M.defer_adaptive["segments_replayed"] += 1
+        M.defer_adaptive["ops_replayed"] += len(seg.nodes)
+        results = _replay(seg, inputs, [(n, o) for _, n, o in live])
         inflight.dispatched(results)
-        if outs is not live_keys:  # a program returning more: the live ones, in order
-            pos = {k: i for i, k in enumerate(outs)}
-            results = [results[pos[k]] for k in live_keys]
         _assign(live, results)
+        return
+    dset = set(donate)
+    donated = [inputs[i] for i in donate]
+    kept = [a for i, a in enumerate(inputs) if i not in dset]
+    del inputs
+    if fn is None:
+        M.segment_cache_misses += 1
+        fn = _CACHE.put((skey, outs, donate),
+                        _build(seg, list(outs), donate, len(donated) + len(kept)))
+        if seg.graphs:
+            _VARIANTS.setdefault((skey, donate), []).append(outs)
+        t0 = time.perf_counter()
+        with _metrics.compile_kind("segment"):
+            results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+        dt = time.perf_counter() - t0
+        M.compiles += 1
+        M.compile_seconds += dt
+        if seg.graphs:  # compiled graphs' program (torchtpu.compile.graph's stitching)
+            M.compile["executables"] += 1
+            M.compile["xla_seconds"] += dt
+    else:
+        M.segment_cache_hits += 1
+        _CACHE.move_to_end((skey, outs, donate))
+        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+    inflight.dispatched(results)
+    if outs is not live_keys:  # a program returning more: the live ones, in order
+        pos = {k: i for i, k in enumerate(outs)}
+        results = [results[pos[k]] for k in live_keys]
+    _assign(live, results)
 
 
 # Segments holding compiled graphs (stitched training steps): a step's structure repeats,
@@ -321,6 +341,22 @@ def _graph_variant(skey, live_keys, donate):
     if len(variants) > 8:
         del variants[0]
     return None, tuple(sorted(need | set(variants[-1])))
+
+
+def _failed(seg, inputs, live, error) -> None:
+    """Segment ``seg`` failed to compile or run (``error``): each storage a graph rewrote
+    gets its old array back (the parameters and optimizer state of a failed step stay
+    usable, as after a failed launch), and every other value it was to compute raises
+    ``error``'s story when read (``storage.settle``), instead of leaving a storage that
+    holds nothing."""
+    for ref, lz, old in reversed(seg.restores):
+        sd = ref()
+        if sd is not None and sd.arr is lz:
+            sd.arr = inputs[old] if old.__class__ is int else old
+    for lz, _, _ in live:
+        if lz.value is None:
+            lz.seg = None
+            lz.error = error
 
 
 _COPY = None

@@ -171,7 +171,8 @@ def input_array(sd, writeonly, shape_only=False):
             # DeferAndFuse take arrays
             if CONFIG.defer or CONFIG.debug_sync:
                 a = sd.get()
-        elif not CONFIG.defer and not (shape_only and a.seg.graphs and not CONFIG.debug_sync):
+        elif not CONFIG.defer and not (shape_only and a.seg is not None and a.seg.graphs
+                                       and not CONFIG.debug_sync):
             a = sd.get()
     # (an eager.buckets Padded array is returned as is: kept for a bucketed call, cut to
     # the storage's own array otherwise, see Call.unpad)
