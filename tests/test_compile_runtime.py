@@ -298,3 +298,39 @@ def test_memory_allocated_counts_a_result_a_later_graph_rewrites():
     assert torch.tpu.memory_allocated() - m0 == 3 * 64 * 64 * 4
     for b in bufs:
         _close(b, x.cpu() * 3)
+
+
+def test_a_step_whose_loss_fails_a_device_check_updates_nothing():
+    # CPU raises at the loss, before backward and the update; on tpu the check is read at
+    # the next sync point, and the stitched step's program keeps every storage it rewrote
+    torch.manual_seed(0)
+    cpu = nn.Linear(4, 3)
+    tpu = copy.deepcopy(cpu).to("tpu")
+
+    def make(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    step_c, step_t = make(cpu), torch.compile(make(tpu), backend="tpu")
+    x, good, bad = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]), torch.tensor([0, 1, 7, 0, 1])
+    _close(step_t(x.to("tpu"), good.to("tpu")), step_c(x, good))
+    with pytest.raises(IndexError):
+        step_c(x, bad)
+    before = [p.detach().cpu().clone() for p in tpu.parameters()]
+    loss = step_t(x.to("tpu"), bad.to("tpu"))
+    with pytest.raises(IndexError, match="out of bounds"):
+        float(loss)
+    for p, b in zip(tpu.parameters(), before):
+        torch.testing.assert_close(p.detach().cpu(), b, rtol=0, atol=0)
+    for _ in range(2):  # training goes on as on CPU
+        _close(step_t(x.to("tpu"), good.to("tpu")), step_c(x, good))
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p, q)

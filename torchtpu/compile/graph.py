@@ -756,7 +756,8 @@ class GraphExecutable:
                     defer.flush("step_boundary", sync=False)
                     host_reads.check_pending()
                 outs = defer.record_graph(node, arrays, (*host_vals, *keys), index, written,
-                                          [sdatas[j] for j in written], n_new)
+                                          [sdatas[j] for j in written], n_new,
+                                          bool(check_info))
                 c["stitched_calls"] += 1
                 del arrays
                 if late:

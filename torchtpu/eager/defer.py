@@ -65,7 +65,7 @@ class Segment:
     """Ops recorded since the last flush (on one device)."""
 
     __slots__ = ("index", "thread", "inputs", "input_ids", "dyn", "nodes", "key", "lazies",
-                 "graphs", "written", "restores")
+                 "graphs", "written", "restores", "guard")
 
     def __init__(self, index, thread):
         self.index = index
@@ -81,6 +81,9 @@ class Segment:
         # (storage, its new Lazy, its old value: an input position or an earlier Lazy of
         # this segment) per storage a graph rewrote: put back if the segment fails
         self.restores = []
+        # the graphs' device-side check flags, (node, out) each, and their rewritten
+        # storages, ((node, out) of the new value, old value's input position or (node, out))
+        self.guard = ([], [])
 
 
 def _out_avals(ex, arrays, dyn):
@@ -166,7 +169,7 @@ def record_arrays(ex, arrays, dyn, index=None):
         return outs
 
 
-def record_graph(ex, arrays, dyn, index, written=(), sdatas=(), n_new=0):
+def record_graph(ex, arrays, dyn, index, written=(), sdatas=(), n_new=0, checks=False):
     """Record a compiled graph's call (``torchtpu.compile.graph``'s stitching) as one
     node: ``ex`` the graph's executable for this input layout (an
     :class:`~torchtpu.eager.executables.Executable` whose ``traced`` is the graph's pure
@@ -179,8 +182,11 @@ def record_graph(ex, arrays, dyn, index, written=(), sdatas=(), n_new=0):
     graph's results after its ``n_new`` new storages); their old arrays are donated when
     the segment runs, copied first where something else still holds them (so the donated
     inputs, part of the compiled program's key, are the same from the first step on), and
-    put back if the segment fails to compile or run.  Returns the Lazy values of the
-    graph's results."""
+    put back if the segment fails to compile or run.  ``checks``: the graph's last result
+    is its device-side check flags; when one of a segment's graph flags is set, every
+    storage its graphs rewrote keeps its old value (the program selects it), so a step
+    whose loss fails a check (a target out of range) updates nothing, as on CPU, which
+    raises before the update.  Returns the Lazy values of the graph's results."""
     with _LOCK:
         seg = _current
         if seg is not None and ex.serial in seg.graphs:
@@ -189,15 +195,21 @@ def record_graph(ex, arrays, dyn, index, written=(), sdatas=(), n_new=0):
         seg = _current
         if seg is not None:  # (None: the segment limit ran it already)
             seg.graphs.add(ex.serial)
+            if checks:
+                seg.guard[0].append((outs[-1].node, outs[-1].out))
         ids = seg.input_ids if seg is not None else None
         for j, sd, lz in zip(written, sdatas, outs[n_new:]):
             if lz.value is not None:  # (its segment ran already)
                 sd.arr = lz.value
                 continue
             k = ids.get(id(arrays[j]))
-            if k is not None:  # (else a pending value of this segment)
+            old = sd.arr if k is None else k
+            if k is not None:
                 seg.written.add(k)
-            seg.restores.append((_wref(sd), lz, sd.arr if k is None else k))
+                seg.guard[1].append(((lz.node, lz.out), k))
+            elif old.__class__ is _Lazy and old.seg is seg:  # rewritten twice in the segment
+                seg.guard[1].append(((lz.node, lz.out), (old.node, old.out)))
+            seg.restores.append((_wref(sd), lz, old))
             sd.arr = lz
             lz.owner = _wref(sd)  # (counted and resolved when the segment runs)
         return outs
@@ -254,6 +266,8 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         if seg.written:
             _own(inputs, seg.written)
         skey = tuple(seg.key)
+        if seg.guard[0] and seg.guard[1]:
+            skey = (skey, tuple(seg.guard[0]), tuple(seg.guard[1]))
         live_keys = tuple((n, o) for _, n, o in live)
         key = (skey, live_keys, donate)
         fn = _CACHE.get(key)
@@ -517,6 +531,7 @@ def _build(seg, live, donate, n_inputs):
     dset = set(donate)
     kept_idx = [i for i in range(n_inputs) if i not in dset]
     groups, layout = _dyn_layout(seg.dyn)
+    flags, rewrites = seg.guard if seg.guard[0] else ((), ())
 
     def run(donated, kept, packed):
         dyn = [packed[k][off:off + size].reshape(shape) for k, off, size, shape in layout]
@@ -536,6 +551,12 @@ def _build(seg, live, donate, n_inputs):
             d += ndyn
             for i, o in enumerate(outs):
                 vals[(n, i)] = o
+        if rewrites:  # a failed check: the rewritten storages keep their old values
+            jnp = jax.numpy
+            bad = jnp.any(jnp.stack([jnp.any(vals[f]) for f in flags]))
+            for new, old in rewrites:
+                vals[new] = jnp.where(bad, inputs[old] if old.__class__ is int else vals[old],
+                                      vals[new])
         return tuple(vals[k] for k in live)
 
     return _Compiled(
