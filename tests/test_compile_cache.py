@@ -45,12 +45,15 @@ CHILD = textwrap.dedent("""
 
     tpu = run("tpu")
     cpu = run("cpu")
-    print(json.dumps({"tpu": tpu, "cpu": cpu, "compile": torchtpu.metrics()["compile"]}))
+    m = torchtpu.metrics()
+    print(json.dumps({"tpu": tpu, "cpu": cpu, "compile": m["compile"],
+                      "persistent": m["persistent_cache"], "segments": m["segments_run"]}))
 """)
 
 
-def _child(cache_dir):
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir))
+def _child(cache_dir, stitch=True):
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir),
+               TORCHTPU_STITCH_GRAPHS="1" if stitch else "0")
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
                        timeout=600)
@@ -65,9 +68,10 @@ def _assert_close(a, b):
                                torch.tensor(b, dtype=torch.float64), rtol=1e-5, atol=1e-5)
 
 
-def test_second_process_loads_traced_graphs_and_matches_cpu(tmp_path):
-    first = _child(tmp_path)
-    second = _child(tmp_path)
+@pytest.mark.parametrize("stitch", [True, False], ids=["stitched", "launched"])
+def test_second_process_loads_traced_graphs_and_matches_cpu(tmp_path, stitch):
+    first = _child(tmp_path, stitch)
+    second = _child(tmp_path, stitch)
     for r in (first, second):
         _assert_close(r["tpu"][0], r["cpu"][0])  # losses of the 3 steps
         assert r["tpu"][1].keys() == r["cpu"][1].keys()
@@ -79,10 +83,17 @@ def test_second_process_loads_traced_graphs_and_matches_cpu(tmp_path):
     assert first["compile"]["graph_cache_hits"] == 0
     assert second["compile"]["graph_cache_hits"] == first["compile"]["graphs_compiled"]
     assert second["compile"]["recompiles"] == first["compile"]["recompiles"]
-    # their executables are loaded too (no JAX trace, no XLA compile)
-    assert first["compile"]["executable_cache_hits"] == 0
     assert second["compile"]["executables"] == first["compile"]["executables"]
-    assert second["compile"]["executable_cache_hits"] == first["compile"]["executables"]
+    if stitch:
+        # each step's one program (the graphs stitched): compiled through JAX, so the
+        # second process loads it from JAX's persistent cache (after a JAX trace)
+        assert first["segments"] == second["segments"] >= 3
+        assert second["persistent"]["hits"] >= second["compile"]["executables"] >= 1
+        assert second["compile"]["executable_cache_hits"] == 0
+    else:
+        # each graph's executable is loaded too (no JAX trace, no XLA compile)
+        assert first["compile"]["executable_cache_hits"] == 0
+        assert second["compile"]["executable_cache_hits"] == first["compile"]["executables"]
 
 
 def test_graph_cache_off_with_persistent_cache_off():
