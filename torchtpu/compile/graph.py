@@ -29,7 +29,6 @@ import itertools
 import math
 import operator
 import os
-import sys
 import time
 
 import numpy as np
@@ -1626,19 +1625,9 @@ def _own(arrays, slots) -> None:
     of host-to-device copies; a DeferAndFuse value; a user's ``to_jax`` result) is
     replaced in ``arrays`` by a copy (one dispatch for all), which the graph then
     consumes; the storage gets the graph's result either way."""
-    shared = [j for j in slots if sys.getrefcount(arrays[j]) > _REFS_IF_ONLY_STORAGE]
-    if not shared:
-        return
-    global _COPY
-    if _COPY is None:
-        jax = runtime.jax()
-        _COPY = jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
-    M.compile["donation_copies"] += len(shared)
-    for j, x in zip(shared, _COPY([arrays[j] for j in shared])):
-        arrays[j] = x
+    from torchtpu.eager import defer
 
-
-_COPY = None
+    defer.own(arrays, slots, _REFS_IF_ONLY_STORAGE)
 
 
 def _written_input(n, table):

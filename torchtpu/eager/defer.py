@@ -263,8 +263,8 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         seg.inputs = None
         donate = tuple(i for i in range(len(inputs))
                        if sys.getrefcount(inputs[i]) <= _REFS_IF_UNUSED or i in seg.written)
-        if seg.written:
-            _own(inputs, seg.written)
+        if seg.written:  # (written inputs are donated: copied first where shared)
+            own(inputs, seg.written, _REFS_IF_UNUSED)
         skey = tuple(seg.key)
         if seg.guard[0] and seg.guard[1]:
             skey = (skey, tuple(seg.guard[0]), tuple(seg.guard[1]))
@@ -376,20 +376,24 @@ def _failed(seg, inputs, live, error) -> None:
 _COPY = None
 
 
-def _own(inputs, written) -> None:
-    """Replace each input at a position in ``written`` that something besides the segment
-    still holds (another storage sharing the array, a user's ``to_jax`` result) by a
-    copy (one dispatch for all), which the segment then takes as a donated buffer."""
+def own(arrays, positions, refs_if_unused) -> None:
+    """Make ``arrays[i]`` safe to donate for each ``i`` in ``positions``: an array held by
+    more than ``refs_if_unused`` references (counted as ``sys.getrefcount`` sees them
+    here: the list's, the call's own, and those the caller's owner adds) -- another
+    storage sharing it (the by-value cache of small host transfers), a user's ``to_jax``
+    result -- is replaced in ``arrays`` by a copy (one dispatch for all), which the
+    program then takes as a donated buffer.  Counted in
+    ``metrics()["compile"]["donation_copies"]``."""
     global _COPY
-    shared = [i for i in written if sys.getrefcount(inputs[i]) > _REFS_IF_UNUSED]
+    shared = [i for i in positions if sys.getrefcount(arrays[i]) > refs_if_unused]
     if not shared:
         return
     if _COPY is None:
         jax = runtime.jax()
         _COPY = jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
     M.compile["donation_copies"] += len(shared)
-    for i, x in zip(shared, _COPY([inputs[i] for i in shared])):
-        inputs[i] = x
+    for i, x in zip(shared, _COPY([arrays[i] for i in shared])):
+        arrays[i] = x
 
 
 def _assign(live, results):
