@@ -27,10 +27,12 @@ from torchtpu.conformance import models  # noqa: E402
 KNOWN_FAILURES: dict = {}
 
 # DEBUG runs STRICT's executables with a sync and the checks after each op (the OpInfo
-# sweep runs every op in DEBUG): the default run leaves it out of this sweep to keep
-# `make test` within CI's budget; TORCHTPU_FULL_TESTS=1 (make test-full) includes it
+# sweep runs every op in DEBUG), and DEFER_AND_FUSE runs the same lowerings fused (the
+# OpInfo sweep and tests/test_eager_modes.py run it; a compiled step now runs as a fused
+# segment too): the default run leaves both out of this sweep to keep `make test` within
+# CI's budget; TORCHTPU_FULL_TESTS=1 (make test-full) includes them
 MODES = models.MODES if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else tuple(
-    m for m in models.MODES if m != "debug")
+    m for m in models.MODES if m not in ("debug", "defer_and_fuse"))
 
 
 @pytest.fixture(scope="module")
