@@ -741,32 +741,29 @@ class GraphExecutable:
                                                             keys, sdatas, index)
             else:
                 c["cache_hits"] += 1
-            if st is not False:  # recorded: runs fused with what is around it
-                node, n_new, written, check_info, assemble = st
-                if node is None:  # nothing to compute (see _prepare): no node
-                    c["launch_free_calls"] += 1
-                    if late:
-                        self._late(args, late)
-                    return assemble((), storages, args, houts, index)
-                if len(inflight.PENDING_CHECKS) > inflight.CHECK_LIMIT \
-                        and defer.starts_step(node):
-                    # the device-side checks queued so far are verified (a sync) at a
-                    # step boundary, not in the middle of the step's segment
-                    defer.flush("step_boundary", sync=False)
-                    host_reads.check_pending()
-                outs = defer.record_graph(node, arrays, (*host_vals, *keys), index, written,
-                                          [sdatas[j] for j in written], n_new,
-                                          bool(check_info))
-                c["stitched_calls"] += 1
-                del arrays
-                if late:
-                    self._late(args, late)
-                if check_info:  # (a Lazy flag array: verified at the next sync point)
-                    inflight.add_check(outs[-1], check_info, f"compiled graph {self.name}")
-                return assemble(outs, storages, args, houts, index)
+            # recorded: runs fused with what is around it (the host part's copies into
+            # CPU inputs are host work: done now)
+            node, n_new, written, check_info, assemble = st
+            if late:
+                self._late(args, late)
+            if node is None:  # nothing to compute (see _prepare): no node
+                c["launch_free_calls"] += 1
+                return assemble((), storages, args, houts, index)
+            if len(inflight.PENDING_CHECKS) > inflight.CHECK_LIMIT and defer.starts_step(node):
+                # the device-side checks queued so far are verified (a sync) at a step
+                # boundary, not in the middle of the step's segment
+                defer.flush("step_boundary", sync=False)
+                host_reads.check_pending()
+            outs = defer.record_graph(node, arrays, (*host_vals, *keys), index, written,
+                                      [sdatas[j] for j in written], n_new, bool(check_info))
+            c["stitched_calls"] += 1
+            del arrays
+            if check_info:  # (a Lazy flag array: verified at the next sync point)
+                inflight.add_check(outs[-1], check_info, f"compiled graph {self.name}")
+            return assemble(outs, storages, args, houts, index)
         if lazy or (stitch and defer.pending_ops()):
-            # launched on its own (device-side checks, a bucketed decoding step): the
-            # pending segment runs first and the graph reads its values
+            # launched on its own (a bucketed decoding step): the pending segment runs
+            # first and the graph reads its values
             defer.flush("compiled_graph", sync=False)
             arrays = [a.value if a.__class__ is _Lazy else a for a in arrays]
         # one lookup per call: the written input slots (from the layout) and the executable
