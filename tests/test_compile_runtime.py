@@ -334,3 +334,62 @@ def test_a_step_whose_loss_fails_a_device_check_updates_nothing():
         _close(step_t(x.to("tpu"), good.to("tpu")), step_c(x, good))
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p, q)
+
+
+def test_native_input_gather_matches_the_python_loop(stitch, monkeypatch):
+    """The C++ helper's graph_gather gives, call for call, what GraphExecutable._gather
+    gives (one key, the same arrays, storages and device index): views, offsets,
+    transposes, one storage passed twice, CPU tensors and Python numbers, and pending
+    values of a stitched segment.  Every call here runs both and compares."""
+    from torchtpu._tensor import native
+    from torchtpu.compile import graph
+    from torchtpu.eager import executor  # noqa: F401 (it sets the C++ hot path up)
+
+    native.module()
+    (torch.ones(2, device="tpu") + 1).cpu()  # (an eager op: the hot path is set up)
+    assert executor._NATIVE_READY[0]
+    graph._eager_modules()
+    assert graph._GATHER[0] is not None
+    fast = graph._GATHER[0]
+    seen = {"native": 0, "python": 0}
+
+    def both(args, stitch_, async_marker, cpu_key):
+        got = fast(args, stitch_, async_marker, cpu_key)
+        ref = graph.GraphExecutable._gather(None, args, stitch_)
+        if got is None:
+            seen["python"] += 1
+            return None
+        seen["native"] += 1
+        k, arrs, sds, sts, index, lazy = got
+        rk, rarrs, rsds, rsts, rindex, rlazy = ref
+        assert tuple(k) == tuple(rk)
+        assert len(arrs) == len(rarrs) and all(a is b for a, b in zip(arrs, rarrs))
+        assert all(a is b for a, b in zip(sds, rsds))
+        assert [s._cdata for s in sts] == [s._cdata for s in rsts]
+        assert (index, lazy) == (rindex, rlazy)
+        return got
+
+    monkeypatch.setattr(graph, "_GATHER", [both])
+
+    def f(a, b, c, h, n, w):
+        return a * 2 + b.sum() + c[0].max() + h.to(a.device).sum() * n, w.mul_(0.5)
+
+    cf = torch.compile(f, backend="tpu", dynamic=False)
+    base = torch.arange(48.0).reshape(6, 8)
+    t = base.to("tpu")
+    h = torch.ones(3)
+    for a, b, c in [(t, t, t), (t[1:4, 2:6], t.t(), t[2:]), (t[:, ::2], t[1:], t),
+                    (t.view(8, 6)[:6, :], t.view(-1)[:8].view(1, 8), t)]:
+        wc = torch.ones(4)
+        w = wc.to("tpu")
+        ref = f(*(x.cpu() for x in (a, b, c)), h, 3, wc)
+        out = cf(a, b, c, h, 3, w)
+        for o, r in zip(out, ref):
+            _close(o, r)
+        _close(w, wc)
+    # a pending value of the step's segment read by the next graph (stitched)
+    g = torch.compile(lambda x: (x + 1).relu(), backend="tpu")
+    y = g(t)
+    z = g(y)
+    _close(z, (base + 2).relu())
+    assert seen["native"] >= 6

@@ -23,6 +23,8 @@
 //    without per-op Python).
 // 6. register_kernels: the C++ PrivateUse1 kernel of every lowered ATen op (see "C++ op
 //    kernels" below): the hot path's hits run without a Python frame.
+// 7. graph_gather: a compiled graph call's input loop (torchtpu/compile/graph.py,
+//    GraphExecutable._gather says what it does), in one call.
 // 4. register_view_kernels: PrivateUse1 kernels for as_strided and view that are PyTorch's
 //    own CPU ones (metadata only: a TensorImpl on the same storage).  Without them each
 //    view op (x[i], x.view(...)) went C++ -> Python fallback -> CPU kernel, ~13 us; here
@@ -1149,6 +1151,111 @@ bool set_kernel_hot(const std::string& name, py::object plan) {
   return !st->runner.is_none();
 }
 
+// torchtpu.compile.graph.GraphExecutable.__call__'s input loop (graph._gather says what
+// it does; a change there must be made here too), for a compiled graph's every call:
+// (key entries, arrays, StorageData list, storages, device index or None, lazy), or None
+// where the call needs the Python loop: a value it raises an error for (a tensor of
+// another device, tensors of two tpu devices), a neg/conj view, a storage whose array is
+// neither a JAX array nor a pending DeferAndFuse value the call may read.
+py::object graph_gather(py::sequence args, bool stitch, py::object async_marker,
+                        py::object cpu_key) {
+  if (G == nullptr) return py::none();
+  static PyObject *s_t = PyUnicode_InternFromString("t"),
+                  *s_v = PyUnicode_InternFromString("v"),
+                  *s_seg = PyUnicode_InternFromString("seg"),
+                  *s_node = PyUnicode_InternFromString("node");
+  py::list key, arrays, sdatas, storages;
+  std::unordered_map<PyObject*, Py_ssize_t> slot_of;
+  int64_t index = -1;
+  bool lazy = false;
+  py::object seq = steal(PySequence_Fast(args.ptr(), "graph inputs"));
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* x = items[i];
+    if (!THPVariable_Check(x)) {
+      key.append(steal(PyTuple_Pack(2, s_v, x)));
+      continue;
+    }
+    const at::Tensor& t = THPVariable_Unpack(x);
+    if (t.device().is_cpu()) {
+      key.append(cpu_key);
+      continue;
+    }
+    if (!t.has_storage() || t.device().type() != c10::DeviceType::PrivateUse1)
+      return py::none();
+    int64_t idx = t.device().index();
+    if (index < 0) {
+      index = idx;
+    } else if (idx != index) {
+      return py::none();
+    }
+    py::object st = steal(THPStorage_Wrap(t.storage()));
+    PyObject* sd_raw = PyObject_GetAttr(st.ptr(), s_tpu);
+    if (sd_raw == nullptr) {
+      PyErr_Clear();
+      return py::none();
+    }
+    py::object sd = steal(sd_raw);
+    Py_ssize_t j;
+    auto it = slot_of.find(sd.ptr());
+    if (it != slot_of.end()) {
+      j = it->second;
+    } else {
+      j = PyList_GET_SIZE(arrays.ptr());
+      py::object arr = get(sd.ptr(), g_sd[SD_ARR]);
+      PyObject* cls = reinterpret_cast<PyObject*>(Py_TYPE(arr.ptr()));
+      if (cls == G->array_cls.ptr()) {
+        arrays.append(arr);
+      } else if (cls == G->lazy_cls.ptr() && stitch) {
+        py::object node = steal(PyObject_GetAttr(arr.ptr(), s_node));
+        if (node.ptr() == async_marker.ptr()) return py::none();
+        py::object value = steal(PyObject_GetAttr(arr.ptr(), s_value));
+        if (value.is_none()) {
+          py::object sg = steal(PyObject_GetAttr(arr.ptr(), s_seg));
+          if (sg.is_none()) return py::none();
+          arrays.append(arr);
+        } else {
+          arrays.append(value);
+        }
+        lazy = true;
+      } else {
+        return py::none();
+      }
+      slot_of.emplace(sd.ptr(), j);  // (sdatas keeps sd alive)
+      sdatas.append(sd);
+      storages.append(st);
+    }
+    if (t.is_neg() || t.is_conj()) return py::none();
+    py::object sshape = get(sd.ptr(), g_sd[SD_SHAPE]);
+    py::object sdtype = get(sd.ptr(), g_sd[SD_DTYPE]);
+    PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));
+    auto sizes = t.sizes();
+    int64_t off = t.storage_offset();
+    bool whole = dtype == sdtype.ptr() && off == 0 && PyTuple_Check(sshape.ptr()) &&
+                 PyTuple_GET_SIZE(sshape.ptr()) == static_cast<Py_ssize_t>(sizes.size());
+    for (size_t d = 0; whole && d < sizes.size(); ++d) {
+      PyObject* v = PyTuple_GET_ITEM(sshape.ptr(), d);
+      whole = PyLong_Check(v) && PyLong_AsLongLong(v) == sizes[d];
+    }
+    whole = whole && t.is_contiguous();
+    py::object shape = tuple_of(sizes);
+    py::object spec;
+    if (whole) {
+      spec = steal(PyTuple_Pack(2, shape.ptr(), dtype));
+    } else {
+      py::object strides = tuple_of(t.strides());
+      py::object offo = steal(PyLong_FromLongLong(off));
+      spec = steal(PyTuple_Pack(6, shape.ptr(), dtype, strides.ptr(), offo.ptr(),
+                                sshape.ptr(), sdtype.ptr()));
+    }
+    py::object jo = steal(PyLong_FromSsize_t(j));
+    key.append(steal(PyTuple_Pack(3, s_t, jo.ptr(), spec.ptr())));
+  }
+  py::object idx = index < 0 ? py::none() : steal(PyLong_FromLongLong(index));
+  return py::make_tuple(key, arrays, sdatas, storages, idx, py::bool_(lazy));
+}
+
 // The counts since the last call, as (metrics attribute, count) pairs; zeroes them.
 py::list take_counts() {
   static const char* names[C_N] = {"ops_dispatched", "lowered_ops", "cache_hits",
@@ -1182,6 +1289,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_kernel_hot", &hot::set_kernel_hot,
         "The HotPlan (or None) the C++ kernel of an op ('aten::add.Tensor') runs; whether "
         "a runner is known for it.");
+  m.def("graph_gather", &hot::graph_gather,
+        "A compiled graph call's inputs: (key entries, arrays, StorageData list, "
+        "storages, index, lazy), or None for the Python loop (torchtpu.compile.graph).");
   m.def("take_counts", &hot::take_counts,
         "The C++ kernels' metric counts since the last call, [(attribute, count)]; zeroes "
         "them.");

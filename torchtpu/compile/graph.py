@@ -36,6 +36,7 @@ import torch
 
 from torchtpu import _metrics, ops
 from torchtpu._device import persistent_cache, runtime, state
+from torchtpu._tensor import native
 from torchtpu._tensor import storage as _st
 from torchtpu.compile import collectives as _coll
 from torchtpu.compile import executable_cache
@@ -663,58 +664,13 @@ class GraphExecutable:
                 for i in plan.symints:
                     args[i] = cap
                 c["seq_bucket_calls"] += 1
-        # device inputs: one slot per distinct storage; the key is the inputs' layout (per
-        # tensor input ("t", slot, view spec), the view spec as storage.view_spec, inlined:
-        # this loop runs for every input of every call)
-        sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
-        index = None
-        lazy = False
-        Tensor = torch.Tensor
-        for a in args:
-            if isinstance(a, Tensor) and not a.is_cpu:
-                st = a.untyped_storage()
-                sd = getattr(st, "_tpu", None)
-                if sd is None:
-                    raise RuntimeError(
-                        f"torchtpu.compile: graph {self.name} got a tensor on {a.device}; "
-                        f"expected tpu or cpu tensors")
-                if index is None:
-                    index = sd.index
-                elif sd.index != index:
-                    raise RuntimeError(
-                        f"Expected all tensors to be on the same device, but found at least "
-                        f"two devices, tpu:{index} and tpu:{sd.index}!")
-                j = slot_of.get(sd)  # one StorageData per storage
-                if j is None:
-                    j = slot_of[sd] = len(arrays)
-                    # (no local name for the array: _own counts its references)
-                    cls = sd.arr.__class__
-                    if cls not in _NOT_CONCRETE:
-                        arrays.append(sd.arr)
-                    elif cls is _Lazy and stitch and sd.arr.node is not _st.ASYNC \
-                            and (sd.arr.seg is not None or sd.arr.value is not None):
-                        # a pending DeferAndFuse value (an earlier stitched graph's
-                        # result): read in the same segment, or its value once run
-                        arrays.append(sd.arr if sd.arr.value is None else sd.arr.value)
-                        lazy = True
-                    else:
-                        arrays.append(sd.get(charge=False))
-                    sdatas.append(sd)
-                    storages.append(st)
-                dt = a.dtype
-                if a.is_neg() or (dt.is_complex and a.is_conj()):
-                    spec = _st.view_spec(a, sd)
-                else:
-                    size = tuple(a.shape)
-                    off = a.storage_offset()
-                    spec = (size, dt) if (size == sd.shape and dt is sd.dtype and off == 0
-                                          and a.is_contiguous()) \
-                        else (size, dt, tuple(a.stride()), off, sd.shape, sd.dtype)
-                key.append(("t", j, spec))
-            elif isinstance(a, Tensor):
-                key.append(_CPU_KEY)
-            else:
-                key.append(("v", a))
+        # device inputs: one slot per distinct storage; the key is the inputs' layout
+        # (_gather; the C++ helper's graph_gather once it is loaded)
+        got = None if _GATHER[0] is None else _GATHER[0](args, stitch, _st.ASYNC, _CPU_KEY)
+        if got is None:
+            got = self._gather(args, stitch)
+        key, arrays, sdatas, storages, index, lazy = got
+        del got  # (_own counts the references to the arrays)
         if index is None:
             index = state.current_device
         # host part: CPU nodes with PyTorch's CPU kernels (generated code); copy_ into
@@ -809,6 +765,71 @@ class GraphExecutable:
             k = n_new + len(written)
             self._run_effects(outs[k:k + len(self.effects)])
         return assemble(outs, storages, args, houts, index)
+
+    def _gather(self, args, stitch):
+        """The call's device inputs: ``(key, arrays, sdatas, storages, index, lazy)``.
+        One slot per distinct storage (``arrays[j]`` its array, or with ``stitch`` a
+        pending DeferAndFuse value of the segment it is recorded into, ``lazy`` then
+        True; ``sdatas[j]``/``storages[j]`` its StorageData and storage); ``key`` the
+        inputs' layout, one entry per argument: ``("t", slot, view spec)`` for a tpu
+        tensor (the view spec as ``storage.view_spec``, inlined), ``("c",)`` for a CPU
+        tensor, ``("v", value)`` otherwise; ``index`` the tpu device index (None: no tpu
+        input).  The C++ helper's ``graph_gather`` does the same in one call (a change
+        here must be made there too).
+
+        Raises:
+            RuntimeError: a tensor of another device, or tpu tensors of two devices.
+        """
+        sdatas, slot_of, arrays, storages, key = [], {}, [], [], []
+        index = None
+        lazy = False
+        Tensor = torch.Tensor
+        for a in args:
+            if isinstance(a, Tensor) and not a.is_cpu:
+                st = a.untyped_storage()
+                sd = getattr(st, "_tpu", None)
+                if sd is None:
+                    raise RuntimeError(
+                        f"torchtpu.compile: graph {self.name} got a tensor on {a.device}; "
+                        f"expected tpu or cpu tensors")
+                if index is None:
+                    index = sd.index
+                elif sd.index != index:
+                    raise RuntimeError(
+                        f"Expected all tensors to be on the same device, but found at least "
+                        f"two devices, tpu:{index} and tpu:{sd.index}!")
+                j = slot_of.get(sd)  # one StorageData per storage
+                if j is None:
+                    j = slot_of[sd] = len(arrays)
+                    # (no local name for the array: _own counts its references)
+                    cls = sd.arr.__class__
+                    if cls not in _NOT_CONCRETE:
+                        arrays.append(sd.arr)
+                    elif cls is _Lazy and stitch and sd.arr.node is not _st.ASYNC \
+                            and (sd.arr.seg is not None or sd.arr.value is not None):
+                        # a pending DeferAndFuse value (an earlier stitched graph's
+                        # result): read in the same segment, or its value once run
+                        arrays.append(sd.arr if sd.arr.value is None else sd.arr.value)
+                        lazy = True
+                    else:
+                        arrays.append(sd.get(charge=False))
+                    sdatas.append(sd)
+                    storages.append(st)
+                dt = a.dtype
+                if a.is_neg() or (dt.is_complex and a.is_conj()):
+                    spec = _st.view_spec(a, sd)
+                else:
+                    size = tuple(a.shape)
+                    off = a.storage_offset()
+                    spec = (size, dt) if (size == sd.shape and dt is sd.dtype and off == 0
+                                          and a.is_contiguous()) \
+                        else (size, dt, tuple(a.stride()), off, sd.shape, sd.dtype)
+                key.append(("t", j, spec))
+            elif isinstance(a, Tensor):
+                key.append(_CPU_KEY)
+            else:
+                key.append(("v", a))
+        return key, arrays, sdatas, storages, index, lazy
 
     def _stitch_node(self, key, args, arrays, host_vals, keys, sdatas, index):
         """The layout ``key``'s pure function as a DeferAndFuse node (see STITCH):
@@ -1590,7 +1611,18 @@ def _eager_modules():
     from torchtpu.eager import defer, executor, host_reads
 
     _EAGER = (defer, executor, host_reads)
+    if native.LOADED is not None:
+        _native_ready(native.LOADED)
+    else:
+        native.ON_LOAD.append(_native_ready)
     return _EAGER
+
+
+def _native_ready(mod) -> None:
+    """The C++ helper is loaded: graph calls gather their inputs with its
+    ``graph_gather`` (which answers None, sending the call to the Python loop, until the
+    executor has set its hot path up)."""
+    _GATHER[0] = mod.graph_gather
 
 
 # Stitching (issue 33): a graph call is recorded as one node of the pending DeferAndFuse
@@ -1606,6 +1638,8 @@ def _eager_modules():
 STITCH = os.environ.get("TORCHTPU_STITCH_GRAPHS", "1") != "0"
 _Lazy = _st.Lazy
 _CPU_KEY = ("c",)
+# the C++ helper's graph_gather once the helper is loaded and set up (_native_ready)
+_GATHER = [None]
 # StorageData.arr classes that StorageData.get() must resolve first (uninitialized storage,
 # pending DeferAndFuse value)
 _NOT_CONCRETE = (type(None), _st.Lazy, _st.Padded, _st.Grown)
