@@ -19,6 +19,8 @@ It provides what PyTorch 2.13's Python backend API cannot:
   PrivateUse1 fallback (``register_fallback``, at registration when an earlier process
   built the module: :func:`load_if_built`), which run ``HotPlan`` hits with no Python
   frame and hand every other call to the op's Python runner;
+* ``graph_gather``: a compiled graph call's input loop (``torchtpu.compile.graph``,
+  ``GraphExecutable._gather``) in one C++ call;
 * C++ PrivateUse1 kernels for ``as_strided`` and ``view`` (PyTorch's own CPU kernels:
   metadata only), so a view op does not go through Python (~13 us each otherwise).
   Registered when the module loads, at registration (``import torch``) when an earlier
