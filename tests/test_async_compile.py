@@ -49,7 +49,7 @@ def slow_compile(monkeypatch, workers):
     def compile_(self, *a, **k):
         if threading.current_thread().name.startswith("torchtpu-compile"):
             time.sleep(0.15)
-            assert gate.wait(120), "test gate never opened"
+            assert gate.wait(30), "test gate never opened"
         return real(self, *a, **k)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_)
@@ -131,9 +131,12 @@ def test_memory_allocated_counts_pending_results(slow_compile):
     base = torch.tpu.memory_allocated()
     t = torch.ones(64, 32, device="tpu")
     slow_compile.clear()
-    y = t.cos() + 1  # new signatures: pending results
+    # (the gate opens on a timer started first: were anything below to wait for a
+    # pending value, the test fails at the assert instead of holding the worker until
+    # the gate's timeout; CI once met such a wait with ``t.cos() + 1`` here)
+    threading.Timer(1.0, slow_compile.set).start()
+    y = t.cos()  # a new signature: a pending result
     assert _pending(y)
-    threading.Timer(0.3, slow_compile.set).start()
     peak_before = torch.tpu.max_memory_allocated()  # (waits for the jobs first)
     counted = torch.tpu.memory_allocated() - base
     assert counted == t.nbytes + y.nbytes
