@@ -71,14 +71,22 @@ def test_mlp_training_step_matches_cpu_and_does_not_recompile():
             # the forward alone -- the eager loss reads its logits --, the next ones
             # the backward, the update and the next forward, the same from then on)
             torch.tpu.synchronize()
-            first = torchtpu.metrics()["compile"]
-    after = torchtpu.metrics()["compile"]
+            first_all = torchtpu.metrics()
+            first = first_all["compile"]
+    after_all = torchtpu.metrics()
+    after = after_all["compile"]
     _close(loss, ref, 1e-4)
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p, q, 1e-4)
     assert first["graphs_compiled"] >= 2  # forward and backward (and the optimizer)
     assert after["graphs_compiled"] == first["graphs_compiled"]
-    assert after["executables"] == first["executables"]
+    # (one run in ~20 under load compiled one more program after the second step; the
+    # message says which counters moved, to find out why)
+    moved = {k: (first_all.get(k), after_all.get(k)) for k in (
+        "segments_run", "segment_cache_misses", "segment_cache_hits", "donated_buffers",
+        "segment_cuts", "defer_adaptive", "host_syncs", "compiles")}
+    moved.update({k: (first.get(k), after.get(k)) for k in after if first.get(k) != after.get(k)})
+    assert after["executables"] == first["executables"], moved
     assert after["recompiles"] == 0
     assert after["cache_hits"] > first["cache_hits"]
     # (a process that finds the graph cache filled loads the executables: no lowering or

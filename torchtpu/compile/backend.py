@@ -131,6 +131,7 @@ def tpu_backend(gm, example_inputs, **kwargs):
     that branches on one)."""
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch import config as functorch_config
 
     _count_recompile()
     t0 = time.perf_counter()
@@ -164,10 +165,14 @@ def tpu_backend(gm, example_inputs, **kwargs):
         keep_inference_input_mutations=True,
     )
     try:
-        if cache_dir is None:
-            return backend(gm, example_inputs)
-        with graph_cache.active(cache_dir):
-            return backend(gm, example_inputs)
+        # (no CSE pass of AOTAutograd's partitioner: it imports Inductor's pattern
+        # matcher and with it all of Inductor's lowerings, ~1 s of a process's first
+        # compile; XLA eliminates common subexpressions in each program anyway)
+        with functorch_config.patch(cse=False):
+            if cache_dir is None:
+                return backend(gm, example_inputs)
+            with graph_cache.active(cache_dir):
+                return backend(gm, example_inputs)
     except Exception as e:
         from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 

@@ -22,6 +22,10 @@ with the defaults" (accelerate's ``DynamoBackend`` has no other name for it, so 
 generator for our device.  Where the caller cannot be determined (another caller builds
 the wrapper), the graph is routed to ``"tpu"``.
 
+The same post-import hooks on Dynamo's modules register torchtpu's fake kernels, keep
+Dynamo out of torchtpu's runtime, and spare a process's first compile of an optimizer step
+the import of Inductor (:func:`_on_dynamo_optimizer`).
+
 Installed by ``torchtpu._device.register()`` (cheap: imports nothing from Dynamo).
 Checked against torch 2.13-2.15; other versions get a warning and no routing.
 """
@@ -93,8 +97,29 @@ def _on_fake_impls(mod) -> None:
     fake_kernels.install(mod)
 
 
+def _on_dynamo_optimizer(mod) -> None:
+    """Dynamo's optimizer support was imported.  Its ``_is_static_for_cudagraphs(x)``
+    (asked for every gradient when Dynamo traces an ``opt.step()``) imports Inductor's
+    CUDA graph trees, and with them ``compile_fx`` and all of Inductor's lowerings (~1 s
+    of a process's first ``torch.compile`` of an optimizer step), before it looks at the
+    device: for a tensor that is not on CUDA it answers True without them, as PyTorch's
+    own function does for such tensors.  CUDA tensors still go to PyTorch's function."""
+    orig = getattr(mod, "_is_static_for_cudagraphs", None)
+    if orig is None or getattr(orig, "_torchtpu", False):
+        return
+
+    def _is_static_for_cudagraphs(x):
+        if not x.is_cuda:
+            return True
+        return orig(x)
+
+    _is_static_for_cudagraphs._torchtpu = True
+    mod._is_static_for_cudagraphs = _is_static_for_cudagraphs
+
+
 _HOOKS = {_REGISTRY: _on_registry, _TRACE_RULES: _on_trace_rules,
-          "torch._subclasses.fake_impls": _on_fake_impls}
+          "torch._subclasses.fake_impls": _on_fake_impls,
+          "torch._dynamo.variables.optimizer": _on_dynamo_optimizer}
 
 
 class _PostImportHook:
