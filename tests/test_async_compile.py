@@ -130,13 +130,20 @@ def test_memory_allocated_counts_pending_results(slow_compile):
     torch.tpu.synchronize()
     base = torch.tpu.memory_allocated()
     t = torch.ones(64, 32, device="tpu")
+    torch.tpu.synchronize()  # (t concrete before the gate closes: nothing waits on it)
     slow_compile.clear()
-    # (the gate opens on a timer started first: were anything below to wait for a
-    # pending value, the test fails at the assert instead of holding the worker until
-    # the gate's timeout; CI once met such a wait with ``t.cos() + 1`` here)
-    threading.Timer(1.0, slow_compile.set).start()
+    # a safety net: were the op below to wait for a held compile, the gate opens after
+    # 10 s and the test fails at the assert (CI once waited 120 s here, on the gate, in
+    # ``t.cos() + 1`` with the gate's timer started after the ops)
+    net = threading.Timer(10.0, slow_compile.set)
+    net.start()
+    a0 = dict(torchtpu.metrics()["async_compile"])
     y = t.cos()  # a new signature: a pending result
-    assert _pending(y)
+    pending = _pending(y)
+    a1 = dict(torchtpu.metrics()["async_compile"])
+    slow_compile.set()
+    net.cancel()
+    assert pending, {k: (a0.get(k), v) for k, v in a1.items()}
     peak_before = torch.tpu.max_memory_allocated()  # (waits for the jobs first)
     counted = torch.tpu.memory_allocated() - base
     assert counted == t.nbytes + y.nbytes

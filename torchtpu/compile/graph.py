@@ -851,18 +851,22 @@ class GraphExecutable:
         def traced(arrs, dyn):
             return fn(arrs, dyn[:nh], dyn[nh:])
 
+        # traced once, here: the segment's program calls the jitted function, whose
+        # trace JAX keeps (keyed by the arguments' shapes and dtypes), so the graph's
+        # lowerings do not run a second time when the segment is traced (XLA inlines the
+        # call); a segment replayed op by op (DeferAndFuse's churn rule) calls it too
+        jitted = jax.jit(traced)
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
-        out_avals = jax.eval_shape(traced, avals, [*host_vals, *keys])
+        out_avals = jax.eval_shape(jitted, avals, [*host_vals, *keys])
         M.compile["lowering_seconds"] += time.perf_counter() - t0
         _, n_new, written, check_info, assemble, _ = self._finish(None, result, None, meta)
         if not n_new and not written and not check_info:
             return None, 0, (), (), assemble
         node = executables.Executable(None, None, (), index)
-        node.traced = traced
+        node.traced = jitted
         node.out_avals = list(out_avals)
         node.name = f"graph:{self.name}"
-        # (a segment replayed op by op, DeferAndFuse's churn rule, runs it through jax.jit)
-        node.jitted = jax.jit(traced)
+        node.jitted = jitted
 
         def first_call(arrs, dyn):
             t1 = time.perf_counter()
