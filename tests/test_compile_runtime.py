@@ -393,3 +393,46 @@ def test_native_input_gather_matches_the_python_loop(stitch, monkeypatch):
     z = g(y)
     _close(z, (base + 2).relu())
     assert seen["native"] >= 6
+
+
+def test_failed_checks_update_nothing_when_batch_sizes_change():
+    """A stitched training step over changing batch sizes (``dynamic=True``) whose loss
+    fails a device check (a target out of range) updates nothing, as on CPU, which
+    raises before the update -- also when DeferAndFuse's churn rule would replay such a
+    segment op by op (only the fused program keeps the old values; a helper's break
+    attempt found NaN parameters after the second bad step)."""
+    import torch.nn.functional as F
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 5))
+
+    cpu, tpu = make(), make().to("tpu")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
+    opt_t = torch.optim.SGD(tpu.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = torch.compile(lambda x, y: F.cross_entropy(tpu(x), y), backend="tpu",
+                            dynamic=True)
+    step = torch.compile(lambda: opt_t.step(), backend="tpu", dynamic=True)
+    g = torch.Generator().manual_seed(1)
+    for i in range(13):
+        n = 4 + i % 3
+        x, y = torch.randn(n, 8, generator=g), torch.randint(0, 5, (n,), generator=g)
+        bad = i in (10, 12)
+        if bad:
+            y[1] = 7
+        else:
+            F.cross_entropy(cpu(x), y).backward()
+            opt_c.step()
+            opt_c.zero_grad()
+        before = [p.detach().cpu() for p in tpu.parameters()] if bad else None
+        loss = loss_fn(x.to("tpu"), y.to("tpu"))
+        loss.backward()
+        step()
+        opt_t.zero_grad()
+        if bad:
+            with pytest.raises(IndexError):
+                loss.item()
+            for p, q in zip(tpu.parameters(), before):
+                torch.testing.assert_close(p.detach().cpu(), q, rtol=0, atol=0)
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p, q, 1e-4)

@@ -290,7 +290,10 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
 
 def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
     """Compile (or find) and run segment ``seg``'s program; its values to ``live``."""
-    if fn is None and _churning(seg, key):
+    # (a segment guarding compiled graphs' device checks is never replayed: replaying
+    # runs its ops one by one, and only the fused program keeps the rewritten storages'
+    # old values when a check fails -- see record_graph)
+    if fn is None and not (seg.guard[0] and seg.guard[1]) and _churning(seg, key):
         # a family that keeps meeting new shapes: its ops run one by one through their
         # per-op executables (shared with STRICT and across steps), no fused compile
         M.segment_cache_misses += 1
