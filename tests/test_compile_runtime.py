@@ -277,6 +277,46 @@ def test_a_step_whose_program_fails_leaves_the_parameters_as_they_were(monkeypat
     _close(cs(x), ref_loss)
 
 
+def test_a_failed_program_with_checks_raises_once(monkeypatch):
+    """A step whose loss has device-side checks (cross_entropy's target range) and whose
+    program fails to compile raises where its values are read; the next sync point of
+    other work does not raise the failure again (its check flags were never computed,
+    and the step's failure was already raised), and training goes on as on CPU."""
+    from torchtpu.eager import defer
+
+    torch.manual_seed(0)
+    cpu = nn.Linear(4, 3)
+    m = copy.deepcopy(cpu).to("tpu")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
+
+    def make(model, o):
+        def step(x, y):
+            o.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            o.step()
+            return loss.detach()
+        return step
+
+    cs, step_c = torch.compile(make(m, opt), backend="tpu"), make(cpu, opt_c)
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    _close(cs(x.to("tpu"), y.to("tpu")), step_c(x, y))
+
+    def failing(*a, **k):  # as an XLA out-of-memory or compile error would
+        raise RuntimeError("RESOURCE_EXHAUSTED: simulated")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(defer, "_build", failing)
+        mp.setattr(defer, "_CACHE", type(defer._CACHE)(share=0.25))
+        mp.setattr(defer, "_VARIANTS", {})
+        loss = cs(x.to("tpu"), y.to("tpu"))
+        with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+            float(loss)
+    assert float((torch.ones(3, device="tpu") * 2).sum()) == 6.0  # no second raise
+    _close(cs(x.to("tpu"), y.to("tpu")), step_c(x, y))
+
+
 def test_memory_allocated_counts_a_result_a_later_graph_rewrites():
     @torch.compile(backend="tpu")
     def init(x):
@@ -334,6 +374,59 @@ def test_a_step_whose_loss_fails_a_device_check_updates_nothing():
         _close(step_t(x.to("tpu"), good.to("tpu")), step_c(x, good))
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p, q)
+
+
+@pytest.mark.parametrize("guard_loop", [True, False], ids=["loop", "select"])
+def test_a_failed_check_keeps_adamw_state_as_it_was(guard_loop, monkeypatch):
+    """A whole AdamW step compiled as one program whose loss fails a device check keeps
+    every parameter and both moment buffers bit for bit (the program's guard: a loop of
+    0 or 1 trips around the update, or selects after it), equal to CPU's, where the
+    loss raised before the update.  (AdamW's step counters are CPU tensors advanced on
+    the host: they do advance, docs/compile.md.)"""
+    from torchtpu.eager import defer
+
+    monkeypatch.setattr(defer, "GUARD_LOOP", guard_loop)
+    defer._CACHE.clear()
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))
+    tpu = copy.deepcopy(cpu).to("tpu")
+
+    def make(m):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return opt, step
+
+    opt_c, step_c = make(cpu)
+    opt_t, step_t = make(tpu)
+    step_t = torch.compile(step_t, backend="tpu")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 6, generator=g)
+    good, bad = torch.tensor([0, 1, 2, 3, 1]), torch.tensor([0, 1, 9, 3, 1])
+    for _ in range(3):
+        _close(step_t(x.to("tpu"), good.to("tpu")), step_c(x, good))
+
+    def state(m, opt):
+        out = [p.detach().cpu().clone() for p in m.parameters()]
+        for p in m.parameters():
+            st = opt.state[p]
+            out += [st["exp_avg"].detach().cpu().clone(), st["exp_avg_sq"].detach().cpu().clone()]
+        return out
+
+    before = state(tpu, opt_t)
+    loss = step_t(x.to("tpu"), bad.to("tpu"))
+    with pytest.raises(IndexError, match="out of bounds"):
+        float(loss)
+    for a, b in zip(state(tpu, opt_t), before):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(before, state(cpu, opt_c)):
+        _close(a, b)
 
 
 def test_native_input_gather_matches_the_python_loop(stitch, monkeypatch):

@@ -365,15 +365,21 @@ def _failed(seg, inputs, live, error) -> None:
     gets its old array back (the parameters and optimizer state of a failed step stay
     usable, as after a failed launch), and every other value it was to compute raises
     ``error``'s story when read (``storage.settle``), instead of leaving a storage that
-    holds nothing."""
+    holds nothing.  Its device-side checks are dropped: the failure is raised here, not
+    once more at the next sync point by a check whose flags were never computed."""
     for ref, lz, old in reversed(seg.restores):
         sd = ref()
         if sd is not None and sd.arr is lz:
             sd.arr = inputs[old] if old.__class__ is int else old
+    lost = set()
     for lz, _, _ in live:
         if lz.value is None:
             lz.seg = None
             lz.error = error
+            lost.add(id(lz))
+    if lost:
+        for flags, _, _ in [c for c in inflight.PENDING_CHECKS if id(c[0]) in lost]:
+            inflight.drop_check(flags)
 
 
 _COPY = None
@@ -530,6 +536,44 @@ class _Compiled:
         return self.jitted(donated, kept, packed)
 
 
+def _guard_plan(nodes, flags, rewrites, live):
+    """How a segment with graph checks keeps its rewritten storages' old values when a
+    check fails (see :func:`_build`): ``(post, keys)``, the nodes to run inside a
+    loop of 0 or 1 trips (every node whose results a rewrite takes, but not one the
+    flags depend on, and every node after one of those) and the live results they give
+    (each one a rewritten storage's new value), or None where the results are selected
+    instead (a post node gives a live result that is not a rewrite)."""
+    news = {new for new, _ in rewrites}
+    pre = set()
+    todo = [f[0] for f in flags]
+    while todo:  # the nodes the flags depend on
+        n = todo.pop()
+        if n in pre:
+            continue
+        pre.add(n)
+        todo.extend(r[0] for r in nodes[n][1] if r is not None and r.__class__ is not int)
+    post = set()
+    for n, (_, refs, _, _) in enumerate(nodes):
+        if n in pre:
+            continue
+        if any(k[0] == n for k in news) or any(
+                r is not None and r.__class__ is not int and r[0] in post for r in refs):
+            post.add(n)
+    if not post:
+        return None
+    keys = [k for k in live if k.__class__ is not int and k[0] in post]
+    if any(k not in news for k in keys):
+        return None
+    return post, keys
+
+
+# A failed check keeps the old values through a loop of 0 or 1 trips around the nodes
+# that rewrite storages (XLA updates the donated buffers in place) rather than through
+# selects after them (which made XLA copy each donated buffer first: 15 copies in a small
+# MLP's AdamW step).  Off: the selects (TORCHTPU_GUARD_LOOP=0).
+GUARD_LOOP = os.environ.get("TORCHTPU_GUARD_LOOP", "1") != "0"
+
+
 def _build(seg, live, donate, n_inputs):
     jax = runtime.jax()
     from jax.sharding import SingleDeviceSharding
@@ -539,6 +583,17 @@ def _build(seg, live, donate, n_inputs):
     kept_idx = [i for i in range(n_inputs) if i not in dset]
     groups, layout = _dyn_layout(seg.dyn)
     flags, rewrites = seg.guard if seg.guard[0] else ((), ())
+    plan = _guard_plan(nodes, flags, rewrites, live) if rewrites and GUARD_LOOP else None
+    starts = []
+    d = 0
+    for _, _, ndyn, _ in nodes:
+        starts.append(d)
+        d += ndyn
+
+    def run_node(n, dyn, lookup):
+        traced, refs, ndyn, _ = nodes[n]
+        return traced([None if r is None else lookup(r) for r in refs],
+                      dyn[starts[n]:starts[n] + ndyn])
 
     def run(donated, kept, packed):
         dyn = [packed[k][off:off + size].reshape(shape) for k, off, size, shape in layout]
@@ -548,28 +603,68 @@ def _build(seg, live, donate, n_inputs):
         for i, a in zip(kept_idx, kept):
             inputs[i] = a
         vals = {}
-        d = 0
-        for n, (traced, refs, ndyn, _) in enumerate(nodes):
-            arrays = [
-                None if r is None else (inputs[r] if r.__class__ is int else vals[r])
-                for r in refs
-            ]
-            outs = traced(arrays, dyn[d:d + ndyn])
-            d += ndyn
-            for i, o in enumerate(outs):
-                vals[(n, i)] = o
+
+        def outer(r):
+            return inputs[r] if r.__class__ is int else vals[r]
+
+        post = plan[0] if plan is not None else ()
+        for n in range(len(nodes)):
+            if n not in post:
+                for i, o in enumerate(run_node(n, dyn, outer)):
+                    vals[(n, i)] = o
         if rewrites:  # a failed check: the rewritten storages keep their old values
             jnp = jax.numpy
             bad = jnp.any(jnp.stack([jnp.any(vals[f]) for f in flags]))
             for new, old in rewrites:
-                vals[new] = jnp.where(bad, inputs[old] if old.__class__ is int else vals[old],
-                                      vals[new])
+                if new[0] not in post:
+                    vals[new] = jnp.where(bad, outer(old), vals[new])
+            if plan is not None:
+                _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals)
         return tuple(vals[k] for k in live)
 
     return _Compiled(
         jax.jit(run, out_shardings=SingleDeviceSharding(runtime.jax_device(seg.index)),
                 donate_argnums=(0,) if donate else ()),
         groups)
+
+
+def _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals):
+    """Run the post nodes of ``plan`` (:func:`_guard_plan`) in a ``lax.while_loop`` of one
+    trip, or none when ``bad``: the loop carries the rewritten storages, starting from
+    their old values, so their new values are written into the donated buffers."""
+    post, keys = plan
+    olds = dict(rewrites)
+    roots = []
+    for k in keys:  # the storage's value before the segment's first post-node rewrite
+        r = olds[k]
+        while r.__class__ is not int and r in olds and r[0] in post:
+            r = olds[r]
+        roots.append(r)
+    slot = {r: i for i, r in enumerate(roots)}
+    order = sorted(post)
+
+    def body(c):
+        i, carried = c
+        local = {}
+
+        def lookup(r):
+            j = slot.get(r)
+            if j is not None:  # (the loop's buffer: updated in place)
+                return carried[j]
+            if r.__class__ is not int and r[0] in post:
+                return local[r]
+            return outer(r)
+
+        for n in order:
+            for o_i, o in enumerate(run_node(n, dyn, lookup)):
+                local[(n, o_i)] = o
+        return i + 1, tuple(local[k] for k in keys)
+
+    jnp = jax.numpy
+    trips = jnp.where(bad, 0, 1).astype(jnp.int32)
+    init = (jnp.int32(0), tuple(outer(r) for r in roots))
+    _, out = jax.lax.while_loop(lambda c: c[0] < trips, body, init)
+    vals.update(zip(keys, out))
 
 
 def cache_info() -> dict:
