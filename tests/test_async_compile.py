@@ -5,6 +5,7 @@ purpose (a patched ``Lowered.compile``) so that the pending states are really me
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -158,6 +159,17 @@ def _held_result(slow_compile, op):
 
 
 def _held(slow_compile, op, seen):
+    # (no garbage collection inside the window: a finalizer of an earlier test's object,
+    # run by a collection inside ``op``, could read a value or synchronize, and so wait)
+    gc.collect()
+    gc.disable()
+    try:
+        return _held_no_gc(slow_compile, op, seen)
+    finally:
+        gc.enable()
+
+
+def _held_no_gc(slow_compile, op, seen):
     slow_compile.clear()
     # a safety net: were the op to wait for a held compile, the gate opens after 10 s and
     # the test fails at the assert (CI once waited 120 s here, on the gate)
