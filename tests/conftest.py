@@ -42,16 +42,21 @@ def sync_first_calls(monkeypatch):
 
 @pytest.fixture
 def fresh_shape_buckets():
-    """Forget which ops the shape buckets saw churning (``buckets.set_policy()``), before
-    and after the test body: for tests that count compiles or cache hits of one op.  The
-    churn decision is per op for the whole process, so an op that an earlier test in the
-    same worker ran at many shapes runs a new signature bucketed first (one more compile
-    and a host sync), which those counts do not describe."""
-    from torchtpu.eager import buckets
+    """Forget which ops the shape buckets saw churning (``buckets.set_policy()``) and which
+    families and lengths padded sequences saw (``padded.forget()``), before and after the
+    test body: for tests that count compiles or cache hits of one op, or that expect an
+    op to run as a plain new signature.  These decisions are process-wide, so an op that
+    an earlier test in the same worker ran at many shapes runs a new signature bucketed
+    first (one more compile and a host sync), and a fill whose length an earlier test's
+    token ids had (``torch.ones(64, 32)`` after ids of length 64) is padded: its ops then
+    run on the capacity and mask the result, which waits for a pending input."""
+    from torchtpu.eager import buckets, padded
 
     buckets.set_policy()
+    padded.forget()
     yield
     buckets.set_policy()
+    padded.forget()
 
 
 @pytest.fixture

@@ -339,3 +339,19 @@ def test_compiled_graphs_reading_padded_inputs_keep_padding_on():
         assert torch.equal(f(d, mask).cpu(), ids.sum(-1))
     assert _metrics()[0]["families_off"] == before
     torch._dynamo.reset()
+
+
+def test_forget_makes_a_fill_of_a_recent_length_plain_again():
+    """A fill whose length recent token ids had is padded at once (position-like
+    tensors); ``padded.forget()`` (the test fixture ``fresh_shape_buckets`` calls it)
+    forgets those lengths, so the same fill is a plain storage, and values match CPU
+    either way."""
+    for n in (50, 64):
+        torch.ones(2, n, dtype=torch.long).to("tpu")
+    t = torch.ones(64, 32, device="tpu")
+    assert _is_padded(t)
+    torch.testing.assert_close(t.cos().cpu(), torch.ones(64, 32).cos())
+    padded.forget()
+    u = torch.ones(64, 32, device="tpu")
+    assert not _is_padded(u)
+    torch.testing.assert_close(u.cos().cpu(), torch.ones(64, 32).cos())

@@ -119,6 +119,12 @@ def set_enabled(enabled: bool) -> None:
     """Switch padded sequences on or off from now on (``TORCHTPU_PADDED`` sets the
     start-up value); storages already padded stay padded (their ops then cut them)."""
     ON[0] = bool(enabled)
+    forget()
+
+
+def forget() -> None:
+    """Forget the families and lengths seen so far (which transfers, aranges and fills
+    are padded next): as at start-up.  Storages already padded stay padded."""
     _SEEN.clear()
     _FAMILIES.clear()
     _LENGTHS.clear()
