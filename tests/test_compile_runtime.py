@@ -277,6 +277,18 @@ def test_a_step_whose_program_fails_leaves_the_parameters_as_they_were(monkeypat
     _close(cs(x), ref_loss)
 
 
+def _ce_step(model, opt):
+    """A training step with a cross_entropy loss (whose targets are checked on the
+    device): zero_grad, loss, backward, opt.step; returns the detached loss."""
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
 def test_a_failed_program_with_checks_raises_once(monkeypatch):
     """A step whose loss has device-side checks (cross_entropy's target range) and whose
     program fails to compile raises where its values are read; the next sync point of
@@ -289,17 +301,7 @@ def test_a_failed_program_with_checks_raises_once(monkeypatch):
     m = copy.deepcopy(cpu).to("tpu")
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1)
-
-    def make(model, o):
-        def step(x, y):
-            o.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            o.step()
-            return loss.detach()
-        return step
-
-    cs, step_c = torch.compile(make(m, opt), backend="tpu"), make(cpu, opt_c)
+    cs, step_c = torch.compile(_ce_step(m, opt), backend="tpu"), _ce_step(cpu, opt_c)
     x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
     _close(cs(x.to("tpu"), y.to("tpu")), step_c(x, y))
 
@@ -348,16 +350,7 @@ def test_a_step_whose_loss_fails_a_device_check_updates_nothing():
     tpu = copy.deepcopy(cpu).to("tpu")
 
     def make(m):
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return step
+        return _ce_step(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
 
     step_c, step_t = make(cpu), torch.compile(make(tpu), backend="tpu")
     x, good, bad = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]), torch.tensor([0, 1, 7, 0, 1])
@@ -393,15 +386,7 @@ def test_a_failed_check_keeps_adamw_state_as_it_was(guard_loop, monkeypatch):
 
     def make(m):
         opt = torch.optim.AdamW(m.parameters(), lr=0.01)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return opt, step
+        return opt, _ce_step(m, opt)
 
     opt_c, step_c = make(cpu)
     opt_t, step_t = make(tpu)
