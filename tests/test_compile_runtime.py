@@ -369,16 +369,22 @@ def test_a_step_whose_loss_fails_a_device_check_updates_nothing():
         _close(p, q)
 
 
-@pytest.mark.parametrize("guard_loop", [True, False], ids=["loop", "select"])
+@pytest.mark.parametrize("guard_loop", [True, False, "refused"],
+                         ids=["loop", "select", "refused"])
 def test_a_failed_check_keeps_adamw_state_as_it_was(guard_loop, monkeypatch):
     """A whole AdamW step compiled as one program whose loss fails a device check keeps
     every parameter and both moment buffers bit for bit (the program's guard: a loop of
-    0 or 1 trips around the update, or selects after it), equal to CPU's, where the
-    loss raised before the update.  (AdamW's step counters are CPU tensors advanced on
-    the host: they do advance, docs/compile.md.)"""
+    0 or 1 trips around the update, or selects after it, also where the loop cannot be
+    built), equal to CPU's, where the loss raised before the update.  (AdamW's step
+    counters are CPU tensors advanced on the host: they do advance, docs/compile.md.)"""
     from torchtpu.eager import defer
 
-    monkeypatch.setattr(defer, "GUARD_LOOP", guard_loop)
+    monkeypatch.setattr(defer, "GUARD_LOOP", bool(guard_loop))
+    if guard_loop == "refused":  # (as JAX refuses a carry whose shape the body changes)
+        def refuse(*a, **k):
+            raise TypeError("while_loop body function carry input and carry output must "
+                            "have equal types")
+        monkeypatch.setattr(defer, "_guarded_loop", refuse)
     defer._CACHE.clear()
     torch.manual_seed(0)
     cpu = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 4))

@@ -615,11 +615,17 @@ def _build(seg, live, donate, n_inputs):
         if rewrites:  # a failed check: the rewritten storages keep their old values
             jnp = jax.numpy
             bad = jnp.any(jnp.stack([jnp.any(vals[f]) for f in flags]))
+            if plan is not None:
+                try:
+                    _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals)
+                except TypeError:  # a storage the update gives another shape: selected
+                    for n in sorted(post):
+                        for i, o in enumerate(run_node(n, dyn, outer)):
+                            vals[(n, i)] = o
+                    post = ()
             for new, old in rewrites:
                 if new[0] not in post:
                     vals[new] = jnp.where(bad, outer(old), vals[new])
-            if plan is not None:
-                _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals)
         return tuple(vals[k] for k in live)
 
     return _Compiled(
