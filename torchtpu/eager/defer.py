@@ -590,10 +590,14 @@ def _build(seg, live, donate, n_inputs):
         starts.append(d)
         d += ndyn
 
-    def run_node(n, dyn, lookup):
-        traced, refs, ndyn, _ = nodes[n]
-        return traced([None if r is None else lookup(r) for r in refs],
-                      dyn[starts[n]:starts[n] + ndyn])
+    def run_nodes(ns, dyn, lookup, into):
+        """Trace nodes ``ns`` in order, their inputs from ``lookup``, results into ``into``."""
+        for n in ns:
+            traced, refs, ndyn, _ = nodes[n]
+            outs = traced([None if r is None else lookup(r) for r in refs],
+                          dyn[starts[n]:starts[n] + ndyn])
+            for i, o in enumerate(outs):
+                into[(n, i)] = o
 
     def run(donated, kept, packed):
         dyn = [packed[k][off:off + size].reshape(shape) for k, off, size, shape in layout]
@@ -608,20 +612,15 @@ def _build(seg, live, donate, n_inputs):
             return inputs[r] if r.__class__ is int else vals[r]
 
         post = plan[0] if plan is not None else ()
-        for n in range(len(nodes)):
-            if n not in post:
-                for i, o in enumerate(run_node(n, dyn, outer)):
-                    vals[(n, i)] = o
+        run_nodes([n for n in range(len(nodes)) if n not in post], dyn, outer, vals)
         if rewrites:  # a failed check: the rewritten storages keep their old values
             jnp = jax.numpy
             bad = jnp.any(jnp.stack([jnp.any(vals[f]) for f in flags]))
             if plan is not None:
                 try:
-                    _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals)
+                    _guarded_loop(jax, plan, rewrites, bad, run_nodes, dyn, outer, vals)
                 except TypeError:  # a storage the update gives another shape: selected
-                    for n in sorted(post):
-                        for i, o in enumerate(run_node(n, dyn, outer)):
-                            vals[(n, i)] = o
+                    run_nodes(sorted(post), dyn, outer, vals)
                     post = ()
             for new, old in rewrites:
                 if new[0] not in post:
@@ -634,7 +633,7 @@ def _build(seg, live, donate, n_inputs):
         groups)
 
 
-def _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals):
+def _guarded_loop(jax, plan, rewrites, bad, run_nodes, dyn, outer, vals):
     """Run the post nodes of ``plan`` (:func:`_guard_plan`) in a ``lax.while_loop`` of one
     trip, or none when ``bad``: the loop carries the rewritten storages, starting from
     their old values, so their new values are written into the donated buffers."""
@@ -661,9 +660,7 @@ def _guarded_loop(jax, plan, rewrites, bad, run_node, dyn, outer, vals):
                 return local[r]
             return outer(r)
 
-        for n in order:
-            for o_i, o in enumerate(run_node(n, dyn, lookup)):
-                local[(n, o_i)] = o
+        run_nodes(order, dyn, lookup, local)
         return i + 1, tuple(local[k] for k in keys)
 
     jnp = jax.numpy
