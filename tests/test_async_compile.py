@@ -127,52 +127,36 @@ def test_calls_of_a_signature_still_compiling_queue_behind_it(slow_compile, monk
         torch.testing.assert_close(o.cpu(), x.sin() * 2)
 
 
-def _watch_waits(monkeypatch):
-    """Record who waits for a pending value (thread name, stack) from now on: the
-    diagnosis the assertions below print when an op's result was not pending."""
+def _held_result(slow_compile, op):
+    """``op()``'s result with every compile held (released after 10 s at the latest: were
+    the op to wait for a held compile, the test fails at its assert instead of hanging),
+    and a description of what waited meanwhile (thread name, stack, counters that moved):
+    (result, pending, why)."""
     import traceback
 
     seen = []
-    real_wait = async_compile._Job.wait
-    real_settle = storage._SETTLE_ALL
 
-    def wait(job):
-        seen.append((threading.current_thread().name, "".join(traceback.format_stack(limit=20))))
-        return real_wait(job)
+    def recording(real):
+        def wrapper(*args):
+            seen.append((threading.current_thread().name,
+                         "".join(traceback.format_stack(limit=20))))
+            return real(*args)
+        return wrapper
 
-    def settle_all():
-        seen.append((threading.current_thread().name, "".join(traceback.format_stack(limit=20))))
-        return real_settle()
-
-    monkeypatch.setattr(async_compile._Job, "wait", wait)
-    monkeypatch.setattr(storage, "_SETTLE_ALL", settle_all)
-    return seen
-
-
-def _held_result(slow_compile, op):
-    """``op()``'s result with every compile held (released after 10 s at the latest), and
-    a description of what waited meanwhile: (result, pending, why)."""
     with pytest.MonkeyPatch.context() as mp:
-        seen = _watch_waits(mp)
-        return _held(slow_compile, op, seen)
-
-
-def _held(slow_compile, op, seen):
-    slow_compile.clear()
-    # a safety net: were the op to wait for a held compile, the gate opens after 10 s and
-    # the test fails at the assert (CI once waited 120 s here, on the gate)
-    net = threading.Timer(10.0, slow_compile.set)
-    net.start()
-    m0 = torchtpu.metrics()
-    a0, b0 = dict(m0["async_compile"]), dict(m0["shape_buckets"])
-    y = op()
-    pending = _pending(y)
-    m1 = torchtpu.metrics()
-    slow_compile.set()
-    net.cancel()
-    moved = {k: (a0.get(k), v) for k, v in m1["async_compile"].items() if a0.get(k) != v}
-    moved.update({f"shape_buckets.{k}": (b0.get(k), v)
-                  for k, v in m1["shape_buckets"].items() if b0.get(k) != v})
+        mp.setattr(async_compile._Job, "wait", recording(async_compile._Job.wait))
+        mp.setattr(storage, "_SETTLE_ALL", recording(storage._SETTLE_ALL))
+        slow_compile.clear()
+        net = threading.Timer(10.0, slow_compile.set)
+        net.start()
+        m0 = torchtpu.metrics()
+        y = op()
+        pending = _pending(y)
+        m1 = torchtpu.metrics()
+        slow_compile.set()
+        net.cancel()
+    moved = {f"{group}.{k}": (m0[group].get(k), v) for group in ("async_compile", "shape_buckets")
+             for k, v in m1[group].items() if m0[group].get(k) != v}
     why = f"counters moved: {moved}; waits: " + "\n".join(f"[{n}]\n{st}" for n, st in seen)
     return y, pending, why
 
