@@ -758,3 +758,41 @@ def test_hermitian_eigh_complex64_is_as_accurate_as_cpu():
 
     _assert_as_accurate_as_cpu(("eigenvalues", "pinv", "grad"), run, torch.complex128,
                                torch.complex64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("loss", ["smooth_l1_loss", "huber_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_half_precision_loss_backward_as_cpu(dtype, loss, reduction):
+    """PyTorch's ``smooth_l1_loss_backward.grad_input`` decomposition (what the default
+    overload's composite kernel calls) upcasts its out tensor to float32 and writes the
+    copy: bfloat16/float16 gradients came out all zeros."""
+    fn = getattr(torch.nn.functional, loss)
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 10, dtype=dtype), torch.randn(5, 10, dtype=dtype)
+
+    def run(dev):
+        xx = x.to(dev).detach().requires_grad_()
+        out = fn(xx, y.to(dev), reduction=reduction)
+        out.backward(torch.ones_like(out))
+        return xx.grad.cpu()
+
+    c, t = both(run)
+    assert c.abs().max() > 0
+    # (CPU's huber kernel rounds 1/numel and each product to the dtype: 1-2 ulp apart)
+    torch.testing.assert_close(t, c)
+
+
+def test_out_decomposition_writes_the_given_out_tensor():
+    torch.manual_seed(0)
+    g, x, y = (torch.randn(2, 5, dtype=torch.bfloat16) for _ in range(3))
+
+    def run(dev):
+        out = torch.full((2, 5), 7.0, dtype=torch.bfloat16, device=dev)
+        r = torch.ops.aten.smooth_l1_loss_backward.grad_input(
+            g.to(dev), x.to(dev), y.to(dev), 1, 0.5, grad_input=out)
+        assert r is out
+        return out.cpu()
+
+    c, t = both(run)
+    torch.testing.assert_close(t, c, atol=0, rtol=0)

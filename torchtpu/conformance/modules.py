@@ -76,6 +76,9 @@ VERDICTS = ("mismatch", "error", "unsupported", "pass-f64", "pass", "skip")
 PASSING = ("pass", "pass-f64")
 _SEVERITY = {v: i for i, v in enumerate(VERDICTS)}
 DEFAULT_DTYPES = ("float32", "float64")
+# dtypes whose value differences beyond tolerance go to the float64 arbiter (float64 itself
+# is the reference: its differences are mismatches)
+_ARBITRATED = frozenset(("float32", "bfloat16", "float16"))
 DEFAULT_MD = os.path.join("docs", "conformance", "modules.md")
 DEFAULT_TIMEOUT = 600.0
 
@@ -456,7 +459,7 @@ def _judge(m0, args, kwargs, dtype, cots, seed, random, rec, cpu, tpu,
         d = _compare_all(pairs, atol, rtol, shape_only=random)
         if d is None:
             continue
-        if d.what != "values" or dtype != torch.float32:
+        if d.what != "values" or dtype_name(dtype) not in _ARBITRATED:
             return {**rec, "status": "mismatch", "stage": stage, "detail": f"{d.path}: {d.detail}"}
         failing.append((stage, pairs, d))
     if not failing:
@@ -582,7 +585,8 @@ def _worker(item: dict, threads: int, conn) -> None:
         rows = []
         for info in infos:
             rows += check_module(info, [getattr(torch, d) for d in item["dtypes"]],
-                                 item["modes"], item["limit"], item["seed"])
+                                 item["modes"], item["limit"], item["seed"],
+                                 dtype_filter=not item.get("any_dtype", False))
         conn.send({"name": item["name"], "status": "done", "rows": rows})
     except BaseException as e:  # noqa: BLE001
         conn.send({"name": item["name"], "status": "crash", "reason": f"{type(e).__name__}: {e}"})
@@ -592,23 +596,28 @@ def _worker(item: dict, threads: int, conn) -> None:
 
 def sweep(infos: list, dtypes: list[str], modes: list[str], limit: Optional[int] = None,
           seed: int = 0, jobs: int = 1, timeout: float = DEFAULT_TIMEOUT,
-          progress: bool = True, per_worker: int = 8) -> list[dict]:
+          progress: bool = True, per_worker: int = 8, any_dtype: bool = False) -> list[dict]:
     """Rows (:func:`check_module`) of every ModuleInfo in ``infos``.  ``jobs`` >= 1: one
     worker process per chunk of ``per_worker`` modules, at most ``jobs`` at a time, killed
     after ``timeout`` s per module of the chunk (its rows then have status ``error`` and
-    the reason: rerun those with ``--filter``); ``jobs == 0``: in this process."""
+    the reason: rerun those with ``--filter``); ``jobs == 0``: in this process.
+    ``any_dtype``: every module runs every dtype of ``dtypes``, also those its ModuleInfo
+    does not list (samples CPU itself rejects are ``skip``)."""
     import torch
 
     want = [dtype_of(d) for d in dtypes]
 
+    def runs(info, d):
+        return any_dtype or d in set(info.dtypes)
+
     def planned(info):
-        return [(dtype_name(d), m) for d in want if d in set(info.dtypes) for m in modes]
+        return [(dtype_name(d), m) for d in want if runs(info, d) for m in modes]
 
     if jobs == 0:
         _init_worker(torch.get_num_threads())
         rows = []
         for i, info in enumerate(infos):
-            rs = check_module(info, want, modes, limit, seed)
+            rs = check_module(info, want, modes, limit, seed, dtype_filter=not any_dtype)
             rows += rs
             if progress:
                 print(f"[{i + 1}/{len(infos)}] {info.name}: "
@@ -619,12 +628,12 @@ def sweep(infos: list, dtypes: list[str], modes: list[str], limit: Optional[int]
     # a fresh process per chunk of modules: importing common_modules costs ~10 s per
     # process, and it cannot be preloaded in the forkserver (forked workers then hang)
     items = []
-    sel = [i for i in infos if any(dtype_of(d) in set(i.dtypes) for d in dtypes)]
+    sel = [i for i in infos if any(runs(i, d) for d in want)]
     for k in range(0, len(sel), max(1, per_worker)):
         chunk = sel[k:k + max(1, per_worker)]
         items.append({"name": f"{chunk[0].name}..{chunk[-1].name}" if len(chunk) > 1 else chunk[0].name,
                       "modules": [i.name for i in chunk], "dtypes": list(dtypes),
-                      "modes": list(modes), "limit": limit, "seed": seed})
+                      "modes": list(modes), "limit": limit, "seed": seed, "any_dtype": any_dtype})
     chunks = {it["name"]: it["modules"] for it in items}
     by_name = {i.name: i for i in infos}
     results = run_workers(items, _worker, jobs=jobs, timeout=timeout * max(1, per_worker),
@@ -742,6 +751,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES),
                    help="comma list (default float32,float64; each module runs those its "
                         "ModuleInfo lists)")
+    p.add_argument("--any-dtype", action="store_true",
+                   help="run every selected module at every --dtypes dtype, also those its "
+                        "ModuleInfo does not list (e.g. --dtypes bfloat16: 2 infos list it)")
     p.add_argument("--modes", default="train,eval",
                    help="comma list of train, eval, train_cl, eval_cl (channels_last; default "
                    "train,eval)")
@@ -774,7 +786,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             p.error(str(e))
     full = not (a.quick or a.filter or a.limit is not None) and \
-        dtypes == list(DEFAULT_DTYPES) and modes == ["train", "eval"]
+        dtypes == list(DEFAULT_DTYPES) and modes == ["train", "eval"] and not a.any_dtype
     if a.md is None:
         a.md = DEFAULT_MD if full else "-"
     if a.quick:
@@ -786,13 +798,14 @@ def main(argv=None) -> int:
         return 0
     t0 = time.time()
     rows = sweep(infos, dtypes, modes, a.limit, a.seed, a.jobs, a.timeout, not a.quiet,
-                 a.per_worker)
+                 a.per_worker, a.any_dtype)
     secs = time.time() - t0
     args = list(sys.argv[1:] if argv is None else argv)
     config = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "platform": "the JAX CPU platform", "seconds": secs,
               "command": "python -m torchtpu.conformance modules " + " ".join(args),
-              "dtypes": dtypes, "modes": modes, "limit": a.limit, "seed": a.seed, **_versions()}
+              "dtypes": dtypes, "any_dtype": a.any_dtype, "modes": modes, "limit": a.limit,
+              "seed": a.seed, **_versions()}
     for dt, t in sorted(totals(rows).items()):
         print(f"{dt}: rows {dict(t['rows'])}; samples {dict(t['samples'])}")
     for r in rows:

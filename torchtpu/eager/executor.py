@@ -1236,10 +1236,10 @@ def _out_names_adapted(op, sig, fn):
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return fn
+        return _written_back(fn, outs)
     if all(o in params for o in outs) or any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn
+        return _written_back(fn, outs)
     if len(outs) == 1 and "out" in params:
         name = outs[0]
 
@@ -1248,9 +1248,9 @@ def _out_names_adapted(op, sig, fn):
                 kwargs["out"] = kwargs.pop(name)
             return fn(*args, **kwargs)
 
-        return renamed
+        return _written_back(renamed, outs)
     if "out" in params:
-        return fn
+        return _written_back(fn, outs)
 
     def copied(*args, **kwargs):
         targets = [kwargs.pop(o, None) for o in outs]
@@ -1265,6 +1265,43 @@ def _out_names_adapted(op, sig, fn):
         return targets[0] if single else tuple(targets)
 
     return copied
+
+
+def _written_back(fn, outs):
+    """``fn`` (a decomposition taking ``op``'s out arguments ``outs``), made to leave its
+    results in the given out tensors.  Some write into something else and return that:
+    ``smooth_l1_loss_backward.grad_input``'s is wrapped in ``pw_cast_for_opmath``, which
+    hands it a float32 copy of a bfloat16 ``grad_input`` (PyTorch's CPU kernel, never
+    this decomposition, computes the op there); its result is then copied into the out
+    tensor, as ``out=`` does."""
+
+    def written_back(*args, **kwargs):
+        targets = [kwargs.get(o) for o in outs]
+        res = fn(*args, **kwargs)
+        if res is NotImplemented or not isinstance(res, (torch.Tensor, tuple, list)):
+            return res
+        single = isinstance(res, torch.Tensor)
+        results = (res,) if single else tuple(res)
+        if len(results) != len(targets) or all(
+                t is None or _same_view(r, t) for t, r in zip(targets, results)):
+            return res
+        for t, r in zip(targets, results):
+            if t is not None and isinstance(r, torch.Tensor) and not _same_view(r, t):
+                if tuple(t.shape) != tuple(r.shape):
+                    t.resize_(r.shape)
+                t.copy_(r)
+        return (targets[0] if targets[0] is not None else res) if single else tuple(
+            t if t is not None else r for t, r in zip(targets, results))
+
+    return written_back
+
+
+def _same_view(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` are the same elements of the same storage."""
+    return a is b or (isinstance(a, torch.Tensor) and a.shape == b.shape
+                      and a.stride() == b.stride()
+                      and a.storage_offset() == b.storage_offset()
+                      and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 _DECOMPS = None
