@@ -685,6 +685,53 @@ def _fused_overrideable_backward(grad_out, query, key, value, attn_bias, grad_in
     return gq, gk, gv, (gb if bias_grad else None)
 
 
+def _bias_of(mask, dtype):
+    """An attention mask as an additive bias: PyTorch's ``convert_boolean_attn_mask`` (True
+    keeps, False -> -inf); a floating mask as it is."""
+    if mask is not None and mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            mask.logical_not(), float("-inf"))
+    return mask
+
+
+def _flash_for_cpu_checks(query, key, value, attn_mask):
+    where = "scaled_dot_product_attention_flash_attention"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise RuntimeError(f"{where}: Accept only 4 dims inputs shape of {{B, H, T, K}}")
+    if attn_mask is not None and not (attn_mask.dtype == torch.float32
+                                      or attn_mask.dtype == query.dtype):
+        raise RuntimeError(f"{where}: Attention mask is the same data type as query")
+
+
+@decomp(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                   scale=None):
+    """CPU's flash-attention op called on tpu tensors: ``(output, logsumexp)``, the
+    logsumexp ``(B, H, L)`` in float32 (float64 for float64 inputs) as CPU returns it.
+    PyTorch's own decomposition returns the attention weights in its place.  Dropout is
+    not supported here (the backward op gets no random key): NotImplementedError.  Raises
+    CPU's RuntimeErrors for inputs that are not 4-D and for boolean masks."""
+    _flash_for_cpu_checks(query, key, value, attn_mask)
+    if dropout_p > 0.0 or not _fused_ok(
+            query, key, value, attn_mask, dropout_p, is_causal, False):
+        return NotImplemented
+    out, lse = _FWD(query, key, value, _bias_of(attn_mask, query.dtype), is_causal, scale)
+    return out, lse
+
+
+@decomp(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _flash_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                            *, attn_mask=None, scale=None):
+    """The backward of :func:`_flash_for_cpu`: ``(grad_query, grad_key, grad_value)``."""
+    _flash_for_cpu_checks(query, key, value, attn_mask)
+    if dropout_p > 0.0 or not _fused_ok(
+            query, key, value, attn_mask, dropout_p, is_causal, False):
+        return NotImplemented
+    gq, gk, gv, _ = _BWD(grad_out, query, key, value, _bias_of(attn_mask, query.dtype), out,
+                         logsumexp, is_causal, scale, False, 0.0, None, None)
+    return gq, gk, gv
+
+
 _ATEN = torch.library.Library("aten", "IMPL")
 # Both have a CompositeExplicitAutograd kernel (which raises for unknown backends), so the
 # PrivateUse1 fallback never sees them: their own PrivateUse1 kernel runs the decomposition.
@@ -776,13 +823,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         counts[kernel] += 1
         if refused:
             counts["fused_failures"] += 1
-        bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
-            # PyTorch's convert_boolean_attn_mask: True keeps, False -> -inf
-            bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill_(
-                bias.logical_not(), float("-inf"))
         return aten._scaled_dot_product_fused_attention_overrideable(
-            query, key, value, bias, dropout_p, is_causal, False, scale=scale)[0]
+            query, key, value, _bias_of(attn_mask, query.dtype), dropout_p, is_causal, False,
+            scale=scale)[0]
     if not C._get_math_sdp_enabled():
         _no_backend()
     _metrics.METRICS.sdpa["math"] += 1
