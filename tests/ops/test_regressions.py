@@ -796,3 +796,46 @@ def test_out_decomposition_writes_the_given_out_tensor():
 
     c, t = both(run)
     torch.testing.assert_close(t, c, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "dtype", "float32"])
+def test_cpu_flash_attention_op_returns_cpus_logsumexp(dtype, is_causal, mask):
+    """``aten._scaled_dot_product_flash_attention_for_cpu`` called on tpu tensors: PyTorch's
+    decomposition returned the (B, H, L, S) attention weights as the logsumexp, and the
+    backward op had no tpu kernel."""
+    fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(4))
+    m = None if mask is None else torch.randn(5, 5, dtype=dtype if mask == "dtype" else torch.float32)
+
+    def run(dev):
+        a = [t.to(dev) for t in (q, k, v)]
+        mm = None if m is None else m.to(dev)
+        out, lse = fwd(*a, 0.0, is_causal, attn_mask=mm)
+        grads = bwd(g.to(dev), *a, out, lse, 0.0, is_causal, attn_mask=mm)
+        return [t.cpu() for t in (out, lse, *grads)]
+
+    c, t = both(run)
+    for a, b in zip(c, t):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        torch.testing.assert_close(b, a, atol=2e-2 if dtype == torch.bfloat16 else None,
+                                   rtol=2e-2 if dtype == torch.bfloat16 else None)
+
+
+def test_cpu_flash_attention_op_raises_cpus_errors():
+    fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q4 = torch.randn(2, 3, 5, 4)
+    for args, kw in [((torch.randn(3, 5, 4),) * 3, {}),
+                     ((q4,) * 3, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)})]:
+        def run(dev):
+            try:
+                fwd(*[a.to(dev) for a in args], **{n: x.to(dev) for n, x in kw.items()})
+            except RuntimeError as e:
+                return str(e)
+            return "no error"
+
+        c, t = both(run)
+        assert c != "no error" and t == c
