@@ -839,3 +839,31 @@ def test_cpu_flash_attention_op_raises_cpus_errors():
 
         c, t = both(run)
         assert c != "no error" and t == c
+
+
+_HARD = {
+    "hardswish": lambda x, g: torch.nn.functional.hardswish(x),
+    "hardsigmoid": lambda x, g: torch.nn.functional.hardsigmoid(x),
+    "hardswish_backward": lambda x, g: torch.ops.aten.hardswish_backward(g, x),
+    "hardsigmoid_backward": lambda x, g: torch.ops.aten.hardsigmoid_backward(g, x),
+    "sigmoid_backward": lambda y, g: torch.ops.aten.sigmoid_backward(g, y),  # y: sigmoid(x)
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", sorted(_HARD))
+def test_activation_and_backward_bits_as_cpu(op, dtype):
+    """Bit for bit as CPU's kernels: ``hardswish_backward`` at x = -3 and 3 took the middle
+    branch (-g/2 and 1.5 g where CPU gives 0 and g); the divisions by 3 and 6 were
+    multiplications by reciprocals (1 ulp off in ~25% of float32 elements);
+    ``hardsigmoid_backward`` multiplies by float32's 1/6 on CPU, also in float64;
+    ``sigmoid_backward`` in float16 rounds each step on CPU."""
+    torch.manual_seed(0)
+    x = torch.randn(4096, dtype=dtype) * 3
+    x[:6] = torch.tensor([-3.0, 3.0, 0.0, -0.0, -6.0, 6.0])
+    g = torch.randn(4096, dtype=dtype)
+    if op == "sigmoid_backward":  # its saved result, made on CPU (tpu's exp differs)
+        x = torch.sigmoid(x)
+    c, t = both(lambda dev: _HARD[op](x.to(dev), g.to(dev)).cpu())
+    assert torch.equal(c, t), f"{int((c != t).sum())} of {c.numel()} differ"
+    assert torch.equal(c.signbit(), t.signbit())

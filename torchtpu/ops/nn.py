@@ -1031,32 +1031,64 @@ def softplus_backward(g, x, beta, threshold):
     return jnp().where(xx * b > t, gg, gg * z / (z + 1))
 
 
+def _exact(v, d):
+    """``v / d`` (``d`` a number) correctly rounded, as CPU divides (``ieee_div``)."""
+    return ieee_div(v, jnp().asarray(d, v.dtype))
+
+
 @lower(aten.hardswish.default)
 def hardswish(x):
+    """CPU's ``x * min(max(x + 3, 0), 6) / 6``, the division exactly rounded."""
     xx = _f(x)
-    return xx * jnp().clip(xx + 3, 0, 6) / 6
+    return _exact(xx * jnp().clip(xx + 3, 0, 6), 6)
 
 
 @lower(aten.hardswish_backward.default)
 def hardswish_backward(g, x):
+    """CPU's kernel: 0 where ``x <= -3``, ``g * (x / 3 + 0.5)`` where ``-3 < x < 3``, ``g``
+    where ``x >= 3`` (at -3 and 3 the outer branches)."""
     j = jnp()
     ct = _ct(x)
     xx, gg = cast(x, ct), cast(g, ct)
-    return j.where(xx < -3, j.zeros_like(gg), j.where(xx <= 3, gg * (xx / 3 + 0.5), gg))
+    return j.where(xx <= -3, j.zeros_like(gg),
+                   j.where(xx < 3, gg * (_exact(xx, 3) + 0.5), gg))
+
+
+@lower(aten.sigmoid_backward.default)
+def sigmoid_backward(g, y):
+    """CPU's kernel: ``g * (1 - y) * y`` in that order; bfloat16 in float32, rounded once;
+    float16 in float16 arithmetic (each step rounded: CPU's Half kernel has no float32
+    path; PyTorch's decomposition computes ``g * (y * (1 - y))`` in float32, 1 ulp off in
+    ~1 of 3 float16 elements); complex: ``g * conj((1 - y) * y)``."""
+    dt = tdtype(g)
+    ct = opmath(dt)
+    gg, yy = cast(g, ct), cast(y, ct)
+    if jnp().iscomplexobj(yy):
+        return gg * jnp().conj((1 - yy) * yy)
+    if dt == torch.float16:
+        def h(v):  # rounded to float16, computed on in the op-math type
+            return cast(cast(v, torch.float16), ct)
+
+        return h(gg * h(1 - yy)) * yy
+    return gg * (1 - yy) * yy
 
 
 @lower(aten.hardsigmoid.default)
 def hardsigmoid(x):
+    """CPU's ``min(max(x + 3, 0), 6) / 6``, the division exactly rounded."""
     xx = _f(x)
-    return jnp().clip(xx + 3, 0, 6) / 6
+    return _exact(jnp().clip(xx + 3, 0, 6), 6)
 
 
 @lower(aten.hardsigmoid_backward.default)
 def hardsigmoid_backward(g, x):
+    """CPU's kernel: ``g * one_sixth`` where ``-3 < x < 3``, else 0; ``one_sixth`` is
+    ``1.0f / 6.0f``, float32's sixth, for every dtype (float64 included)."""
     j = jnp()
     ct = _ct(x)
     xx, gg = cast(x, ct), cast(g, ct)
-    return j.where((xx > -3) & (xx < 3), gg / 6, j.zeros_like(gg))
+    sixth = j.asarray(np.float32(1.0) / np.float32(6.0), gg.dtype)
+    return j.where((xx > -3) & (xx < 3), gg * sixth, j.zeros_like(gg))
 
 
 @lower(aten.threshold.default, prepare=fits(1, 2, opmath=True))
