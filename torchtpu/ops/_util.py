@@ -16,6 +16,22 @@ def lax():
     return runtime.jax().lax
 
 
+_HALF_BITS = {torch.float16: (5, 10), torch.bfloat16: (8, 7)}
+
+
+def round_to(v, dtype: torch.dtype):
+    """``v`` (a wider float array) rounded to float16/bfloat16 ``dtype``'s precision and
+    range, kept in ``v``'s type: CPU's rounding of an intermediate.  Through
+    ``lax.reduce_precision``: XLA drops a ``convert`` round trip (float32 -> float16 ->
+    float32) inside a fusion as excess precision (also behind an optimization barrier or
+    a bitcast pair).  Subnormal results of the narrow type become 0, as XLA:CPU's
+    arithmetic flushes them anyway (docs/precision.md).  Other dtypes: ``v`` unchanged."""
+    bits = _HALF_BITS.get(dtype)
+    if bits is None:
+        return v
+    return lax().reduce_precision(v, exponent_bits=bits[0], mantissa_bits=bits[1])
+
+
 def ieee_div(x, y):
     """``x / y`` correctly rounded, as CPU (and CUDA) compute it.  XLA's algebraic
     simplifier rewrites a division by a broadcast or a constant (a scalar, a size-1

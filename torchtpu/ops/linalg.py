@@ -19,7 +19,8 @@ import torch
 from torchtpu.ops import aten, lower
 from torchtpu.ops._scalar import fits
 from torchtpu.ops._util import (
-    cast, jnp, lax, matmul_precision, opmath, promote, scalar_type_name, tdtype,
+    cast, jnp, lax, matmul_precision, npdt, opmath, promote, round_to, scalar_type_name,
+    tdtype,
 )
 
 # C++ names of dtypes, as CPU's mm error spells them
@@ -604,7 +605,18 @@ def linalg_cross(a, b, dim=-1):
     d = dim % len(shape)
     a0, a1, a2 = (j.take(a, i, axis=d) for i in range(3))
     b0, b1, b2 = (j.take(b, i, axis=d) for i in range(3))
-    return j.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=d)
+    if dt in (torch.float16, torch.bfloat16):
+        # CPU rounds each product to the dtype before the difference; XLA:CPU keeps a
+        # float16 product in float32 through the subtraction (1 ulp off in ~1 of 3), and
+        # drops a float32 -> float16 -> float32 round trip (round_to; the difference of
+        # two float16 values rounds once in float32)
+        def mul(x, y):
+            return round_to(cast(x, torch.float32) * cast(y, torch.float32), dt)
+    else:
+        def mul(x, y):
+            return x * y
+    return j.stack([mul(a1, b2) - mul(a2, b1), mul(a2, b0) - mul(a0, b2),
+                    mul(a0, b1) - mul(a1, b0)], axis=d).astype(npdt(dt))
 
 
 def _geqrf_layout(vals, i, shape):
