@@ -1181,6 +1181,25 @@ def logit(x, eps=None):
     return j.log(xf / (1 - xf))
 
 
+@lower(aten.logit_backward.default)
+def logit_backward(g, x, eps=None):
+    """CPU's kernel, in ``x``'s dtype: ``eps`` converted to it (``eps.to<scalar_t>()``,
+    ``hi = 1 - eps`` rounded there too): ``g / (x * (1 - x))`` where ``eps <= x <= hi``,
+    else 0 (NaN ``x`` too, as CPU's vectorized loop; its scalar tail gives NaN); without
+    ``eps`` (or below 0): NaN outside [0, 1].  (PyTorch's
+    decomposition compared a float16 ``x`` with the unrounded ``eps``: float16's 0.1,
+    0.0999756, got 0 for ``eps=0.1`` where CPU gives the gradient.)"""
+    j = jnp()
+    gg = cast(g, tdtype(x))
+    one = j.asarray(1, x.dtype)
+    r = ieee_div(gg, x * (one - x))
+    lo = None if eps is None else npdt(tdtype(x)).type(eps)
+    if lo is not None and lo >= 0:
+        lo = j.asarray(lo, x.dtype)
+        return j.where((x >= lo) & (x <= one - lo), r, j.zeros_like(r))
+    return j.where((x < 0) | (x > 1), j.asarray(math.nan, x.dtype), r)
+
+
 def _shift_meta(a, b):
     """``__lshift__``/``__rshift__``'s output: PyTorch's meta kernel refuses a Bool operand
     (``bool_tensor << 2``) that CPU's kernel shifts in the promoted dtype (int64 there); the

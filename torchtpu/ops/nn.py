@@ -32,7 +32,7 @@ import torch
 
 from torchtpu.ops import Lowering, LOWERINGS, _checks, aten, lower
 from torchtpu.ops._scalar import clamp_integer_bounds, fits, scalar_check
-from torchtpu.ops._util import (cast, float_compute, ieee_div, jnp, lax, npdt, opmath,
+from torchtpu.ops._util import (cast, float_compute, ieee_div, jnp, lax, npdt, opmath, round_to,
                                 scalar_type_name, tdtype, to_float_compute)
 from torchtpu.ops.decomp_overrides import decomp
 from torchtpu.ops._util import matmul_precision
@@ -1066,10 +1066,7 @@ def sigmoid_backward(g, y):
     if jnp().iscomplexobj(yy):
         return gg * jnp().conj((1 - yy) * yy)
     if dt == torch.float16:
-        def h(v):  # rounded to float16, computed on in the op-math type
-            return cast(cast(v, torch.float16), ct)
-
-        return h(gg * h(1 - yy)) * yy
+        return round_to(gg * round_to(1 - yy, dt), dt) * yy
     return gg * (1 - yy) * yy
 
 
@@ -1488,10 +1485,17 @@ def softshrink(x, lambd=0.5):
     return j.where(xx > lam, xx - lam, j.where(xx < -lam, xx + lam, xx * 0))
 
 
+def _lambd_as_x(lambd, x):
+    """CPU's ``lambd.to<scalar_t>()``: ``lambd`` rounded to ``x``'s dtype (float16/bfloat16:
+    ``hardshrink(0.3)`` zeroes a bfloat16 0.30078125), then widened to the op-math type."""
+    return round_to(cast(lambd, _ct(x)), tdtype(x))
+
+
 @lower(aten.hardshrink.default, prepare=fits(1))
 def hardshrink(x, lambd=0.5):
+    """CPU's kernel: 0 where ``-lambd <= x <= lambd``, ``lambd`` in ``x``'s dtype."""
     xx = _f(x)
-    lam = cast(lambd, _ct(x))
+    lam = _lambd_as_x(lambd, x)
     j = jnp()
     return j.where((xx >= -lam) & (xx <= lam), j.zeros_like(xx), xx)
 
@@ -1499,9 +1503,10 @@ def hardshrink(x, lambd=0.5):
 @lower(aten.softshrink_backward.default, aten.hardshrink_backward.default)
 def shrink_backward(grad_out, x, lambd=0.5):
     """Both shrinks' gradient, as CPU's kernels: 0 where ``-lambd <= x <= lambd``, else
-    ``grad_out`` (NaN inputs pass the gradient through)."""
+    ``grad_out`` (NaN inputs pass the gradient through); ``lambd`` in ``x``'s dtype
+    (``lambd.to<scalar_t>()``)."""
     xx = _f(x)
-    lam = cast(lambd, _ct(x))
+    lam = _lambd_as_x(lambd, x)
     j = jnp()
     return j.where((xx >= -lam) & (xx <= lam), j.zeros_like(grad_out), grad_out)
 
