@@ -908,3 +908,12 @@ def test_cross_rounds_each_product_as_cpu(dtype):
     c, t = both(lambda dev: torch.linalg.cross(a.to(dev), b.to(dev)).cpu())
     sub = (c != 0) & (c.abs() < torch.finfo(dtype).tiny)  # flushed by XLA:CPU
     assert torch.equal(c[~sub], t[~sub]), f"{int((c != t)[~sub].sum())} differ"
+
+
+def test_complex_of_float16_parts_is_unsupported_complex32():
+    """CPU makes a complex32 tensor; tpu has none: NotImplementedError naming it (was a
+    RuntimeError "lowering failed" from JAX)."""
+    a = torch.randn(3, dtype=torch.float16)
+    assert torch.complex(a, a).dtype == torch.complex32
+    with pytest.raises(NotImplementedError, match="complex32"):
+        torch.complex(a.to("tpu"), a.to("tpu"))

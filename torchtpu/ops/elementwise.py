@@ -1142,6 +1142,10 @@ def glu(x, dim=-1):
 
 @lower(aten.complex.default)
 def complex_(real, imag):
+    """``real + i imag``; float16 parts make a complex32 result, which tpu does not have
+    (``npdt`` raises its NotImplementedError)."""
+    if tdtype(real) == torch.float16:
+        npdt(torch.complex32)
     j = jnp()
     shape = j.broadcast_shapes(real.shape, imag.shape)
     return lax().complex(j.broadcast_to(real, shape),
