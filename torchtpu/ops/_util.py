@@ -24,12 +24,20 @@ def round_to(v, dtype: torch.dtype):
     range, kept in ``v``'s type: CPU's rounding of an intermediate.  Through
     ``lax.reduce_precision``: XLA drops a ``convert`` round trip (float32 -> float16 ->
     float32) inside a fusion as excess precision (also behind an optimization barrier or
-    a bitcast pair).  Subnormal results of the narrow type become 0, as XLA:CPU's
-    arithmetic flushes them anyway (docs/precision.md).  Other dtypes: ``v`` unchanged."""
+    a bitcast pair).  ``reduce_precision`` flushes the narrow type's subnormals; float16's
+    (below 2**-14, normal float32 values) are rounded to their multiple of 2**-24 instead
+    (bfloat16's are float32 subnormals, which XLA:CPU's arithmetic flushes anyway:
+    docs/precision.md).  Other dtypes: ``v`` unchanged."""
     bits = _HALF_BITS.get(dtype)
     if bits is None:
         return v
-    return lax().reduce_precision(v, exponent_bits=bits[0], mantissa_bits=bits[1])
+    r = lax().reduce_precision(v, exponent_bits=bits[0], mantissa_bits=bits[1])
+    if dtype != torch.float16:
+        return r
+    j = jnp()
+    tiny = j.asarray(2.0 ** -14, v.dtype)
+    step = j.asarray(2.0 ** 24, v.dtype)
+    return j.where(j.abs(v) < tiny, j.round(v * step) / step, r)
 
 
 def ieee_div(x, y):
