@@ -847,7 +847,9 @@ _HARD = {
     "hardswish_backward": lambda x, g: torch.ops.aten.hardswish_backward(g, x),
     "hardsigmoid_backward": lambda x, g: torch.ops.aten.hardsigmoid_backward(g, x),
     "sigmoid_backward": lambda y, g: torch.ops.aten.sigmoid_backward(g, y),  # y: sigmoid(x)
+    "tanh_backward": lambda y, g: torch.ops.aten.tanh_backward(g, y),  # y: tanh(x)
 }
+_SAVED_RESULT = {"sigmoid_backward": torch.sigmoid, "tanh_backward": torch.tanh}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
@@ -857,13 +859,14 @@ def test_activation_and_backward_bits_as_cpu(op, dtype):
     branch (-g/2 and 1.5 g where CPU gives 0 and g); the divisions by 3 and 6 were
     multiplications by reciprocals (1 ulp off in ~25% of float32 elements);
     ``hardsigmoid_backward`` multiplies by float32's 1/6 on CPU, also in float64;
-    ``sigmoid_backward`` in float16 rounds each step on CPU."""
+    ``sigmoid_backward`` in float16 rounds each step on CPU; ``tanh_backward``'s
+    ``1 - y * y`` is a fused multiply-add on CPU."""
     torch.manual_seed(0)
     x = torch.randn(4096, dtype=dtype) * 3
     x[:6] = torch.tensor([-3.0, 3.0, 0.0, -0.0, -6.0, 6.0])
     g = torch.randn(4096, dtype=dtype)
-    if op == "sigmoid_backward":  # its saved result, made on CPU (tpu's exp differs)
-        x = torch.sigmoid(x)
+    if op in _SAVED_RESULT:  # its saved result, made on CPU (tpu's exp differs)
+        x = _SAVED_RESULT[op](x)
     c, t = both(lambda dev: _HARD[op](x.to(dev), g.to(dev)).cpu())
     # subnormal results: XLA:CPU flushes them to zero (docs/precision.md)
     sub = (c != 0) & (c.abs() < torch.finfo(dtype).tiny)

@@ -1054,6 +1054,20 @@ def hardswish_backward(g, x):
                    j.where(xx < 3, gg * (_exact(xx, 3) + 0.5), gg))
 
 
+@lower(aten.tanh_backward.default)
+def tanh_backward(g, y):
+    """CPU's kernel: ``g * (1 - y * y)`` with ``1 - y * y`` one fused multiply-add (its
+    vectorized loop uses ``fmadd``); written ``1 + (-y) * y`` so that XLA contracts it the
+    same way (``1 - y * y`` rounded ``y * y`` first: up to ~1,400 ulp off near ``|y| = 1``,
+    in a quarter of float32 elements).  bfloat16/float16 in float32, rounded once;
+    complex: ``g * conj(1 - y * y)``."""
+    ct = opmath(tdtype(g))
+    gg, yy = cast(g, ct), cast(y, ct)
+    if jnp().iscomplexobj(yy):
+        return gg * jnp().conj(1 - yy * yy)
+    return gg * (1 + (-yy) * yy)
+
+
 @lower(aten.sigmoid_backward.default)
 def sigmoid_backward(g, y):
     """CPU's kernel: ``g * (1 - y) * y`` in that order; bfloat16 in float32, rounded once;
