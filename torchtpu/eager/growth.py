@@ -237,6 +237,21 @@ class Chain:
         _CUT[sd] = self
 
 
+_POS: dict = {}  # (count, device index) -> the array of arange(count) on that device
+
+
+def _positions(count: int, index: int) -> torch.Tensor:
+    """``arange(count)`` (int64) on tpu device ``index``, made once per count: the array
+    is kept, not a tensor (a kept tensor would count in ``memory_allocated()``)."""
+    arr = _POS.get((count, index))
+    if arr is None:
+        if len(_POS) > 64:
+            _POS.clear()
+        arr = _POS[(count, index)] = _st.data(
+            torch.arange(count, device=torch.device("tpu", index))).get()
+    return _st.wrap(arr, index, torch.int64)
+
+
 def _append(a, sa, cap_arr, b, d, n, k, chain):
     """The result of ``cat([a, b], d)`` as a grown storage: ``b`` written at ``n`` into
     ``a``'s capacity array ``cap_arr`` (None: ``a`` is exact, a new capacity), the
@@ -256,7 +271,7 @@ def _append(a, sa, cap_arr, b, d, n, k, chain):
                 M.growth["regrows"] += 1
             pad = [0, 0] * (a.dim() - 1 - d) + [0, want - have]
             base = _pad(base, pad, 0)
-        pos = torch.arange(n, n + k).to(a.device)  # the offset: a runtime input
+        pos = _positions(k, index) + n  # n: a runtime scalar (no transfer, no recompile)
         out = _index_copy(base, d, pos, b)
         arr = _st.data(out).get()
     finally:
@@ -300,11 +315,10 @@ def _attention_rule(plan, vals):
         key = (cap, n, dtype, index)
         arr = _BIAS.get(key)
         if arr is None:
-            pos = torch.arange(cap, device=k.device)
             # 0 where the position holds a value, -inf past the length (n: a runtime
-            # input, so one executable serves every length of this capacity)
+            # scalar, so one executable serves every length of this capacity)
             mask = torch.zeros((cap,), dtype=dtype, device=k.device).masked_fill(
-                pos >= torch.tensor(n), float("-inf"))
+                _positions(cap, index) >= n, float("-inf"))
             _BIAS.clear()
             # the array is kept, not the tensor: a kept tensor would stay counted in
             # memory_allocated() after the user's tensors are gone
