@@ -7,6 +7,8 @@ import warnings
 import pytest
 import torch
 
+import torchtpu
+
 
 def _same_error(fn):
     """``fn(device)`` raises on CPU; it must raise the same type and message on tpu."""
@@ -389,6 +391,35 @@ def test_isin_of_non_contiguous_test_elements_as_cpu(test, elements, form):
         _same_error(run)
     else:
         _same_values(run)
+
+
+_ISIN_VALUES = {
+    "specials": (lambda: torch.tensor([0.0, -0.0, float("nan"), 1.5, float("inf"), 3.0]),
+                 lambda: torch.tensor([-0.0, float("nan"), float("inf"), 2.0])),
+    "int_in_float": (lambda: torch.arange(20), lambda: torch.tensor([3.0, 5.5, 19.0])),
+    "int8_vs_wide": (lambda: torch.arange(10, dtype=torch.int8), lambda: torch.tensor([300, 4])),
+    "half": (lambda: torch.randn(400).half(), lambda: torch.randn(200).half()),
+    "sorting_method": (lambda: torch.randint(0, 3000, (700, 700)),
+                       lambda: torch.randint(0, 3000, (9000,))),
+    "empty_tests": (lambda: torch.arange(5), lambda: torch.tensor([], dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("invert", [False, True])
+@pytest.mark.parametrize("case", sorted(_ISIN_VALUES))
+def test_isin_values_as_cpu_in_one_op(case, invert):
+    """``isin`` is one executable (it was PyTorch's out= kernel around its decomposition:
+    5 ops per call, 3 calls per generated token in HF's stopping criteria); values as
+    CPU's for NaN, signed zeros, mixed dtypes and the sorting method."""
+    torch.manual_seed(0)
+    e, t = (f() for f in _ISIN_VALUES[case])
+    c = torch.isin(e, t, invert=invert)
+    et, tt = e.to("tpu"), t.to("tpu")
+    torch.isin(et, tt, invert=invert)  # (first call: compiles)
+    before = torchtpu.metrics()["ops_dispatched"]
+    r = torch.isin(et, tt, invert=invert)
+    assert torchtpu.metrics()["ops_dispatched"] - before == 1
+    assert r.dtype == c.dtype and torch.equal(r.cpu(), c)
 
 
 # ---------------------------------------------------------------- default dtype, complex order

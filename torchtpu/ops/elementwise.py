@@ -1204,6 +1204,35 @@ def logit_backward(g, x, eps=None):
     return j.where((x < 0) | (x > 1), j.asarray(math.nan, x.dtype), r)
 
 
+def _isin_meta(elements, test_elements, assume_unique=False, invert=False, *out):
+    """PyTorch's meta output of ``isin``, after CPU's view check of the brute-force path
+    (``decomp_overrides._isin_brute_force_view_check``); ``out``: the ``out=`` form's
+    tensor (its own resize and checks follow)."""
+    from torchtpu.ops.decomp_overrides import _isin_brute_force_view_check
+
+    _isin_brute_force_view_check(elements, test_elements)
+    return aten.isin.Tensor_Tensor(elements, test_elements, assume_unique=assume_unique,
+                                   invert=invert)
+
+
+# more element x test-element comparisons than this take the sorting method
+_ISIN_COMPARE_ALL = 1 << 22
+
+
+@lower(aten.isin.Tensor_Tensor, meta=_isin_meta)
+def isin(elements, test_elements, assume_unique=False, invert=False):
+    """``isin`` as one executable (PyTorch's structured kernel allocated an ``out`` and
+    ran its decomposition's ops into it: 5 ops per call, 3 calls per token in HF's
+    ``generate``): both operands in their promoted dtype, every element against every
+    test element (NaN matches nothing, -0.0 matches 0.0, as CPU), or JAX's sorting
+    method for large operands."""
+    j = jnp()
+    dt = promote(elements, test_elements)
+    e, t = cast(elements, dt), cast(test_elements, dt).reshape(-1)
+    method = "compare_all" if e.size * t.size <= _ISIN_COMPARE_ALL else "sort"
+    return j.isin(e, t, invert=bool(invert), method=method)
+
+
 def _shift_meta(a, b):
     """``__lshift__``/``__rshift__``'s output: PyTorch's meta kernel refuses a Bool operand
     (``bool_tensor << 2``) that CPU's kernel shifts in the promoted dtype (int64 there); the
