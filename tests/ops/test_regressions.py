@@ -820,16 +820,37 @@ def test_cpu_flash_attention_op_returns_cpus_logsumexp(dtype, is_causal, mask):
 
     c, t = both(run)
     for a, b in zip(c, t):
-        assert (a.shape, a.dtype) == (b.shape, b.dtype)
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
         torch.testing.assert_close(b, a, atol=2e-2 if dtype == torch.bfloat16 else None,
                                    rtol=2e-2 if dtype == torch.bfloat16 else None)
+
+
+def test_cpu_flash_attention_op_with_fewer_key_heads_as_cpu():
+    fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+
+    def run(dev):
+        a = [x.to(dev) for x in (q, k, v)]
+        out, lse = fwd(*a, 0.0, True)
+        grads = bwd(torch.ones_like(out), *a, out, lse, 0.0, True)
+        return [x.cpu() for x in (out, lse, *grads)]
+
+    for a, b in zip(*both(run)):
+        assert (a.shape, a.stride()) == (b.shape, b.stride())
+        torch.testing.assert_close(b, a)
 
 
 def test_cpu_flash_attention_op_raises_cpus_errors():
     fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     q4 = torch.randn(2, 3, 5, 4)
     for args, kw in [((torch.randn(3, 5, 4),) * 3, {}),
-                     ((q4,) * 3, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)})]:
+                     ((q4,) * 3, {"attn_mask": torch.ones(5, 5, dtype=torch.bool)}),
+                     ((q4, q4, torch.randn(2, 3, 5, 6)), {}),
+                     ((q4, q4.double(), q4), {}),
+                     ((q4.long(),) * 3, {}),
+                     ((q4,) * 3, {"attn_mask": torch.randn(5)})]:
         def run(dev):
             try:
                 fwd(*[a.to(dev) for a in args], **{n: x.to(dev) for n, x in kw.items()})

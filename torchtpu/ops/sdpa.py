@@ -695,12 +695,38 @@ def _bias_of(mask, dtype):
 
 
 def _flash_for_cpu_checks(query, key, value, attn_mask):
+    """CPU's checks of its flash-attention kernel, in its order and words."""
     where = "scaled_dot_product_attention_flash_attention"
+    if query.dtype not in _FUSED_DTYPES:
+        raise RuntimeError(f"{where}: Expected data type in FP32, FP64, BF16, FP16, but got "
+                           f"{_SCALAR_NAME.get(query.dtype, query.dtype)} instead.")
+    for t in (key, value):
+        if t.dtype != query.dtype:
+            raise RuntimeError(f"expected scalar type {_SCALAR_NAME.get(query.dtype)} but "
+                               f"found {_SCALAR_NAME.get(t.dtype, t.dtype)}")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise RuntimeError(f"{where}: Accept only 4 dims inputs shape of {{B, H, T, K}}")
-    if attn_mask is not None and not (attn_mask.dtype == torch.float32
-                                      or attn_mask.dtype == query.dtype):
-        raise RuntimeError(f"{where}: Attention mask is the same data type as query")
+    if not (query.shape[-1] == key.shape[-1] == value.shape[-1]):
+        raise RuntimeError(f"{where}: Q/K/V should have the same head size")
+    if attn_mask is not None:
+        if not (attn_mask.dtype == torch.float32 or attn_mask.dtype == query.dtype):
+            raise RuntimeError(f"{where}: Attention mask is the same data type as query")
+        if attn_mask.dim() not in (2, 4):
+            raise RuntimeError(f"{where}: Attention mask dim in {{2, 4}}")
+
+
+# c10's ScalarType names, as CPU's dtype errors spell them
+_SCALAR_NAME = {torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16",
+                torch.float16: "Half", torch.int64: "Long", torch.int32: "Int",
+                torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+                torch.bool: "Bool"}
+
+
+def _cpu_layout(t, dims):
+    """``t`` with CPU's memory layout for its flash kernel's outputs: dims 1 and 2 swapped
+    in memory (logsumexp ``(B, H, L)`` stored as ``(B, L, H)``; gradients as
+    ``(B, L, H, E)``)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2) if dims else t
 
 
 @decomp(aten._scaled_dot_product_flash_attention_for_cpu.default)
@@ -713,10 +739,10 @@ def _flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_ma
     CPU's RuntimeErrors for inputs that are not 4-D and for boolean masks."""
     _flash_for_cpu_checks(query, key, value, attn_mask)
     if dropout_p > 0.0 or not _fused_ok(
-            query, key, value, attn_mask, dropout_p, is_causal, False):
+            query, key, value, attn_mask, dropout_p, is_causal, True):
         return NotImplemented
     out, lse = _FWD(query, key, value, _bias_of(attn_mask, query.dtype), is_causal, scale)
-    return out, lse
+    return out, _cpu_layout(lse, True)
 
 
 @decomp(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
@@ -725,11 +751,11 @@ def _flash_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout
     """The backward of :func:`_flash_for_cpu`: ``(grad_query, grad_key, grad_value)``."""
     _flash_for_cpu_checks(query, key, value, attn_mask)
     if dropout_p > 0.0 or not _fused_ok(
-            query, key, value, attn_mask, dropout_p, is_causal, False):
+            query, key, value, attn_mask, dropout_p, is_causal, True):
         return NotImplemented
     gq, gk, gv, _ = _BWD(grad_out, query, key, value, _bias_of(attn_mask, query.dtype), out,
                          logsumexp, is_causal, scale, False, 0.0, None, None)
-    return gq, gk, gv
+    return tuple(_cpu_layout(g, True) for g in (gq, gk, gv))
 
 
 _ATEN = torch.library.Library("aten", "IMPL")
