@@ -616,6 +616,22 @@ def _pointwise_rule(plan, vals):
     return _finish(r, i_out, c, mask=plan.pad_masks)
 
 
+def _isin_rule(plan, vals):
+    """``isin(elements, test_elements)``: element-wise in ``elements`` (run over its
+    capacity, the result masked); ``test_elements`` is a set, never padded (a padded one
+    is cut: its padding would be tested as values)."""
+    elements, test = vals[0], vals[1]
+    if not isinstance(elements, torch.Tensor) or not isinstance(test, torch.Tensor):
+        return NO
+    c = _Call()
+    v, w = c.view(elements), c.view(test)
+    if v is None or w is None or v[1] is None or w[1] is not None:
+        return NO
+    new = list(vals)
+    new[0] = v[0]
+    return _finish(_run_capacity(plan, new), v[1], c, mask=plan.pad_masks)
+
+
 def _expanded(t, j, c):
     """An exact tensor expanded along dim ``j`` (stride 0, the call's logical length: a
     sum's gradient) as the same expand over the capacity, or None."""
@@ -1163,6 +1179,8 @@ def rule_for(plan):
         return _mm_rule
     if fop is aten.embedding.default:
         return _embedding_rule
+    if fop is aten.isin.Tensor_Tensor:
+        return _isin_rule
     if fop is aten.embedding_dense_backward.default:
         return _embedding_backward_rule
     if fop in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
