@@ -809,7 +809,8 @@ def test_cpu_flash_attention_op_returns_cpus_logsumexp(dtype, is_causal, mask):
     bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     torch.manual_seed(0)
     q, k, v, g = (torch.randn(2, 3, 5, 4, dtype=dtype) for _ in range(4))
-    m = None if mask is None else torch.randn(5, 5, dtype=dtype if mask == "dtype" else torch.float32)
+    m = None if mask is None else torch.randn(
+        5, 5, dtype=dtype if mask == "dtype" else torch.float32)
 
     def run(dev):
         a = [t.to(dev) for t in (q, k, v)]

@@ -400,7 +400,8 @@ def _arbitrate_noise(pairs64, stage: str, noise: list, atol: float, rtol: float)
         if not bool((dy <= torch.clamp(atol + rtol * rf.abs(), min=2 * e))[fin].all()):
             return False, (f"noise rule: tpu err {float(dy[fin].max()):.3g} > 2 x CPU's "
                            f"1-ulp sensitivity {e:.3g} ({path})")
-    return True, f"noise rule: tpu err {worst_t:.3g} within 2 x CPU's 1-ulp sensitivity {worst_e:.3g}"
+    return True, (f"noise rule: tpu err {worst_t:.3g} within 2 x CPU's 1-ulp sensitivity "
+                  f"{worst_e:.3g}")
 
 
 def describe_sample(sample) -> str:
