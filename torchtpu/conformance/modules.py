@@ -882,9 +882,10 @@ def main(argv=None) -> int:
     if a.quick:
         dtypes, modes, a.limit = ["float32"], ["train"], 1
     infos = module_infos(a.filter)
-    if a.list:
+    if a.list:  # each module and the dtypes of --dtypes it would run
         for i in infos:
-            print(i.name, ",".join(dtype_name(d) for d in i.dtypes))
+            runs = [d for d in dtypes if a.any_dtype or dtype_of(d) in set(i.dtypes)]
+            print(i.name, ",".join(runs) or "-")
         return 0
     t0 = time.time()
     rows = sweep(infos, dtypes, modes, a.limit, a.seed, a.jobs, a.timeout, not a.quiet,
