@@ -451,6 +451,8 @@ class LoweredPlan:
         if ex.resize is not None:
             # out= tensors of the wrong shape: resize as PyTorch does, then run again
             self._resize_outs(vals, ex.resize)
+            if args is None:  # (a call the C++ hot path missed: its values, prepared)
+                return self._run(vals)
             return self(args, kwargs)
         if hot is not None and not c.stitched:
             e = _hot.entry(hot, c, ex)
