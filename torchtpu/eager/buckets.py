@@ -376,6 +376,20 @@ def _repad_fn(mode, dtype):
     return jax.jit(index)
 
 
+def _outs_fit(plan, vals) -> bool:
+    """Whether every ``out=`` tensor of the call has the shape of its largest tensor
+    input (an in-place op arriving as ``mul.out(x, y, out=x)``, an element-wise ``out=``):
+    other out tensors run exact, as PyTorch resizes them to the exact result's shape,
+    which the padded run does not know."""
+    ins = [vals[j] for j in plan.sig.tensor_idx if j not in plan.sig.out_args
+           and isinstance(vals[j], torch.Tensor)]
+    if not ins:
+        return False
+    shape = tuple(max(ins, key=lambda t: t.numel()).shape)
+    return all(isinstance(vals[i], torch.Tensor) and tuple(vals[i].shape) == shape
+               for i in plan.sig.out_args)
+
+
 def run(plan, vals, c):
     """Run ``plan`` (a ``LoweredPlan``) on ``vals`` bucketed, or return :data:`NO`.
 
@@ -390,7 +404,7 @@ def run(plan, vals, c):
     key = tuple(c.key)
     index = c.index
     rule = rule_for(plan.op)
-    if rule is None:
+    if rule is None or (plan.sig.out_args and not _outs_fit(plan, vals)):
         return NO
     pads = rule(plan, vals)
     if pads is None or not _consistent(plan, vals, pads):
