@@ -15,7 +15,8 @@ import torch
 import torchtpu
 from torchtpu.eager import hotpath
 
-pytestmark = pytest.mark.usefixtures("strict_mode", "hot_impl", "sync_first_calls")
+pytestmark = pytest.mark.usefixtures("strict_mode", "hot_impl", "sync_first_calls",
+                                      "fresh_shape_buckets")
 
 
 @pytest.fixture(params=["native", "python"], autouse=False)
