@@ -225,7 +225,7 @@ def test_device_checks_still_raise_on_the_hot_path():
     torch.testing.assert_close(torch.index_select(t, 0, good).cpu(), x[[0, 4, 1]])
 
 
-def test_eviction_drops_the_hot_tables(monkeypatch):
+def test_eviction_forgets_the_evicted_executables_entries(monkeypatch):
     from torchtpu._device import executable_limit
     from torchtpu.eager import executables, executor
 
@@ -233,12 +233,21 @@ def test_eviction_drops_the_hot_tables(monkeypatch):
     ta = a.to("tpu")
     for _ in range(3):
         ta.sin()
-    plan = executor._PLANS[torch.ops.aten.sin.default]
-    assert plan.hot
+        ta.cos()
+    sin_plan = executor._PLANS[torch.ops.aten.sin.default]
+    cos_plan = executor._PLANS[torch.ops.aten.cos.default]
+    assert sin_plan.hot and cos_plan.hot
+    (sin_ex, _), = sin_plan.hot.values()
+    executables.CACHE.move_to_end(sin_ex.key, last=False)  # the next one evicted
     monkeypatch.setattr(executable_limit, "MAX_EXECUTABLES", len(executables.CACHE))
-    ta.cos()  # a new executable: the cache evicts, and every hot table is dropped
-    assert not plan.hot
-    torch.testing.assert_close(ta.sin().cpu(), a.sin())
+    ta.tan()  # a new executable: the cache evicts sin's, and only its entries go
+    assert sin_ex.key not in executables.CACHE
+    assert not sin_plan.hot
+    assert cos_plan.hot  # (before: every table was dropped at every eviction)
+    h0 = _hot_calls()
+    torch.testing.assert_close(ta.cos().cpu(), a.cos())
+    assert _hot_calls() == h0 + 1
+    torch.testing.assert_close(ta.sin().cpu(), a.sin())  # compiled or loaded again
     executables.clear_cache()
     assert not any(hotpath._TABLES)
 

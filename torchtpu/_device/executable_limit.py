@@ -49,14 +49,15 @@ class LRUCache(OrderedDict):
     def __init__(self, share: float = 1.0):
         super().__init__()
         self.share = share
-        # called after entries were evicted or the cache cleared (tables that point
-        # at these executables forget them: eager.hotpath)
+        # ``on_drop(values)`` is called with the evicted values after an eviction, and
+        # with None after the cache was cleared (tables that point at these executables
+        # forget them: eager.hotpath)
         self.on_drop = None
 
     def clear(self):
         super().clear()
         if self.on_drop is not None:
-            self.on_drop()
+            self.on_drop(None)
 
     def limit(self) -> int:
         """The bound: ``share`` of ``MAX_EXECUTABLES``, at least 1."""
@@ -67,9 +68,10 @@ class LRUCache(OrderedDict):
         self[key] = value
         if len(self) > MAX_EXECUTABLES * self.share:
             limit = self.limit()
+            dropped = []
             while len(self) > limit:
-                self.popitem(last=False)
+                dropped.append(self.popitem(last=False)[1])
                 M.executable_evictions += 1
             if self.on_drop is not None:
-                self.on_drop()
+                self.on_drop(dropped)
         return value

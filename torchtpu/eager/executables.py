@@ -47,7 +47,7 @@ class Executable:
 
     __slots__ = ("call", "out_meta", "writes", "device_index", "resize", "compiled", "traced",
                  "out_avals", "name", "check_info", "groups", "key", "jitted", "calls",
-                 "donating", "serial")
+                 "donating", "serial", "hot_refs")
 
     def __init__(self, call, out_meta, writes, device_index, resize=None):
         self.compiled = False
@@ -64,6 +64,7 @@ class Executable:
         self.serial = next(_SERIALS)
         # the variant donating the written storages' old arrays (False: too small to)
         self.donating = None
+        self.hot_refs = []  # (table, hot key) of the hot-path entries naming it (hotpath.put)
         self.call = call
         self.out_meta = out_meta
         self.writes = writes
@@ -72,7 +73,7 @@ class Executable:
 
 
 CACHE = _executable_limit.LRUCache()  # per-op executables, bounded (see its module)
-CACHE.on_drop = _hot.drop_all  # the hot path's tables never outlive an executable here
+CACHE.on_drop = _hot.drop  # the hot path's tables never outlive an executable here
 
 
 def cache_info() -> dict:

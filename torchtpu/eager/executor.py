@@ -457,9 +457,7 @@ class LoweredPlan:
         if hot is not None and not c.stitched:
             e = _hot.entry(hot, c, ex)
             if e is not None:  # the next such call takes the hot path
-                if len(self.hot) >= _hot.TABLE_LIMIT:
-                    self.hot.clear()
-                self.hot[hot[0]] = e
+                _hot.put(self.hot, hot[0], e)
         if CONFIG.defer or c.stitched:  # (stitched: see keying.SHAPE_ONLY)
             if c.stitched:
                 M.stitched_ops += 1

@@ -26,8 +26,8 @@ general path's order.
 A table entry is written by the general path after a call it ran with that executable
 (so the first call of a signature, its compile and PyTorch's meta checks, and every
 unusual call stay there); it is read before the general path by every later call.  Tables
-are dropped whenever the executable cache evicts or is cleared
-(``executable_limit.LRUCache.on_drop``).  In DEFER_AND_FUSE mode the same tables serve the
+forget the entries of an executable the executable cache evicts, and are dropped whole
+when it is cleared (``executable_limit.LRUCache.on_drop``, :func:`drop`).  In DEFER_AND_FUSE mode the same tables serve the
 recording (the entry gives the executable to record; a pending value is an admitted
 input).  Not used in DEBUG mode, for random ops or ops with a data-dependent result
 shape, nor for calls with CPU scalar tensors.  The C++ form serves STRICT only.
@@ -59,7 +59,7 @@ _matmul_precision = torch._C._get_float32_matmul_precision
 _ARRAY = [None]  # the JAX array class (set_array_class)
 
 TABLE_LIMIT = 4096  # entries per op (a table is cleared when full: views at many offsets)
-_TABLES: list = []  # every plan's table, dropped together (see drop_all)
+_TABLES: list = []  # every plan's table, dropped together (see drop)
 
 
 def set_enabled(on: bool) -> bool:
@@ -117,17 +117,48 @@ def codes_for(plan):
 
 
 def new_table() -> dict:
-    """A plan's table (hot key -> Executable), registered for :func:`drop_all`."""
+    """A plan's table (hot key -> entry of :func:`entry`), registered for :func:`drop`."""
     t: dict = {}
     _TABLES.append(t)
     return t
 
 
+def put(table: dict, key, e) -> None:
+    """Write entry ``e`` (``(executable, offsets)``) under hot ``key`` of ``table`` and
+    remember it on the executable, so that evicting it forgets this entry (:func:`drop`).
+    A table holding :data:`TABLE_LIMIT` entries is cleared first (views at many offsets)."""
+    if len(table) >= TABLE_LIMIT:
+        table.clear()
+    table[key] = e
+    refs = e[0].hot_refs
+    if len(refs) >= 2 * TABLE_LIMIT:  # entries of cleared tables: keep the live ones
+        refs[:] = [(t, k) for t, k in refs if t.get(k, (None,))[0] is e[0]]
+    refs.append((table, key))
+
+
+def drop(executables) -> None:
+    """Forget the entries naming any of ``executables`` (the executable cache evicted
+    them), or every entry when ``executables`` is None (the cache was cleared): an entry
+    must never keep an executable the cache let go.  Entries of other executables stay:
+    a process past the cache's bound evicts at every new compile, and dropping every
+    table then sent each op's next calls back to the general path."""
+    if executables is None:
+        for t in _TABLES:
+            t.clear()
+        return
+    for ex in executables:
+        refs = getattr(ex, "hot_refs", None)
+        if not refs:
+            continue
+        for t, k in refs:
+            if t.get(k, (None,))[0] is ex:
+                del t[k]
+        refs.clear()
+
+
 def drop_all() -> None:
-    """Forget every entry (the executable cache evicted or was cleared: an entry must
-    never keep an executable the cache let go)."""
-    for t in _TABLES:
-        t.clear()
+    """Forget every entry (:func:`drop` with None)."""
+    drop(None)
 
 
 def _const(v):
