@@ -1,11 +1,15 @@
 """torchvision's detection ops on tpu (``torchtpu.ops.detection``) against the same calls
 on CPU: ``nms`` / ``batched_nms`` keep CPU's boxes in CPU's order, ``roi_align`` and
 its gradient (torchvision's autograd function calls ``_roi_align_backward``) equal
-CPU's within float rounding, with no CPU fallback.
+CPU's within float rounding, with no CPU fallback; so do ``deform_conv2d`` (function and
+``DeformConv2d`` module) and the gradients of all its tensor arguments, samples at the
+image border and off it included.
 
 torchvision does not import beside ``torch==2.13.0+cpu`` (PyPI's wheels are CUDA builds
 of later torches), so these run in the vision venv: ``make test-vision``.
 """
+
+import warnings
 
 import pytest
 import torch
@@ -203,3 +207,202 @@ def test_adaptive_sampling_ratio_goes_through_the_cpu_fallback_when_enabled(monk
     torch.testing.assert_close(xt.grad.cpu(), xc.grad)
     assert torchtpu.metrics()["fallbacks"].get(f"torchvision.{op}.default") == 1
     torchtpu.reset_metrics()  # (the autouse fixture asserts no fallback otherwise)
+
+
+# ------------------------------------------------------------------- deform_conv2d
+
+
+def _deform_inputs(dtype, b=2, c=4, o=6, h=7, w=8, kernel=(3, 3), stride=(1, 1),
+                   padding=(0, 0), dilation=(1, 1), groups=1, offset_groups=1,
+                   mask=True, bias=True, seed=20):
+    """Inputs of ``deform_conv2d`` whose offsets move some samples off the image (large
+    offsets) and put some exactly on integer coordinates (integer offsets on the integer
+    grid: among them the borders -1, 0, H - 1 and H)."""
+    g = torch.Generator().manual_seed(seed)
+    kh, kw = kernel
+    oh = (h + 2 * padding[0] - (dilation[0] * (kh - 1) + 1)) // stride[0] + 1
+    ow = (w + 2 * padding[1] - (dilation[1] * (kw - 1) + 1)) // stride[1] + 1
+    x = torch.randn(b, c, h, w, generator=g, dtype=dtype)
+    weight = torch.randn(o, c // groups, kh, kw, generator=g, dtype=dtype)
+    shape = (b, offset_groups * 2 * kh * kw, oh, ow)
+    off = torch.randn(shape, generator=g, dtype=dtype) * 2
+    pick = torch.rand(shape, generator=g)
+    off = torch.where(pick < 0.4, torch.randint(-4, 5, shape, generator=g).to(dtype), off)
+    off = torch.where(pick > 0.9, off * 5, off)  # far off the image
+    m = (torch.rand(b, offset_groups * kh * kw, oh, ow, generator=g, dtype=dtype) * 2 - 0.5
+         if mask else None)
+    bs = torch.randn(o, generator=g, dtype=dtype) if bias else None
+    return x, off, weight, bs, m
+
+
+def _deform_run(args, **kw):
+    x, off, weight, bias, mask = args
+    return tvops.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+
+
+def _assert_near(got, want, tol, what):
+    # error relative to the array's largest magnitude (at least 1)
+    got = got.detach().cpu()
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    err = (got - want.detach()).abs().max().item() if want.numel() else 0.0
+    scale = max(1.0, want.detach().abs().max().item()) if want.numel() else 1.0
+    assert err <= tol * scale, (what, err, scale)
+
+
+def _deform_compare(args, tol, seed=21, **kw):
+    """``deform_conv2d`` on CPU and tpu from the same leaves; the forward values and the
+    gradient of every tensor argument (through torch.autograd, i.e.
+    ``_deform_conv2d_backward``) compared.  Returns the CPU output and gradients."""
+    names = ["input", "offset", "weight", "bias", "mask"]
+    cpu = [None if a is None else a.clone().requires_grad_() for a in args]
+    tpu = [None if a is None else a.to(TPU).requires_grad_() for a in args]
+    want, got = _deform_run(cpu, **kw), _deform_run(tpu, **kw)
+    assert got.device.type == TPU
+    _assert_near(got, want, tol, "output")
+    gout = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=want.dtype)
+    leaves = [i for i, a in enumerate(args) if a is not None]
+    gc = torch.autograd.grad(want, [cpu[i] for i in leaves], gout)
+    gt = torch.autograd.grad(got, [tpu[i] for i in leaves], gout.to(TPU))
+    for i, a, b in zip(leaves, gt, gc):
+        _assert_near(a, b, tol, "grad " + names[i])
+    return want, dict(zip([names[i] for i in leaves], gc))
+
+
+_DEFORM_TOL = [(torch.float32, 2e-6), (torch.float64, 1e-12)]
+_DEFORM_CASES = {
+    "plain": dict(),
+    "no_mask": dict(mask=False),
+    "no_bias": dict(bias=False),
+    "groups": dict(c=6, o=4, groups=2),
+    "offset_groups": dict(c=6, offset_groups=3),
+    "both_groups_no_mask": dict(c=4, o=6, groups=2, offset_groups=2, mask=False),
+    "stride2_pad_dilation": dict(h=9, w=10, stride=(2, 2), padding=(1, 2), dilation=(2, 1),
+                                 groups=2, offset_groups=2),
+    "rect_kernel": dict(kernel=(2, 3), stride=(1, 2), padding=(1, 0), dilation=(1, 2)),
+    "kernel_1x1": dict(kernel=(1, 1), padding=(1, 1)),
+    # CPU runs blocks of up to 32 images (n_parallel_imgs): 40 = 2 blocks of 20, 33 = 33
+    # blocks of 1; the results must not depend on it
+    "batch_40": dict(b=40, c=2, o=3, h=5, w=6),
+    "batch_33": dict(b=33, c=2, o=3, h=5, w=5, mask=False),
+}
+
+
+@pytest.mark.parametrize("dtype,tol", _DEFORM_TOL, ids=["float32", "float64"])
+@pytest.mark.parametrize("case", list(_DEFORM_CASES))
+def test_deform_conv2d_and_its_gradients_match_cpu(dtype, tol, case):
+    kw = dict(_DEFORM_CASES[case])
+    conv = {k: kw[k] for k in ("stride", "padding", "dilation") if k in kw}
+    _deform_compare(_deform_inputs(dtype, **kw), tol, **conv)
+
+
+@pytest.mark.parametrize("dtype,tol", _DEFORM_TOL, ids=["float32", "float64"])
+@pytest.mark.parametrize("mask", [False, True])
+def test_deform_conv2d_at_the_image_border_matches_cpu(dtype, tol, mask):
+    # a 1x1 kernel sampling a 4x4 image at every pair of these coordinates: off the
+    # image, on its border (-1, 0, 3, 4), inside, on and between integers
+    vals = torch.tensor([-2.0, -1.5, -1.0, -0.5, 0.0, 0.25, 1.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                        dtype=dtype)
+    n, pad = len(vals), 4  # output n x n: (4 + 2 * 4 - 1) + 1
+    base = torch.arange(n, dtype=dtype) - pad
+    yy, xx = torch.meshgrid(vals, vals, indexing="ij")
+    off = torch.stack([yy - base[:, None], xx - base[None, :]])[None].repeat(2, 1, 1, 1)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(2, 3, 4, 4, generator=g, dtype=dtype)
+    weight = torch.randn(2, 3, 1, 1, generator=g, dtype=dtype)
+    m = torch.rand(2, 1, n, n, generator=g, dtype=dtype) + 0.5 if mask else None
+    want, grads = _deform_compare((x, off, weight, None, m), tol, padding=pad)
+    # CPU's coordinate gradient is not the derivative of its forward at -1: the value
+    # there is 0, the offset's gradient is not (the case is exercised)
+    row = vals.tolist().index(-1.0)
+    inner = [vals.tolist().index(v) for v in (0.25, 2.5)]
+    assert torch.all(want[:, :, row] == 0)
+    assert torch.all(grads["offset"][:, 0, row, inner] != 0)
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_deform_conv2d_of_an_empty_batch_matches_cpu(mask):
+    _deform_compare(_deform_inputs(torch.float64, b=0, mask=mask), 0.0)
+
+
+@pytest.mark.parametrize("dtype,tol", _DEFORM_TOL, ids=["float32", "float64"])
+def test_deform_conv2d_module_matches_cpu(dtype, tol):
+    torch.manual_seed(23)
+    cpu = tvops.DeformConv2d(4, 6, 3, stride=2, padding=1, dilation=1, groups=2).to(dtype)
+    tpu = tvops.DeformConv2d(4, 6, 3, stride=2, padding=1, dilation=1, groups=2).to(dtype)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to(TPU)
+    x, off, _, _, m = _deform_inputs(dtype, c=4, h=9, w=9, stride=(2, 2), padding=(1, 1),
+                                     offset_groups=2)
+    xc, oc, mc = (t.clone().requires_grad_() for t in (x, off, m))
+    xt, ot, mt = (t.to(TPU).requires_grad_() for t in (x, off, m))
+    want, got = cpu(xc, oc, mc), tpu(xt, ot, mt)
+    _assert_near(got, want, tol, "output")
+    gout = torch.randn(want.shape, generator=torch.Generator().manual_seed(24), dtype=dtype)
+    want.backward(gout)
+    got.backward(gout.to(TPU))
+    for name, a, b in [("input", xt, xc), ("offset", ot, oc), ("mask", mt, mc),
+                       ("weight", tpu.weight, cpu.weight), ("bias", tpu.bias, cpu.bias)]:
+        assert a.grad.device.type == TPU
+        _assert_near(a.grad, b.grad, tol, name)
+
+
+def test_deform_conv2d_runs_on_the_device_with_the_fallback_enabled(monkeypatch):
+    # with the CPU fallback on, an op without a lowering would still give CPU's values:
+    # the fallback counter (asserted empty by the fixture too) and its warning tell
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
+    x, off, weight, bias, m = (t.to(TPU).requires_grad_()
+                               for t in _deform_inputs(torch.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = tvops.deform_conv2d(x, off, weight, bias, mask=m)
+        out.sum().backward()
+    assert not torchtpu.metrics()["fallbacks"]
+    assert all(t.grad is not None and t.grad.device.type == TPU
+               for t in (x, off, weight, bias, m))
+
+
+def test_deform_conv2d_rejects_what_cpu_rejects():
+    x, off, weight, bias, m = _deform_inputs(torch.float32, b=2, h=6, w=6)  # out 4 x 4
+    ops = torch.ops.torchvision
+    conv = (1, 1, 0, 0, 1, 1, 1, 1)
+    cases = [
+        (x, weight, torch.zeros(2, 19, 4, 4), m, bias),  # offset channels: not 2 * 9
+        (x, weight, torch.zeros(2, 36, 4, 4), m, bias),  # 2 offset groups, 1 declared
+        (x, weight, torch.zeros(2, 18, 4, 5), m, bias),  # offset's width: not the output's
+        (x, weight, torch.zeros(3, 18, 4, 4), m, bias),  # offset's batch
+        (x, weight, off, torch.zeros(2, 8, 4, 4), bias),  # mask channels
+        (x, weight, off, torch.zeros(2, 9, 3, 4), bias),  # mask's height
+    ]
+    for args in cases:
+        with pytest.raises(RuntimeError) as cpu_err:
+            ops.deform_conv2d(*args, *conv, True)
+        with pytest.raises(RuntimeError) as tpu_err:
+            ops.deform_conv2d(*(a.to(TPU) for a in args), *conv, True)
+        # (NotImplementedError, a RuntimeError too, would mean no lowering)
+        assert type(tpu_err.value) is type(cpu_err.value)
+        assert str(tpu_err.value) in str(cpu_err.value), (str(cpu_err.value),
+                                                          str(tpu_err.value))
+    # the backward, and torchvision's function (which derives offset_groups from the
+    # offset's channels), raise as CPU's kernels do for a wrong offset
+    grad = torch.zeros(2, weight.shape[0], 4, 4)
+    bad = torch.zeros(2, 19, 4, 4)
+    for call in (lambda d: ops._deform_conv2d_backward(
+                     *(t.to(d) for t in (grad, x, weight, bad, m, bias)), *conv, True),
+                 lambda d: tvops.deform_conv2d(x.to(d), bad.to(d), weight.to(d), mask=m.to(d)),
+                 lambda d: tvops.deform_conv2d(x.to(d), bad[:, :5].to(d), weight.to(d))):
+        with pytest.raises(RuntimeError) as cpu_err:
+            call("cpu")
+        with pytest.raises(RuntimeError) as tpu_err:
+            call(TPU)
+        assert type(tpu_err.value) is type(cpu_err.value), tpu_err.value
+    # dtypes CPU's kernel does not take
+    for dt in (torch.bfloat16, torch.int32):
+        args = [t.to(dt) for t in (x, weight, off, m, bias)]
+        with pytest.raises(RuntimeError) as cpu_err:
+            ops.deform_conv2d(*args, *conv, True)
+        with pytest.raises(RuntimeError) as tpu_err:
+            ops.deform_conv2d(*(a.to(TPU) for a in args), *conv, True)
+        assert type(tpu_err.value) is type(cpu_err.value)
+        assert str(tpu_err.value) in str(cpu_err.value), (str(cpu_err.value),
+                                                          str(tpu_err.value))

@@ -1,14 +1,15 @@
 """Lowerings of torchvision's detection ops (``torch.ops.torchvision.*``): ``nms``,
-``roi_align``, ``roi_pool``, ``ps_roi_align`` and ``ps_roi_pool``, each with its
-backward.
+``roi_align``, ``roi_pool``, ``ps_roi_align``, ``ps_roi_pool`` and ``deform_conv2d``,
+each with its backward.
 
 torchvision registers these ops with kernels for CPU and CUDA only; without lowerings a
 ``tpu`` tensor reaches them through the CPU fallback (a host round trip per call) or
 raises ``NotImplementedError``.  This family is loaded when torchvision is imported
 (:func:`torchtpu.ops.table` looks for it), so ``torchvision.ops.nms``,
 ``batched_nms`` (built on ``nms``), ``roi_align`` / ``MultiScaleRoIAlign`` (autograd
-included: torchvision's own autograd function calls ``_roi_align_backward``) and
-``roi_pool`` run on the device.
+included: torchvision's own autograd function calls ``_roi_align_backward``),
+``roi_pool`` and ``deform_conv2d`` / ``DeformConv2d`` (autograd through
+``_deform_conv2d_backward``) run on the device.
 
 Values follow torchvision's CPU kernels operation by operation (float32 and float64;
 float16 computes in float32): the sampling points, the bilinear weights and the order of
@@ -19,12 +20,17 @@ within 1.2e-7 of CPU for values of order 1, gradients within 7e-7); the backward
 scatter-adds may also add in another order.  ``roi_pool`` (a maximum and its index) is
 CPU's bit for bit, ties and NaN pixels included.  ``nms`` keeps
 the same boxes in the same order as CPU, except for boxes whose scores tie: CPU orders
-ties by an unstable sort, here by index.
+ties by an unstable sort, here by index.  ``deform_conv2d`` and its backward sample as
+CPU does (its boundary rules, including the offset gradient's own per-corner rules);
+their products of columns and weights are matrix products (CPU's ``addmm``, in another
+summation order) and the offset and mask gradients sum the channels in another order
+(measured: float64 within 3e-14 of CPU, float32 within 5e-7 of each result's largest
+magnitude; float16, which CPU rounds after every step, within a few float16 ulps).
 
 Not lowered (``NotImplementedError`` naming the case, or the CPU fallback where it is on):
 ``roi_align`` / ``ps_roi_align`` with ``sampling_ratio <= 0`` (the adaptive grid: a
-number of samples per box that depends on the box, unknown when the program is built),
-``deform_conv2d``.  ``roi_pool`` and ``ps_roi_pool`` build a mask per bin over the
+number of samples per box that depends on the box, unknown when the program is built).
+``roi_pool`` and ``ps_roi_pool`` build a mask per bin over the
 image: memory grows with boxes x bins x height x width.
 """
 
@@ -34,7 +40,8 @@ import numpy as np
 import torch
 
 from torchtpu.ops import lower
-from torchtpu.ops._util import ieee_div, jnp, lax, npdt, tdtype
+from torchtpu.ops._util import (ieee_div, jnp, lax, matmul_precision, npdt,
+                                scalar_type_name, tdtype)
 
 _tv = torch.ops.torchvision
 
@@ -587,3 +594,332 @@ def ps_roi_pool_backward(grad, rois, channel_mapping, spatial_scale, pooled_heig
     cm = channel_mapping.astype(np.int32)
     bi = j.broadcast_to(batch[:, None, None, None], cm.shape)
     return out.at[bi, cm].add(per)
+
+
+# -------------------------------------------------------------------- deform_conv2d
+
+
+def _tdt(t):
+    """The torch dtype of a JAX array or a (meta) tensor."""
+    return t.dtype if isinstance(t, torch.Tensor) else tdtype(t)
+
+
+def _deform_checks(x, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                   dilation_h, dilation_w, groups, offset_groups, use_mask, kernel):
+    """The argument checks of torchvision's CPU ``deform_conv2d`` kernels, in CPU's order
+    and with its messages where it has one (all ``RuntimeError``), then its dtype rule
+    (``kernel``: the name CPU's dtype dispatch refuses under).  Returns the output's
+    height and width.  (CPU divides by zero for ``groups``, ``offset_groups`` or a stride
+    of 0: here a ``RuntimeError``.)"""
+    for name, t in (("input", x), ("offset", offset), ("weight", weight)):
+        if t.ndim != 4:
+            raise RuntimeError(f"deform_conv2d: {name} must be a 4-d tensor, got {t.ndim}-d")
+    if use_mask and mask.ndim != 4:
+        raise RuntimeError(f"deform_conv2d: mask must be a 4-d tensor, got {mask.ndim}-d")
+    b, c, in_h, in_w = x.shape
+    kh, kw = weight.shape[2], weight.shape[3]
+    if not (kh > 0 and kw > 0):
+        raise RuntimeError(f"weight_h: {kh} weight_w: {kw}")
+    if not (stride_h > 0 and stride_w > 0):
+        raise RuntimeError(f"stride_h: {stride_h} stride_w: {stride_w}")
+    if not (pad_h >= 0 and pad_w >= 0):
+        raise RuntimeError(f"pad_h: {pad_h} pad_w: {pad_w}")
+    if not (dilation_h > 0 and dilation_w > 0):
+        raise RuntimeError(f"dilation_h: {dilation_h} dilation_w: {dilation_w}")
+    if groups <= 0 or offset_groups <= 0:
+        raise RuntimeError(f"deform_conv2d: groups ({groups}) and offset_groups "
+                           f"({offset_groups}) must be positive")
+    if weight.shape[1] * groups != c:
+        raise RuntimeError(f"deform_conv2d: weight.shape[1] * groups ({weight.shape[1]} * "
+                           f"{groups}) must equal the input's channels ({c})")
+    if weight.shape[0] % groups != 0:
+        raise RuntimeError(f"deform_conv2d: weight.shape[0] ({weight.shape[0]}) must be a "
+                           f"multiple of groups ({groups})")
+    if offset.shape[1] != offset_groups * 2 * kh * kw:
+        raise RuntimeError(f"offset.shape[1] is not valid: got: {offset.shape[1]} expected: "
+                           f"{offset_groups * 2 * kh * kw}")
+    if use_mask and mask.shape[1] != offset_groups * kh * kw:
+        raise RuntimeError(f"mask.shape[1] is not valid: got: {mask.shape[1]} expected: "
+                           f"{offset_groups * kh * kw}")
+    if c % offset_groups != 0:
+        raise RuntimeError(f"deform_conv2d: the input's channels ({c}) must be a multiple of "
+                           f"offset_groups ({offset_groups})")
+    out_h = (in_h + 2 * pad_h - (dilation_h * (kh - 1) + 1)) // stride_h + 1
+    out_w = (in_w + 2 * pad_w - (dilation_w * (kw - 1) + 1)) // stride_w + 1
+    if offset.shape[0] != b:
+        raise RuntimeError("invalid batch size of offset")
+    if offset.shape[2] != out_h or offset.shape[3] != out_w:
+        raise RuntimeError(f"offset output dims: ({offset.shape[2]}, {offset.shape[3]}) - "
+                           f"computed output dims: ({out_h}, {out_w})")
+    if mask.ndim == 0 or mask.shape[0] != b:
+        raise RuntimeError("invalid batch size of mask")
+    if use_mask and (mask.shape[2] != out_h or mask.shape[3] != out_w):
+        raise RuntimeError(f"mask output dims: ({mask.shape[2]}, {mask.shape[3]}) - "
+                           f"computed output dims: ({out_h}, {out_w})")
+    if not (out_h > 0 and out_w > 0):
+        raise RuntimeError(f"Calculated output size too small - out_h: {out_h} out_w: {out_w}")
+    n_bias = int(np.prod(bias.shape))
+    if n_bias != weight.shape[0]:
+        raise RuntimeError(f"shape '[1, {weight.shape[0]}, 1, 1]' is invalid for input of "
+                           f"size {n_bias}")
+    dt = _tdt(x)
+    if dt not in (torch.float32, torch.float64, torch.float16):
+        raise RuntimeError(f'"{kernel}" not implemented for \'{scalar_type_name(dt)}\'')
+    for t in (offset, mask, weight):
+        if _tdt(t) != dt:
+            raise RuntimeError(f"expected scalar type {scalar_type_name(dt)} but found "
+                               f"{scalar_type_name(_tdt(t))}")
+    return out_h, out_w
+
+
+def _deform_meta(op, kernel, grad_first):
+    """A ``Lowering.meta`` for ``op``: CPU's argument checks (:func:`_deform_checks`,
+    whose ``RuntimeError`` the eager executor raises as CPU would), then torchvision's own
+    meta kernel (which checks nothing)."""
+
+    def meta(*args):
+        a = args[1:] if grad_first else args
+        oh, ow = _deform_checks(*a[:14], kernel)
+        if grad_first:
+            g = args[0]
+            want = (a[0].shape[0], a[1].shape[0], oh, ow)
+            if tuple(g.shape) != want or g.dtype != a[0].dtype:
+                raise RuntimeError(f"_deform_conv2d_backward: grad must be a "
+                                   f"{scalar_type_name(a[0].dtype)} tensor of shape "
+                                   f"{list(want)}, got {g.dtype} {list(g.shape)}")
+        return op(*args)
+
+    return meta
+
+
+def _deform_sampling(x, offset, T, offset_groups, kh, kw, out_h, out_w, stride_h, stride_w,
+                     pad_h, pad_w, dilation_h, dilation_w):
+    """The sampling points of ``deform_conv2d`` and their bilinear corners, as
+    torchvision's CPU kernels compute them, in numpy dtype ``T``: a dict of arrays of
+    shape (B, G_off, K, OH, OW) (``K = kh * kw``, kernel point ``i * kw + j``):
+    ``y``/``x`` (``(oy * stride - pad) + i * dilation + offset``, the integer part in
+    int then one add in ``T``, as CPU), ``ly``/``lx`` (``y - floor(y)``), ``hy``/``hx``
+    (``1 - l``), ``inside`` (CPU's ``bilinear_interpolate`` gives 0 where ``y <= -1``,
+    ``y >= H``, ``x <= -1`` or ``x >= W``), ``pos`` (B, G_off, K, OH, OW, 4) the flat
+    pixel index ``y * W + x`` of the corners (floor(y), floor(x)), (floor(y),
+    floor(x) + 1), (floor(y) + 1, floor(x)), (floor(y) + 1, floor(x) + 1), ``H * W``
+    (a zero pixel appended to the image) where the corner lies off the image, and ``v``
+    (B, G_off, K, OH, OW, 4, C / G_off): the corners' pixels of every channel of the
+    offset group (0 off the image: CPU's per-corner checks)."""
+    j = jnp()
+    b, c, h, w = x.shape
+    k = kh * kw
+    off = offset.astype(T).reshape(b, offset_groups, k, 2, out_h, out_w)
+    ki = np.repeat(np.arange(kh), kw)
+    kj = np.tile(np.arange(kw), kh)
+    base_y = (np.arange(out_h)[None, :, None] * stride_h - pad_h) + (ki * dilation_h)[:, None, None]
+    base_x = (np.arange(out_w)[None, None, :] * stride_w - pad_w) + (kj * dilation_w)[:, None, None]
+    y = j.asarray(base_y.astype(T)) + off[:, :, :, 0]  # (B, G_off, K, OH, OW)
+    xx = j.asarray(base_x.astype(T)) + off[:, :, :, 1]
+    yf, xf = j.floor(y), j.floor(xx)
+
+    def ifloor(f, n):  # int32 floor, clipped where the corners are off the image anyway
+        return j.where(j.isnan(f), -2, j.clip(f, -2, n)).astype(np.int32)
+
+    yl, xl = ifloor(yf, h), ifloor(xf, w)
+    yh, xh = yl + 1, xl + 1
+    ok_yl, ok_yh = (yl >= 0) & (yl < h), (yh >= 0) & (yh < h)
+    ok_xl, ok_xh = (xl >= 0) & (xl < w), (xh >= 0) & (xh < w)
+    corners = [(ok_yl & ok_xl, yl, xl), (ok_yl & ok_xh, yl, xh),
+               (ok_yh & ok_xl, yh, xl), (ok_yh & ok_xh, yh, xh)]
+    pos = j.stack([j.where(ok, cy * w + cx, h * w) for ok, cy, cx in corners], axis=-1)
+    # the image as (B, G_off, H * W + 1, C / G_off): one gather gives every channel of a
+    # corner; the appended pixel is the 0 of a corner off the image
+    cpg = c // offset_groups
+    flat = j.transpose(x.astype(T).reshape(b, offset_groups, cpg, h * w), (0, 1, 3, 2))
+    flat = j.pad(flat, ((0, 0), (0, 0), (0, 1), (0, 0)))
+    bi = j.arange(b)[:, None, None, None, None, None]
+    gi = j.arange(offset_groups)[None, :, None, None, None, None]
+    v = flat[bi, gi, pos]  # (B, G_off, K, OH, OW, 4, C / G_off)
+    one = j.asarray(1.0, T)
+    ly, lx = y - yf, xx - xf
+    inside = ~((y <= -1) | (y >= h) | (xx <= -1) | (xx >= w))
+    return dict(y=y, x=xx, yf=yf, xf=xf, ly=ly, lx=lx, hy=one - ly, hx=one - lx,
+                inside=inside, pos=pos, v=v)
+
+
+def _deform_bilinear(s):
+    """CPU's ``bilinear_interpolate`` of every sample and channel (B, G_off, K, OH, OW,
+    C / G_off): ``w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4`` (``w1 = hh * hw`` ...), 0
+    outside (-1, H) x (-1, W)."""
+    j = jnp()
+    hy, hx, ly, lx = s["hy"], s["hx"], s["ly"], s["lx"]
+    v = s["v"]
+    wts = [hy * hx, hy * lx, ly * hx, ly * lx]
+    val = None
+    for q in range(4):
+        term = wts[q][..., None] * v[..., q, :]
+        val = term if val is None else val + term
+    return j.where(s["inside"][..., None], val, j.zeros((), val.dtype))
+
+
+def _deform_columns(s, mask, use_mask, T, groups, k, out_h, out_w):
+    """CPU's ``deformable_im2col`` columns: the (masked) samples, as (B, groups,
+    C / groups, K, OH, OW); also the unmasked samples (B, G_off, K, OH, OW, C / G_off)."""
+    j = jnp()
+    bil = _deform_bilinear(s)
+    b, go = bil.shape[0], bil.shape[1]
+    col = bil
+    if use_mask:
+        m = mask.astype(T).reshape(b, go, k, out_h, out_w)
+        col = m[..., None] * bil
+    c = go * bil.shape[-1]
+    col = j.transpose(col, (0, 1, 5, 2, 3, 4)).reshape(b, groups, c // groups, k, out_h, out_w)
+    return col, bil
+
+
+def _deform_dtype(x):
+    dt = tdtype(x)
+    cdt = torch.float32 if dt == torch.float16 else dt
+    return cdt, npdt(cdt)
+
+
+@lower(_tv.deform_conv2d.default, precision=True,
+       meta=_deform_meta(_tv.deform_conv2d.default, "deformable_im2col", False))
+def deform_conv2d(x, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w,
+                  dilation_h, dilation_w, groups, offset_groups, use_mask):
+    """``torchvision::deform_conv2d`` (deformable convolution, v2 with ``use_mask``): ``x``
+    (B, C, H, W), ``weight`` (O, C / groups, kh, kw), ``offset`` (B, offset_groups * 2 *
+    kh * kw, OH, OW: per offset group and kernel point ``i * kw + j`` a (dy, dx) pair),
+    ``mask`` (B, offset_groups * kh * kw, OH, OW; ignored without ``use_mask``, where it
+    must have B rows), ``bias`` (O,) -> (B, O, OH, OW), as torchvision's CPU kernel
+    (``deform_conv2d_forward_kernel``, csrc/ops/cpu/deform_conv2d_kernel.cpp) computes it:
+    every channel of offset group ``g`` is sampled bilinearly at ``(oy * stride_h - pad_h
+    + i * dilation_h + dy, ox * stride_w - pad_w + j * dilation_w + dx)`` (0 outside (-1,
+    H) x (-1, W), each of the four corners 0 off the image), times the mask, and the
+    columns are multiplied by the weights of each group (a matrix product, float32 at the
+    matmul precision setting), plus the bias.  CPU's ``n_parallel_imgs`` (blocks of up to
+    32 images) only splits that product: here one product over the batch.  float32 and
+    float64 (float16 computes in float32); raises CPU's ``RuntimeError`` for bad shapes,
+    other dtypes and mismatched dtypes of input, offset, mask and weight."""
+    out_h, out_w = _deform_checks(x, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                                  pad_w, dilation_h, dilation_w, groups, offset_groups,
+                                  use_mask, "deformable_im2col")
+    cdt, T = _deform_dtype(x)
+    j = jnp()
+    b = x.shape[0]
+    o, cg, kh, kw = weight.shape
+    bias_t = bias.astype(T).reshape(1, o, 1, 1)
+    if b == 0:
+        return j.zeros((0, o, out_h, out_w), x.dtype)
+    k = kh * kw
+    s = _deform_sampling(x, offset, T, offset_groups, kh, kw, out_h, out_w, stride_h,
+                         stride_w, pad_h, pad_w, dilation_h, dilation_w)
+    col, _ = _deform_columns(s, mask, use_mask, T, groups, k, out_h, out_w)
+    wr = weight.astype(T).reshape(groups, o // groups, cg, k)
+    out = j.einsum("gock,bgckyx->bgoyx", wr, col, precision=matmul_precision(cdt),
+                   preferred_element_type=T)
+    return (out.reshape(b, o, out_h, out_w) + bias_t).astype(x.dtype)
+
+
+@lower(_tv._deform_conv2d_backward.default, precision=True,
+       meta=_deform_meta(_tv._deform_conv2d_backward.default, "compute_grad_offset_and_mask",
+                         True))
+def deform_conv2d_backward(grad, x, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                           pad_w, dilation_h, dilation_w, groups, offset_groups, use_mask):
+    """``torchvision::_deform_conv2d_backward``: the gradients ``(grad_input, grad_weight,
+    grad_offset, grad_mask, grad_bias)`` of :func:`deform_conv2d` for ``grad`` (B, O, OH,
+    OW), shaped and typed as ``x``, ``weight``, ``offset``, ``mask`` and ``bias``, with
+    the formulas of torchvision's CPU kernel (``deform_conv2d_backward_kernel``):
+
+    * the column gradients ``weight^T @ grad`` per group (CPU's ``columns``);
+    * ``grad_input`` (``deformable_col2im``): each column gradient times the mask times
+      ``(1 - |y - yp|) * (1 - |x - xp|)`` added to the pixels ``(yp, xp)`` on the image
+      within distance 1 of the sample, CPU's 3 x 3 neighbourhood test (adds in another
+      order: last-bit differences where samples share a pixel);
+    * ``grad_offset`` (``deformable_col2im_coord``): per sample, the sum over the offset
+      group's channels of mask * CPU's ``get_coordinate_weight`` * column gradient, where
+      the coordinate weight reads the four corners with per-corner checks only (no
+      (-1, H) x (-1, W) test: a sample exactly at ``y == -1`` or ``x == -1`` has a
+      gradient though its value is 0, unlike the derivative of the forward);
+    * ``grad_mask``: the sum over the channels of column gradient * the unmasked sample;
+      zeros shaped as ``mask`` without ``use_mask``;
+    * ``grad_weight``: ``grad @ columns^T`` per group; ``grad_bias``: ``grad`` summed over
+      batch, height and width.
+
+    Raises CPU's ``RuntimeError`` for bad shapes and dtypes (the forward's checks)."""
+    out_h, out_w = _deform_checks(x, weight, offset, mask, bias, stride_h, stride_w, pad_h,
+                                  pad_w, dilation_h, dilation_w, groups, offset_groups,
+                                  use_mask, "compute_grad_offset_and_mask")
+    cdt, T = _deform_dtype(x)
+    j = jnp()
+    b, c, h, w = x.shape
+    o, cg, kh, kw = weight.shape
+    k = kh * kw
+    go = offset_groups
+    cpg = c // go
+    g = grad.astype(T)
+    # CPU: ones_like(bias) * grad_out.sum({0, 2, 3})
+    grad_bias = (j.ones(bias.shape, T) * j.sum(g, axis=(0, 2, 3)).reshape(bias.shape))
+    if b == 0:
+        return (j.zeros(x.shape, x.dtype), j.zeros(weight.shape, weight.dtype),
+                j.zeros(offset.shape, offset.dtype), j.zeros(mask.shape, mask.dtype),
+                grad_bias.astype(bias.dtype))
+    prec = matmul_precision(cdt)
+    s = _deform_sampling(x, offset, T, go, kh, kw, out_h, out_w, stride_h, stride_w, pad_h,
+                         pad_w, dilation_h, dilation_w)
+    col, bil = _deform_columns(s, mask, use_mask, T, groups, k, out_h, out_w)
+    wr = weight.astype(T).reshape(groups, o // groups, cg, k)
+    gr = g.reshape(b, groups, o // groups, out_h, out_w)
+    # CPU's columns: weight[g]^T @ grad_out[g], (C / groups * K, B * OH * OW) per group
+    gcol = j.einsum("gock,bgoyx->bgckyx", wr, gr, precision=prec, preferred_element_type=T)
+    gcol = j.transpose(gcol.reshape(b, go, cpg, k, out_h, out_w), (0, 1, 3, 4, 5, 2))
+    m = mask.astype(T).reshape(b, go, k, out_h, out_w) if use_mask else None
+    v = s["v"]
+
+    # grad_offset: CPU's get_coordinate_weight (v1 = (yl, xl), v2 = (yl, xh),
+    # v3 = (yh, xl), v4 = (yh, xh)), times the mask, times the column gradient
+    cw_y = s["lx"][..., None] * (v[..., 3, :] - v[..., 1, :]) \
+        + s["hx"][..., None] * (v[..., 2, :] - v[..., 0, :])
+    cw_x = s["ly"][..., None] * (v[..., 3, :] - v[..., 2, :]) \
+        + s["hy"][..., None] * (v[..., 1, :] - v[..., 0, :])
+    if use_mask:
+        cw_y = m[..., None] * cw_y
+        cw_x = m[..., None] * cw_x
+    goff = j.stack([j.sum(cw_y * gcol, axis=-1), j.sum(cw_x * gcol, axis=-1)], axis=3)
+    grad_offset = goff.reshape(offset.shape)  # (B, G_off, K, 2, OH, OW)
+    if use_mask:
+        grad_mask = j.sum(gcol * bil, axis=-1).reshape(mask.shape)
+    else:
+        grad_mask = j.zeros(mask.shape, T)
+
+    # grad_input: CPU's deformable_col2im: of the pixels yp in int(y) - 1 .. int(y) + 1
+    # only floor(y) and floor(y) + 1 can lie within |y - yp| < 1; the weights are
+    # 1 - |y - yp|: 1 - (y - floor(y)) and 1 - |y - (floor(y) + 1)|
+    one = j.asarray(1.0, T)
+    dyh = j.abs(s["y"] - (s["yf"] + one))
+    dxh = j.abs(s["x"] - (s["xf"] + one))
+    wy = [(s["hy"], None), (one - dyh, dyh < one)]
+    wx = [(s["hx"], None), (one - dxh, dxh < one)]
+    pos = s["pos"]
+    upd, idx = [], []
+    for q, (a, bb) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+        wgt = wy[a][0] * wx[bb][0]
+        if use_mask:
+            wgt = m * wgt  # CPU: mask_value * weight * col
+        upd.append(wgt[..., None] * gcol)
+        near = [cond for cond in (wy[a][1], wx[bb][1]) if cond is not None]
+        p = pos[..., q]
+        for cond in near:
+            p = j.where(cond, p, h * w)
+        idx.append(p)
+    # one scatter, the corners innermost: per pixel the adds come in CPU's order of
+    # kernel points, output rows and columns, corners (its dy, dx loop)
+    upd = j.stack(upd, axis=-2)  # (B, G_off, K, OH, OW, 4, C / G_off)
+    idx = j.stack(idx, axis=-1)  # (B, G_off, K, OH, OW, 4)
+    bi = j.arange(b)[:, None, None, None, None, None]
+    gi = j.arange(go)[None, :, None, None, None, None]
+    gin = j.zeros((b, go, h * w + 1, cpg), T).at[bi, gi, idx].add(upd)
+    grad_input = j.transpose(gin[:, :, : h * w], (0, 1, 3, 2)).reshape(b, c, h, w)
+
+    # grad_weight: grad_out[g] @ columns[g]^T, over the batch
+    gw = j.einsum("bgoyx,bgckyx->gock", gr, col, precision=prec, preferred_element_type=T)
+    grad_weight = gw.reshape(weight.shape)
+    return (grad_input.astype(x.dtype), grad_weight.astype(weight.dtype),
+            grad_offset.astype(offset.dtype), grad_mask.astype(mask.dtype),
+            grad_bias.astype(bias.dtype))
