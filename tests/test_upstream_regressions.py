@@ -407,6 +407,7 @@ _ISIN_VALUES = {
 
 @pytest.mark.parametrize("invert", [False, True])
 @pytest.mark.parametrize("case", sorted(_ISIN_VALUES))
+@pytest.mark.usefixtures("fresh_shape_buckets")  # (an earlier file's isin churn buckets it)
 def test_isin_values_as_cpu_in_one_op(case, invert):
     """``isin`` is one executable (it was PyTorch's out= kernel around its decomposition:
     5 ops per call, 3 calls per generated token in HF's stopping criteria); values as
