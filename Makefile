@@ -1,9 +1,11 @@
 # One command each, on a fresh clone:
 #   make demo   - set up .venv and run the main job (python -m torchtpu.demo)
-#   make test   - set up .venv and run the test suite (what CI runs)
+#   make test   - set up .venv and run the test suite, then set up .venv-vision and run
+#                 the vision tests (what CI runs; VISION=0 skips the vision part)
 #   make conformance-vision - set up .venv-vision (torch 2.14.1 + torchvision) and run
 #                 the torchvision classification sweep (ARGS='--filter ^resnet' etc.)
-#   make test-vision - set up .venv-vision and run the torchvision tests (detection ops)
+#   make test-vision - set up .venv-vision and run the vision tests (torchvision's
+#                 detection ops and models, timm, transforms v2)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -32,8 +34,14 @@ demo: setup
 JOBS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
 XDIST := $(if $(filter 0 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
+# The main suite on torch 2.13.0, then the vision tests in their venv (below): both run
+# even when the first fails; the exit status fails if either did.  ARGS goes to the main
+# suite only.
+VISION ?= 1
 test: setup
-	$(PY) -m pytest tests $(XDIST) $(ARGS)
+	@rc=0; $(PY) -m pytest tests $(XDIST) $(ARGS) || rc=$$?; \
+	if [ "$(VISION)" != 0 ]; then $(MAKE) --no-print-directory test-vision ARGS= || rc=1; fi; \
+	exit $$rc
 
 test-full: setup
 	TORCHTPU_FULL_OPINFO=1 TORCHTPU_FULL_TESTS=1 $(PY) -m pytest tests $(XDIST) $(ARGS)
@@ -47,26 +55,27 @@ test-full: setup
 test-upstream: setup
 	TORCHTPU_TORCH_TESTS=1 $(PY) -m pytest tests/torch_upstream -rsP $(ARGS)
 
-# torchvision from PyPI does not import beside torch 2.13.0+cpu, so the vision sweep has
-# its own venv: torch 2.14.1 with its matching torchvision 0.29.1 (a CUDA build of torch,
-# ~6 GB; it runs on the CPU).
+# torchvision from PyPI does not import beside torch 2.13.0+cpu, so the vision tests and
+# sweep have their own venv: torch 2.14.1 with its matching torchvision 0.29.1 (a CUDA
+# build of torch, ~6 GB; it runs on the CPU), and timm.
 VISION_VENV ?= .venv-vision
 VPY := $(VISION_VENV)/bin/python
 
-$(VISION_VENV)/.installed: pyproject.toml
+$(VISION_VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VISION_VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(VPY) -m pip install -q -e . tqdm pytest
+	$(VPY) -m pip install -q -e . tqdm pytest pytest-xdist timm==1.0.31
 	touch $@
 
 conformance-vision: $(VISION_VENV)/.installed
 	$(VPY) -m torchtpu.conformance vision $(ARGS)
 
-# torchvision's detection ops (nms, roi_align) on tpu against CPU; torchvision does not
-# import beside torch 2.13.0+cpu, so these tests skip in `make test`
+# torchvision's detection ops and models, timm's models and transforms v2 on tpu against
+# CPU (these files skip in the main venv, where torchvision does not import)
+VISION_TESTS := tests/test_detection_ops.py tests/test_vision_models.py tests/test_vision_sweep.py
 test-vision: $(VISION_VENV)/.installed
-	$(VPY) -m pytest tests/test_detection_ops.py -p no:cacheprovider $(ARGS)
+	$(VPY) -m pytest $(VISION_TESTS) $(XDIST) -p no:cacheprovider $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VISION_VENV) *.egg-info

@@ -102,7 +102,11 @@ def _rois(k, batch, seed=6, dtype=torch.float32):
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("spatial_scale,sampling_ratio,out", [(1.0, 2, (3, 4)),
                                                                (0.5, 1, (2, 2)),
-                                                               (0.25, 3, (7, 7))])
+                                                               (0.25, 3, (7, 7)),
+                                                               # CPU's adaptive grid
+                                                               (1.0, -1, (3, 4)),
+                                                               (0.5, 0, (2, 2)),
+                                                               (2.0, -1, (2, 3))])
 def test_roi_align_and_its_gradient_match_cpu(dtype, tol, aligned, spatial_scale,
                                               sampling_ratio, out):
     g = torch.Generator().manual_seed(7)
@@ -131,10 +135,34 @@ def test_multiscale_roi_align_matches_cpu():
 
 
 def test_adaptive_sampling_ratio_is_refused_by_name(monkeypatch):
-    x = torch.randn(1, 1, 8, 8, device=TPU)
+    x = torch.randn(1, 4, 8, 8, device=TPU)
     rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 6.0]], device=TPU)
-    with pytest.raises(NotImplementedError, match="roi_align.*sampling_ratio=0"):
-        tvops.roi_align(x, rois, (2, 2), 1.0, 0, False)
+    with pytest.raises(NotImplementedError, match="ps_roi_align.*sampling_ratio=0"):
+        tvops.ps_roi_align(x, rois, (2, 2), 1.0, 0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)],
+                         ids=["float32", "float64"])
+def test_roi_align_adaptive_grid_of_boxes_of_many_sizes_matches_cpu(dtype, tol):
+    """Mask R-CNN's mask targets: ``roi_align`` with the default ``sampling_ratio=-1`` of
+    full-image masks, where each box has its own grid (1 to 27 samples a side here: one
+    executable loops over 32 x 32 grid points, each box uses its own)."""
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(2, 1, 60, 80, generator=g, dtype=dtype, requires_grad=True)
+    rois = torch.tensor([[0, 0, 0, 79, 59], [1, 10, 5, 12, 6], [0, 3, 4, 3, 4],
+                         [1, -20, -15, 100, 90], [0, 5.5, 7.25, 50.5, 33.75],
+                         [1, 70, 50, 200, 52]], dtype=dtype)
+    want = tvops.roi_align(x, rois, (4, 3), 1.0, -1, True)
+    xt = x.detach().to(TPU).requires_grad_()
+    rt = rois.to(TPU)
+    before = sum(torchtpu.metrics()["host_syncs"].values())
+    got = tvops.roi_align(xt, rt, (4, 3), 1.0, -1, True)
+    assert sum(torchtpu.metrics()["host_syncs"].values()) - before <= 1  # the largest grid
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    gout = torch.randn(want.shape, generator=g, dtype=dtype)
+    (gx,) = torch.autograd.grad(want, x, gout)
+    (gxt,) = torch.autograd.grad(got, xt, gout.to(TPU))
+    torch.testing.assert_close(gxt.cpu(), gx, rtol=tol, atol=4 * tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -191,7 +219,7 @@ def test_nms_puts_nan_scores_first_as_cpu():
     assert torch.equal(tvops.nms(b.to(TPU), s.to(TPU), 0.5).cpu(), tvops.nms(b, s, 0.5))
 
 
-@pytest.mark.parametrize("op", ["roi_align", "ps_roi_align"])
+@pytest.mark.parametrize("op", ["ps_roi_align"])
 def test_adaptive_sampling_ratio_goes_through_the_cpu_fallback_when_enabled(monkeypatch, op):
     # (torchvision's default sampling_ratio is -1; the refusal used to come while
     # tracing, where the fallback was never tried)

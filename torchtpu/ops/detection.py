@@ -27,9 +27,14 @@ summation order) and the offset and mask gradients sum the channels in another o
 (measured: float64 within 3e-14 of CPU, float32 within 5e-7 of each result's largest
 magnitude; float16, which CPU rounds after every step, within a few float16 ulps).
 
+``roi_align`` with ``sampling_ratio <= 0`` (CPU's adaptive grid, ``ceil(roi_h / PH)`` x
+``ceil(roi_w / PW)`` samples per bin, different per box: Mask R-CNN's mask targets)
+reads the boxes to the host first (a sync point) for a bound G on the grids; one
+executable per power of two G loops over G x G grid points, each box using its own.
+
 Not lowered (``NotImplementedError`` naming the case, or the CPU fallback where it is on):
-``roi_align`` / ``ps_roi_align`` with ``sampling_ratio <= 0`` (the adaptive grid: a
-number of samples per box that depends on the box, unknown when the program is built).
+``ps_roi_align`` with ``sampling_ratio <= 0``, and ``roi_align``'s adaptive grid under
+``torch.compile`` (the bound needs the boxes' values).
 ``roi_pool`` and ``ps_roi_pool`` build a mask per bin over the
 image: memory grows with boxes x bins x height x width.
 """
@@ -150,15 +155,10 @@ def nms(dets, scores, iou_threshold):
 
 
 
-def _roi_geometry(rois, dt, spatial_scale, ph_n, pw_n, sampling_ratio, aligned, height,
-                  width):
-    """The sampling points of every box as torchvision's CPU kernel computes them, in
-    dtype ``dt``: per box, bin and grid point the four pixel indices (flattened ``y *
-    width + x``, int32), their bilinear weights and whether the point lies on the map.
-    Shapes (N, PH, PW, GH, GW)."""
+def _roi_starts(rois, T, spatial_scale, ph_n, pw_n, aligned):
+    """Per box (N,): ``start_h``, ``start_w``, ``bin_h``, ``bin_w``, ``roi_h``, ``roi_w``
+    as torchvision's CPU RoIAlign kernels compute them in numpy dtype ``T``."""
     j = jnp()
-    T = npdt(dt)
-    gh = gw = sampling_ratio
     ss = j.asarray(spatial_scale, T)
     off = j.asarray(0.5 if aligned else 0.0, T)
     r = rois.astype(T)
@@ -174,20 +174,14 @@ def _roi_geometry(rois, dt, spatial_scale, ph_n, pw_n, sampling_ratio, aligned, 
         rh = j.maximum(rh, one)
     bin_h = ieee_div(rh, j.asarray(ph_n, T))
     bin_w = ieee_div(rw, j.asarray(pw_n, T))
+    return start_h, start_w, bin_h, bin_w, rh, rw
 
-    def axis(start, bin_size, n_bins, g):
-        # start + p * bin + T(i + .5) * bin / T(g), evaluated left to right as CPU does
-        p = j.arange(n_bins, dtype=T)
-        i = j.asarray(np.arange(g, dtype=np.float32) + np.float32(0.5), T)
-        a = start[:, None] + p[None, :] * bin_size[:, None]  # (N, P)
-        b = ieee_div(i[None, :] * bin_size[:, None], j.asarray(g, T))  # (N, G)
-        return a[:, :, None] + b[:, None, :]  # (N, P, G)
 
-    yy = axis(start_h, bin_h, ph_n, gh)[:, :, None, :, None]  # (N, PH, 1, GH, 1)
-    xx = axis(start_w, bin_w, pw_n, gw)[:, None, :, None, :]  # (N, 1, PW, 1, GW)
-    shape = (rois.shape[0], ph_n, pw_n, gh, gw)
-    yy = j.broadcast_to(yy, shape)
-    xx = j.broadcast_to(xx, shape)
+def _bilinear_points(yy, xx, T, height, width):
+    """CPU's ``pre_calc`` of sample points ``yy``/``xx`` (equal shapes): the four pixel
+    indices (flattened ``y * width + x``, int32), their bilinear weights and whether the
+    point lies on the map (``-1 <= y <= height``, the same for x)."""
+    j = jnp()
     inside = (yy >= -1.0) & (yy <= height) & (xx >= -1.0) & (xx <= width)
     zero = j.zeros((), T)
     y = j.where(yy <= 0, zero, yy)
@@ -212,6 +206,124 @@ def _roi_geometry(rois, dt, spatial_scale, ph_n, pw_n, sampling_ratio, aligned, 
     return pos, w, inside
 
 
+def _roi_geometry(rois, dt, spatial_scale, ph_n, pw_n, sampling_ratio, aligned, height,
+                  width):
+    """The sampling points of every box as torchvision's CPU kernel computes them, in
+    dtype ``dt``: per box, bin and grid point the four pixel indices (flattened ``y *
+    width + x``, int32), their bilinear weights and whether the point lies on the map.
+    Shapes (N, PH, PW, GH, GW)."""
+    j = jnp()
+    T = npdt(dt)
+    gh = gw = sampling_ratio
+    start_h, start_w, bin_h, bin_w, _, _ = _roi_starts(rois, T, spatial_scale, ph_n, pw_n,
+                                                       aligned)
+
+    def axis(start, bin_size, n_bins, g):
+        # start + p * bin + T(i + .5) * bin / T(g), evaluated left to right as CPU does
+        p = j.arange(n_bins, dtype=T)
+        i = j.asarray(np.arange(g, dtype=np.float32) + np.float32(0.5), T)
+        a = start[:, None] + p[None, :] * bin_size[:, None]  # (N, P)
+        b = ieee_div(i[None, :] * bin_size[:, None], j.asarray(g, T))  # (N, G)
+        return a[:, :, None] + b[:, None, :]  # (N, P, G)
+
+    yy = axis(start_h, bin_h, ph_n, gh)[:, :, None, :, None]  # (N, PH, 1, GH, 1)
+    xx = axis(start_w, bin_w, pw_n, gw)[:, None, :, None, :]  # (N, 1, PW, 1, GW)
+    shape = (rois.shape[0], ph_n, pw_n, gh, gw)
+    return _bilinear_points(j.broadcast_to(yy, shape), j.broadcast_to(xx, shape), T,
+                            height, width)
+
+
+# sampling_ratio <= 0 asks for CPU's adaptive grid: ceil(roi_h / PH) x ceil(roi_w / PW)
+# samples per bin, different per box.  The eager ``prepare`` step reads the largest grid
+# of the call's boxes (a sync point) and passes ``_ADAPTIVE + G``: the lowering loops
+# over G x G grid points (G a power of two above that largest grid: one executable per G)
+# and each box uses its own first grid points.
+_ADAPTIVE = -(1 << 30)
+
+
+def _prepared(sampling_ratio) -> bool:
+    """Whether ``sampling_ratio`` is a prepared adaptive grid, ``_ADAPTIVE + G``."""
+    return sampling_ratio < _ADAPTIVE // 2
+
+
+def _grid_bound(rois, spatial_scale, ph_n, pw_n, aligned) -> int:
+    """A power of two above every box's adaptive grid (rows and columns) of ``rois``
+    (K, 5; a tpu tensor): the boxes are read to the host (a sync point) and the grids
+    computed there (on the device, each new box count would compile its executables)."""
+    if rois.shape[0] == 0:
+        return 1
+    r = rois.detach().cpu()
+    r = r.to(torch.float64) if r.dtype == torch.float64 else r.to(torch.float32)
+    off = 0.5 if aligned else 0.0
+    rh = (r[:, 4] * spatial_scale - off) - (r[:, 2] * spatial_scale - off)
+    rw = (r[:, 3] * spatial_scale - off) - (r[:, 1] * spatial_scale - off)
+    g = torch.stack([torch.ceil(rh / ph_n), torch.ceil(rw / pw_n)])
+    top = float(torch.nan_to_num(g, 0.0, 0.0, 0.0).amax().cpu())
+    n = max(1, int(top) + 1)  # +1: the lowering's rounding may differ by one at an integer
+    return 1 << (n - 1).bit_length()
+
+
+def _adaptive_prepare(sr_pos, aligned_pos, ss_pos, ph_pos, pw_pos):
+    """A ``Lowering.prepare`` for the RoIAlign ops: ``sampling_ratio <= 0`` becomes
+    ``_ADAPTIVE + G`` (:func:`_grid_bound`)."""
+
+    def prepare(vals):
+        sr = vals[sr_pos]
+        rois = vals[1]
+        if sr > 0 or _prepared(sr) or not isinstance(rois, torch.Tensor) \
+                or rois.ndim != 2 or rois.shape[1] != 5 or not rois.is_floating_point():
+            return vals  # (bad rois: the lowering's checks raise CPU's error)
+        vals = list(vals)
+        aligned = True if aligned_pos is None else bool(vals[aligned_pos])
+        vals[sr_pos] = _ADAPTIVE + _grid_bound(rois, vals[ss_pos], vals[ph_pos],
+                                               vals[pw_pos], aligned)
+        return vals
+
+    return prepare
+
+
+def _adaptive_point(st, iy, ix, T, ph_n, pw_n, height, width):
+    """The bilinear points (as :func:`_bilinear_points`, shapes (N, PH, PW)) of grid point
+    ``(iy, ix)`` (traced int32) of every box's adaptive grid; ``st``: :func:`_roi_starts`
+    and the grids ``gh``, ``gw`` (N,).  ``inside`` is also False where the point lies
+    beyond the box's own grid."""
+    j = jnp()
+    start_h, start_w, bin_h, bin_w, gh, gw = st
+
+    def axis(start, bin_size, n_bins, i, g):
+        p = j.arange(n_bins, dtype=T)
+        a = start[:, None] + p[None, :] * bin_size[:, None]  # (N, P)
+        fi = (i.astype(np.float32) + np.float32(0.5)).astype(T)  # CPU: T(i + .5f)
+        b = ieee_div(fi * bin_size, g.astype(T))  # (N,)
+        return a + b[:, None]
+
+    n = start_h.shape[0]
+    shape = (n, ph_n, pw_n)
+    yy = j.broadcast_to(axis(start_h, bin_h, ph_n, iy, gh)[:, :, None], shape)
+    xx = j.broadcast_to(axis(start_w, bin_w, pw_n, ix, gw)[:, None, :], shape)
+    pos, w, inside = _bilinear_points(yy, xx, T, height, width)
+    mine = ((iy < gh) & (ix < gw))[:, None, None]
+    return pos, w, inside, j.broadcast_to(mine, shape)
+
+
+def _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, aligned):
+    """:func:`_roi_starts` with the adaptive grids instead of the box sizes: ``gh =
+    ceil(roi_h / PH)`` and ``gw`` (int32, CPU's ``roi_bin_grid_h``), and the count
+    ``max(gh * gw, 1)`` (N,) in ``T``."""
+    j = jnp()
+    start_h, start_w, bin_h, bin_w, rh, rw = _roi_starts(rois, T, spatial_scale, ph_n,
+                                                         pw_n, aligned)
+
+    def grid(size, n):
+        g = j.ceil(ieee_div(size, j.asarray(n, T)))
+        g = j.where(j.isfinite(g), g, 0)  # (CPU: undefined; here no samples)
+        return j.clip(g, -(1 << 30), 1 << 30).astype(np.int32)
+
+    gh, gw = grid(rh, ph_n), grid(rw, pw_n)
+    count = j.maximum(gh * gw, 1).astype(T)
+    return (start_h, start_w, bin_h, bin_w, gh, gw), count
+
+
 def _adaptive_refused(op):
     """A ``Lowering.meta`` for ``op`` (roi_align and ps_roi_align and their backward):
     torchvision's own meta kernel, after refusing ``sampling_ratio <= 0`` with
@@ -221,18 +333,22 @@ def _adaptive_refused(op):
               "_ps_roi_align_backward": 6}[op._schema.name.split("::")[1]]
 
     def meta(*args):
-        if args[sr_pos] <= 0:
-            _roi_align_args(str(op), args[1], args[sr_pos])
+        sr = args[sr_pos]
+        if _prepared(sr):  # prepared (see _ADAPTIVE): torchvision's meta reads no grid
+            args = args[:sr_pos] + (-1,) + args[sr_pos + 1:]
+        elif sr <= 0:
+            _roi_align_args(str(op), args[1], sr)
         return op(*args)
 
     return meta
 
 
-def _align_args(op, t, rois, sampling_ratio, what):
+def _align_args(op, t, rois, sampling_ratio, what, adaptive=False):
     """The checks of the RoIAlign kernels (``t``: the input or the gradient, named
     ``what`` in CPU's message) and the dtype they compute in (float16/bfloat16 in
-    float32): ``(torch dtype, numpy dtype)``."""
-    _roi_align_args(op, rois, sampling_ratio)
+    float32): ``(torch dtype, numpy dtype)``.  ``adaptive``: the op lowers a prepared
+    adaptive grid (``_ADAPTIVE + G``)."""
+    _roi_align_args(op, rois, sampling_ratio, adaptive)
     if tdtype(t) != tdtype(rois):
         raise RuntimeError(f"{what} should have the same type as rois")
     dt = tdtype(t)
@@ -240,9 +356,11 @@ def _align_args(op, t, rois, sampling_ratio, what):
     return cdt, npdt(cdt)
 
 
-def _roi_align_args(op, rois, sampling_ratio):
+def _roi_align_args(op, rois, sampling_ratio, adaptive=False):
     if rois.ndim != 2 or rois.shape[1] != 5:
         raise RuntimeError("rois must have shape as Tensor[K, 5]")
+    if adaptive and _prepared(sampling_ratio):
+        return
     if sampling_ratio <= 0:
         raise NotImplementedError(
             f"torchtpu: {op} with sampling_ratio={sampling_ratio} (the adaptive grid: "
@@ -250,20 +368,25 @@ def _roi_align_args(op, rois, sampling_ratio):
             f"(torchvision's detection models use 2) or enable the CPU fallback")
 
 
-@lower(_tv.roi_align.default,
+@lower(_tv.roi_align.default, prepare=_adaptive_prepare(5, 6, 2, 3, 4),
        meta=_adaptive_refused(_tv.roi_align.default))
 def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
     """``torchvision::roi_align``: (K, C, PH, PW) averages of bilinear samples of ``x``
     (B, C, H, W) over each box of ``rois`` (K, 5: batch index, x1, y1, x2, y2, in input
     coordinates times ``spatial_scale``), as torchvision's CPU kernel computes them.
-    Raises ``NotImplementedError`` for ``sampling_ratio <= 0``."""
-    cdt, _ = _align_args("torchvision::roi_align", x, rois, sampling_ratio, "input")
+    ``sampling_ratio <= 0`` (CPU's adaptive grid, ``ceil(roi_h / PH)`` x ``ceil(roi_w /
+    PW)`` samples per bin) reads the largest grid of the boxes first: a sync point in
+    eager; under ``torch.compile`` it raises ``NotImplementedError``."""
+    cdt, _ = _align_args("torchvision::roi_align", x, rois, sampling_ratio, "input", True)
     j = jnp()
     k = rois.shape[0]
     b, c, h, w = x.shape
     out_dt = x.dtype
     if k == 0 or c == 0:
         return j.zeros((k, c, pooled_height, pooled_width), out_dt)
+    if _prepared(sampling_ratio):
+        return _roi_align_adaptive(x, rois, spatial_scale, pooled_height, pooled_width,
+                                   sampling_ratio - _ADAPTIVE, aligned, cdt)
     pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
                                      sampling_ratio, aligned, h, w)
     # CPU: a sample off the map has weights 0 at pixel 0 (0 * a NaN pixel is NaN there too)
@@ -288,7 +411,59 @@ def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_rati
     return j.transpose(out, (0, 3, 1, 2)).astype(out_dt)
 
 
-@lower(_tv._roi_align_backward.default,
+def _roi_align_adaptive(x, rois, spatial_scale, ph_n, pw_n, G, aligned, cdt):
+    """:func:`roi_align` with CPU's adaptive grid, each box's grid points among G x G
+    (a loop over them: CPU's order of the sums)."""
+    j = jnp()
+    T = npdt(cdt)
+    b, c, h, w = x.shape
+    st, count = _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, aligned)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    flat = j.transpose(x.astype(T).reshape(b, c, h * w), (0, 2, 1))  # (B, H*W, C)
+    bi = batch[:, None, None]
+    zero = j.zeros((), T)
+
+    def body(t, acc):
+        pos, wts, inside, mine = _adaptive_point(st, t // G, t % G, T, ph_n, pw_n, h, w)
+        v = None
+        for q in range(4):  # CPU: a sample off the map has weights 0 at pixel 0
+            term = j.where(inside, wts[q], zero)[..., None] * flat[bi, j.where(inside, pos[q], 0)]
+            v = term if v is None else v + term
+        return acc + j.where(mine[..., None], v, zero)  # beyond the box's grid: nothing
+
+    acc = lax().fori_loop(0, G * G, body, j.zeros((rois.shape[0], ph_n, pw_n, c), T))
+    out = ieee_div(acc, count[:, None, None, None])  # (K, PH, PW, C)
+    return j.transpose(out, (0, 3, 1, 2)).astype(x.dtype)
+
+
+def _roi_align_backward_adaptive(grad, rois, spatial_scale, ph_n, pw_n, batch_size,
+                                 channels, height, width, G, aligned, cdt):
+    """:func:`roi_align_backward` with CPU's adaptive grid (see
+    :func:`_roi_align_adaptive`)."""
+    j = jnp()
+    T = npdt(cdt)
+    st, count = _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, aligned)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    g = j.transpose(grad.astype(T), (0, 2, 3, 1))  # (K, PH, PW, C)
+    cnt = count[:, None, None, None]
+    bi = j.broadcast_to(batch[:, None, None], (rois.shape[0], ph_n, pw_n))
+    zero = j.zeros((), T)
+
+    def body(t, out):
+        pos, wts, inside, mine = _adaptive_point(st, t // G, t % G, T, ph_n, pw_n, height,
+                                                 width)
+        keep = (inside & mine)[..., None]
+        for q in range(4):  # CPU: grad * w / count, where the sample lies on the map
+            contrib = j.where(keep, ieee_div(g * wts[q][..., None], cnt), zero)
+            out = out.at[bi, pos[q]].add(contrib)
+        return out
+
+    out = lax().fori_loop(0, G * G, body, j.zeros((batch_size, height * width, channels), T))
+    out = out.reshape(batch_size, height, width, channels)
+    return j.transpose(out, (0, 3, 1, 2)).astype(grad.dtype)
+
+
+@lower(_tv._roi_align_backward.default, prepare=_adaptive_prepare(9, 10, 2, 3, 4),
        meta=_adaptive_refused(_tv._roi_align_backward.default))
 def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size,
                        channels, height, width, sampling_ratio, aligned):
@@ -297,13 +472,17 @@ def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, b
     CPU kernel accumulates it (the adds may come in another order: last-bit
     differences)."""
     cdt, T = _align_args("torchvision::_roi_align_backward", grad, rois, sampling_ratio,
-                         "grad")
+                         "grad", True)
     j = jnp()
     out = j.zeros((batch_size, height * width, channels), T)
     k = rois.shape[0]
     if k == 0 or grad.size == 0:
         return j.transpose(out.reshape(batch_size, height, width, channels),
                            (0, 3, 1, 2)).astype(grad.dtype)
+    if _prepared(sampling_ratio):
+        return _roi_align_backward_adaptive(grad, rois, spatial_scale, pooled_height,
+                                            pooled_width, batch_size, channels, height,
+                                            width, sampling_ratio - _ADAPTIVE, aligned, cdt)
     pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
                                      sampling_ratio, aligned, height, width)
     batch = rois[:, 0].astype(T).astype(np.int32)
