@@ -134,11 +134,38 @@ def test_multiscale_roi_align_matches_cpu():
     torch.testing.assert_close(got.cpu(), want, rtol=2e-6, atol=2e-6)
 
 
-def test_adaptive_sampling_ratio_is_refused_by_name(monkeypatch):
-    x = torch.randn(1, 4, 8, 8, device=TPU)
+def test_adaptive_sampling_ratio_under_compile_is_refused_by_name():
+    # (the bound on the grids needs the boxes' values: eager reads them, a graph cannot)
+    f = torch.compile(lambda x, r: tvops.roi_align(x, r, (2, 2), 1.0, 0), backend="tpu")
+    x = torch.randn(1, 1, 8, 8, device=TPU)
     rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 6.0]], device=TPU)
-    with pytest.raises(NotImplementedError, match="ps_roi_align.*sampling_ratio=0"):
-        tvops.ps_roi_align(x, rois, (2, 2), 1.0, 0)
+    with pytest.raises(NotImplementedError, match="roi_align.*sampling_ratio=0"):
+        f(x, rois)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)],
+                         ids=["float32", "float64"])
+@pytest.mark.parametrize("sampling_ratio", [-1, 0])
+def test_ps_roi_align_adaptive_grid_and_its_gradient_match_cpu(dtype, tol, sampling_ratio):
+    """``ps_roi_align``'s adaptive grid: CPU divides by ``gh * gw`` without RoIAlign's
+    ``max(.., 1)``, so an empty or inverted box gives NaN (0 / 0) there, as here."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(2, 24, 20, 24, generator=g, dtype=dtype)
+    rois = torch.tensor([[0, 1, 1, 10, 12], [1, 3, 3, 2, 2.5], [0, -5, -6, 30, 41],
+                         [1, 4, 4, 4, 4], [0, 5, 5, 4, 9]], dtype=dtype)
+    want, want_map = torch.ops.torchvision.ps_roi_align(x, rois, 0.5, 3, 4, sampling_ratio)
+    got, got_map = torch.ops.torchvision.ps_roi_align(x.to(TPU), rois.to(TPU), 0.5, 3, 4,
+                                                     sampling_ratio)
+    assert want.isnan().any()  # (the empty boxes)
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol, equal_nan=True)
+    assert torch.equal(got_map.cpu(), want_map)
+    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+    c = tvops.ps_roi_align(xc, rois, (3, 4), 0.5, sampling_ratio)
+    t = tvops.ps_roi_align(xt, rois.to(TPU), (3, 4), 0.5, sampling_ratio)
+    gout = torch.randn(c.shape, generator=g, dtype=dtype)
+    (gc,) = torch.autograd.grad(c, xc, gout)
+    (gt,) = torch.autograd.grad(t, xt, gout.to(TPU))
+    torch.testing.assert_close(gt.cpu(), gc, rtol=tol, atol=4 * tol)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)],
@@ -217,24 +244,6 @@ def test_nms_puts_nan_scores_first_as_cpu():
     b = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [2, 2, 5, 5], [50, 50, 60, 60]])
     s = torch.tensor([0.9, float("nan"), 0.95, 0.7])
     assert torch.equal(tvops.nms(b.to(TPU), s.to(TPU), 0.5).cpu(), tvops.nms(b, s, 0.5))
-
-
-@pytest.mark.parametrize("op", ["ps_roi_align"])
-def test_adaptive_sampling_ratio_goes_through_the_cpu_fallback_when_enabled(monkeypatch, op):
-    # (torchvision's default sampling_ratio is -1; the refusal used to come while
-    # tracing, where the fallback was never tried)
-    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", True)
-    x = torch.randn(1, 12, 16, 16, generator=torch.Generator().manual_seed(14))
-    rois = torch.tensor([[0.0, 1.0, 1.0, 10.0, 12.0]])
-    f, size = getattr(tvops, op), ((3, 4) if op == "roi_align" else (2, 3))
-    xc, xt = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
-    c, t = f(xc, rois, size, 1.0, -1), f(xt, rois.to(TPU), size, 1.0, -1)
-    c.sum().backward()
-    t.sum().backward()
-    torch.testing.assert_close(t.detach().cpu(), c.detach())
-    torch.testing.assert_close(xt.grad.cpu(), xc.grad)
-    assert torchtpu.metrics()["fallbacks"].get(f"torchvision.{op}.default") == 1
-    torchtpu.reset_metrics()  # (the autouse fixture asserts no fallback otherwise)
 
 
 # ------------------------------------------------------------------- deform_conv2d

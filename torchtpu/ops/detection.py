@@ -27,14 +27,14 @@ summation order) and the offset and mask gradients sum the channels in another o
 (measured: float64 within 3e-14 of CPU, float32 within 5e-7 of each result's largest
 magnitude; float16, which CPU rounds after every step, within a few float16 ulps).
 
-``roi_align`` with ``sampling_ratio <= 0`` (CPU's adaptive grid, ``ceil(roi_h / PH)`` x
-``ceil(roi_w / PW)`` samples per bin, different per box: Mask R-CNN's mask targets)
-reads the boxes to the host first (a sync point) for a bound G on the grids; one
-executable per power of two G loops over G x G grid points, each box using its own.
+``roi_align`` and ``ps_roi_align`` with ``sampling_ratio <= 0`` (CPU's adaptive grid,
+``ceil(roi_h / PH)`` x ``ceil(roi_w / PW)`` samples per bin, different per box: Mask
+R-CNN's mask targets) read the boxes to the host first (a sync point) for a bound G on
+the grids; one executable per power of two G loops over G x G grid points, each box
+using its own.
 
 Not lowered (``NotImplementedError`` naming the case, or the CPU fallback where it is on):
-``ps_roi_align`` with ``sampling_ratio <= 0``, and ``roi_align``'s adaptive grid under
-``torch.compile`` (the bound needs the boxes' values).
+the adaptive grid under ``torch.compile`` (the bound needs the boxes' values).
 ``roi_pool`` and ``ps_roi_pool`` build a mask per bin over the
 image: memory grows with boxes x bins x height x width.
 """
@@ -306,10 +306,11 @@ def _adaptive_point(st, iy, ix, T, ph_n, pw_n, height, width):
     return pos, w, inside, j.broadcast_to(mine, shape)
 
 
-def _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, aligned):
+def _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, aligned, at_least_one=True):
     """:func:`_roi_starts` with the adaptive grids instead of the box sizes: ``gh =
     ceil(roi_h / PH)`` and ``gw`` (int32, CPU's ``roi_bin_grid_h``), and the count
-    ``max(gh * gw, 1)`` (N,) in ``T``."""
+    ``max(gh * gw, 1)`` (N,) in ``T`` (``ps_roi_align``: ``gh * gw``, ``at_least_one``
+    False: an empty box's 0 / 0 is CPU's NaN)."""
     j = jnp()
     start_h, start_w, bin_h, bin_w, rh, rw = _roi_starts(rois, T, spatial_scale, ph_n,
                                                          pw_n, aligned)
@@ -320,7 +321,7 @@ def _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, aligned):
         return j.clip(g, -(1 << 30), 1 << 30).astype(np.int32)
 
     gh, gw = grid(rh, ph_n), grid(rw, pw_n)
-    count = j.maximum(gh * gw, 1).astype(T)
+    count = (j.maximum(gh * gw, 1) if at_least_one else gh * gw).astype(T)
     return (start_h, start_w, bin_h, bin_w, gh, gw), count
 
 
@@ -593,22 +594,81 @@ def _ps_layout(k, c, ph_n, pw_n):
     return c_out, shape, j.broadcast_to(mapping[None], shape)
 
 
-@lower(_tv.ps_roi_align.default,
+def _ps_roi_align_adaptive(x, rois, spatial_scale, ph_n, pw_n, G, cdt, mapping):
+    """:func:`ps_roi_align` with CPU's adaptive grid (see :func:`_roi_align_adaptive`;
+    the count is ``gh * gw``, without CPU RoIAlign's ``max(.., 1)``)."""
+    j = jnp()
+    T = npdt(cdt)
+    b, c, h, w = x.shape
+    c_out = c // (ph_n * pw_n)
+    st, count = _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, True, False)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    xr = x.astype(T).reshape(b, c_out, ph_n, pw_n, h * w)
+    bi = batch[:, None, None]
+    phi = j.arange(ph_n)[None, :, None]
+    pwi = j.arange(pw_n)[None, None, :]
+    zero = j.zeros((), T)
+
+    def body(t, acc):
+        pos, wts, inside, mine = _adaptive_point(st, t // G, t % G, T, ph_n, pw_n, h, w)
+        v = None
+        for q in range(4):  # (K, PH, PW, C_out): the bin's own input channel
+            term = wts[q][..., None] * xr[bi, :, phi, pwi, pos[q]]
+            v = term if v is None else v + term
+        return acc + j.where((inside & mine)[..., None], v, zero)  # CPU: 0 off the map
+
+    acc = lax().fori_loop(0, G * G, body, j.zeros((rois.shape[0], ph_n, pw_n, c_out), T))
+    out = ieee_div(acc, count[:, None, None, None])
+    return j.transpose(out, (0, 3, 1, 2)).astype(x.dtype), mapping
+
+
+def _ps_roi_align_backward_adaptive(grad, rois, channel_mapping, spatial_scale, ph_n,
+                                    pw_n, G, batch_size, channels, height, width, cdt):
+    """:func:`ps_roi_align_backward` with CPU's adaptive grid."""
+    j = jnp()
+    T = npdt(cdt)
+    st, count = _adaptive_starts(rois, T, spatial_scale, ph_n, pw_n, True, False)
+    batch = rois[:, 0].astype(T).astype(np.int32)
+    g = j.transpose(grad.astype(T), (0, 2, 3, 1))  # (K, PH, PW, C_out)
+    cm = j.transpose(channel_mapping.astype(np.int32), (0, 2, 3, 1))
+    bi = j.broadcast_to(batch[:, None, None, None], cm.shape)
+    cnt = count[:, None, None, None]
+    zero = j.zeros((), T)
+
+    def body(t, out):
+        pos, wts, inside, mine = _adaptive_point(st, t // G, t % G, T, ph_n, pw_n, height,
+                                                 width)
+        keep = (inside & mine)[..., None]
+        for q in range(4):
+            contrib = j.where(keep, ieee_div(g * wts[q][..., None], cnt), zero)
+            out = out.at[bi, cm, j.broadcast_to(pos[q][..., None], cm.shape)].add(contrib)
+        return out
+
+    out = lax().fori_loop(0, G * G, body,
+                          j.zeros((batch_size, channels, height * width), T))
+    return out.reshape(batch_size, channels, height, width).astype(grad.dtype)
+
+
+@lower(_tv.ps_roi_align.default, prepare=_adaptive_prepare(5, None, 2, 3, 4),
        meta=_adaptive_refused(_tv.ps_roi_align.default))
 def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio):
     """``torchvision::ps_roi_align``: position-sensitive RoIAlign: output channel ``c`` of
     bin ``(ph, pw)`` averages the bilinear samples of input channel ``(c * PH + ph) * PW +
     pw``; (K, C / (PH * PW), PH, PW) values and that channel mapping (int32), as
     torchvision's CPU kernel computes them (the sample points are ``roi_align``'s with
-    ``aligned=True``; a sample off the map counts 0).  Raises ``NotImplementedError``
-    for ``sampling_ratio <= 0``."""
-    cdt, T = _align_args("torchvision::ps_roi_align", x, rois, sampling_ratio, "input")
+    ``aligned=True``; a sample off the map counts 0).  ``sampling_ratio <= 0``: CPU's
+    adaptive grid, as :func:`roi_align` (a sync point in eager)."""
+    cdt, T = _align_args("torchvision::ps_roi_align", x, rois, sampling_ratio, "input",
+                         True)
     j = jnp()
     k = rois.shape[0]
     b, c, h, w = x.shape
     c_out, shape, mapping = _ps_layout(k, c, pooled_height, pooled_width)
     if k == 0 or c_out == 0:
         return j.zeros(shape, x.dtype), j.zeros(shape, np.int32)
+    if _prepared(sampling_ratio):
+        return _ps_roi_align_adaptive(x, rois, spatial_scale, pooled_height, pooled_width,
+                                      sampling_ratio - _ADAPTIVE, cdt, mapping)
     pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
                                      sampling_ratio, True, h, w)
     batch = rois[:, 0].astype(T).astype(np.int32)
@@ -633,7 +693,7 @@ def ps_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_r
     return j.transpose(out, (0, 3, 1, 2)).astype(x.dtype), mapping
 
 
-@lower(_tv._ps_roi_align_backward.default,
+@lower(_tv._ps_roi_align_backward.default, prepare=_adaptive_prepare(6, None, 3, 4, 5),
        meta=_adaptive_refused(_tv._ps_roi_align_backward.default))
 def ps_roi_align_backward(grad, rois, channel_mapping, spatial_scale, pooled_height,
                           pooled_width, sampling_ratio, batch_size, channels, height, width):
@@ -641,11 +701,16 @@ def ps_roi_align_backward(grad, rois, channel_mapping, spatial_scale, pooled_hei
     :func:`ps_roi_align` for ``grad`` (K, C_out, PH, PW), added to each bin's input
     channel (``channel_mapping``) as CPU's kernel does (in another order)."""
     cdt, T = _align_args("torchvision::_ps_roi_align_backward", grad, rois, sampling_ratio,
-                         "grad")
+                         "grad", True)
     j = jnp()
     out = j.zeros((batch_size, channels, height * width), T)
     if rois.shape[0] == 0 or grad.size == 0:
         return out.reshape(batch_size, channels, height, width).astype(grad.dtype)
+    if _prepared(sampling_ratio):
+        return _ps_roi_align_backward_adaptive(grad, rois, channel_mapping, spatial_scale,
+                                               pooled_height, pooled_width,
+                                               sampling_ratio - _ADAPTIVE, batch_size,
+                                               channels, height, width, cdt)
     pos, wts, inside = _roi_geometry(rois, cdt, spatial_scale, pooled_height, pooled_width,
                                      sampling_ratio, True, height, width)
     batch = rois[:, 0].astype(T).astype(np.int32)
