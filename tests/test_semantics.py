@@ -1,6 +1,5 @@
 """Tensor semantics on tpu, each checked against the same PyTorch code on CPU."""
 
-import io
 import subprocess
 import sys
 
@@ -699,3 +698,30 @@ def test_empty_tensors_come_back_with_cpu_strides(eager_mode, shape):
     for got, ref in pairs:
         assert got.shape == ref.shape and got.dtype == ref.dtype
         assert got.stride() == ref.stride(), (got.stride(), ref.stride())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(12, dtype=torch.int8).reshape(3, 4),
+    lambda: torch.randn(2000, generator=torch.Generator().manual_seed(0)),  # summarized
+    lambda: torch.tensor([float("nan"), float("inf"), -0.0, 1e-8, 3.5]),
+    lambda: torch.tensor(2.5),
+    lambda: torch.tensor([], dtype=torch.int64),
+    lambda: torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16),
+    lambda: torch.tensor([1 + 2j, -0.5j], dtype=torch.complex64),
+    lambda: torch.tensor([True, False]),
+], ids=["int8", "summarized", "specials", "0d", "empty", "bfloat16", "complex", "bool"])
+def test_printing_formats_as_cpu_from_one_host_read(make):
+    """``repr`` formats the values as CPU's (the device suffix added) with one host read
+    (PyTorch's formatter calls ``item()`` per element, twice: 2N syncs; 3,340 per decode
+    step where torchao's int matmul checks ``"FakeTensor" in x.__repr__()``)."""
+    t = make()
+    d = t.to("tpu")
+    before = sum(torchtpu.metrics()["host_syncs"].values())
+    got = repr(d)
+    assert sum(torchtpu.metrics()["host_syncs"].values()) - before <= 1
+    want = repr(t)
+    assert got.replace("device='tpu:0', ", "").replace(",\n       device='tpu:0')", ")") \
+        .replace(", device='tpu:0')", ")") == want, (got, want)
+    assert "device='tpu:0'" in got
+    g = (torch.ones(3) * 2).requires_grad_()
+    assert "grad_fn=<MulBackward0>" in repr(g.to("tpu") * 3)

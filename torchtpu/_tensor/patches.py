@@ -89,6 +89,33 @@ def install() -> None:
     install_pinned()
     install_accelerator()
     install_module_apply()
+    install_printing()
+
+
+# ------------------------------------------------------------------- printing
+# ``repr(t)`` / ``print(t)`` format the values element by element: a 0-d tensor and an
+# ``item()`` per element, twice (PyTorch's ``_Formatter`` and ``_scalar_str``), each a
+# host sync on tpu (3,340 syncs for torchao's ``"FakeTensor" in x.__repr__()`` of one
+# decode step).  PyTorch copies xla, lazy, ipu and mtia tensors to the CPU before
+# formatting them; tpu tensors get the same: the contents are formatted from one host
+# copy (``_tensor_str``), the suffixes (device, dtype, grad_fn) from the tensor itself.
+_orig_tensor_str = None
+
+
+def _tensor_str_via_host(self, indent):
+    if self.device.type == "tpu":
+        with torch.no_grad():
+            self = self.detach().to("cpu")
+    return _orig_tensor_str(self, indent)
+
+
+def install_printing() -> None:
+    global _orig_tensor_str
+    import torch._tensor_str as ts
+
+    if _orig_tensor_str is None:
+        _orig_tensor_str = ts._tensor_str
+        ts._tensor_str = _tensor_str_via_host
 
 
 # --------------------------------------------------------------- pinned memory
