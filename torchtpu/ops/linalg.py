@@ -783,3 +783,161 @@ def linalg_eig(A):
         return j.zeros(A.shape[:-1], cdt), j.zeros(A.shape, cdt)
     w, v = runtime.jax().numpy.linalg.eig(A)
     return w, v
+
+
+# --- quantized matrix products (torchao's int8 / int8-weight / float8 paths) ----------
+
+def _int_mm_meta(a, b, out=None):
+    """Output of ``aten._int_mm`` (``out``: ``_int_mm.out``'s destination) after CPU's
+    checks (``_int_mm_out_cpu``, RuntimeError with its messages; PyTorch's meta kernel
+    words them differently)."""
+    torch._check(a.dim() == 2, lambda: f"int_mm_out_cpu: Expected self to be of dimension 2 "
+                                       f"but got {a.dim()}")
+    torch._check(b.dim() == 2, lambda: f"int_mm_out_cpu: Expected mat2 to be of dimension 2 "
+                                       f"but got {b.dim()}")
+    torch._check(a.size(1) == b.size(0),
+                 lambda: f"int_mm_out_cpu: self.size(1) needs to match mat2.size(0) but got "
+                         f"{a.size(1)} and {b.size(0)}")
+    torch._check(a.dtype in (torch.int8, torch.uint8),
+                 lambda: f"int_mm_out_cpu: Expected self dtype to be int8 or uint8 but got "
+                         f"{_CPP_NAME.get(a.dtype, scalar_type_name(a.dtype))}")
+    torch._check(b.dtype is torch.int8,
+                 lambda: f"int_mm_out_cpu: Expected mat2 dtype to be of type int8 but got "
+                         f"{_CPP_NAME.get(b.dtype, scalar_type_name(b.dtype))}")
+    torch._check(out is None or out.dtype is torch.int32,
+                 lambda: f"int_mm_out_cpu: Expected result dtype to be of type kInt but got "
+                         f"{_CPP_NAME.get(out.dtype, scalar_type_name(out.dtype))}")
+    return torch.empty((a.size(0), b.size(1)), dtype=torch.int32, device="meta")
+
+
+@lower(aten._int_mm.default, meta=_int_mm_meta)
+def _int_mm(a, b):
+    """``torch._int_mm``: int8 (M, K) (or uint8) x int8 (K, N) -> int32 (M, N), an XLA
+    integer dot accumulating in int32 (no float conversion), like CPU's
+    ``_int_mm_out_cpu`` (LinearAlgebra.cpp): exact, and a sum past the int32 range wraps
+    around as CPU's does.  Errors (RuntimeError, CPU's messages, ``_int_mm_meta``): either
+    operand not 2-D, ``a.size(1) != b.size(0)``, ``a`` not int8/uint8, ``b`` not int8.
+    CPU has no size constraints (M, N, K of any size, zero included).  ``_int_mm.out``
+    runs this and writes the result through (its destination must be int32)."""
+    j = jnp()
+    i32 = j.int32
+    if a.dtype != b.dtype:  # uint8 x int8: both widened to int16 (exact)
+        a, b = a.astype(j.int16), b.astype(j.int16)
+    return lax().dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=i32)
+
+
+def _weight_int8pack_mm_meta(x, w, scales):
+    """Output of ``aten._weight_int8pack_mm`` after CPU's checks
+    (``_weight_int8pack_mm_cpu``, RuntimeError with its messages; a 1-D ``x`` is an
+    IndexError there, from ``x.size(1)``)."""
+    x.size(1)  # IndexError for a 0-d / 1-d x, as on CPU
+    name = "_weight_int8pack_mm_cpu"
+    torch._check(x.dtype in (torch.float32, torch.bfloat16, torch.float16),
+                 lambda: f"{name} : expect A to be either 32-bit or 16-bit float tensor.")
+    torch._check(w.dtype is torch.int8, lambda: f"{name} : expect B to be int8 tensor.")
+    torch._check(w.is_contiguous(), lambda: f"{name} : expect B to be contiguous.")
+    torch._check(w.dim() == 2 and w.size(1) == x.size(1),
+                 lambda: f"{name} : expect B to be 2D tensor with size(1) == A.size(1).")
+    n = w.size(0)
+    torch._check(scales.dim() == 1 and scales.size(0) == n,
+                 lambda: f"{name} : expect scales to be 1d tensor with size {n}")
+    torch._check(x.dim() == 2, lambda: f"{name} : expect A to be 2D tensor.")
+    torch._check(scales.dtype == x.dtype,
+                 lambda: f"expected scalar type {scalar_type_name(x.dtype)} but found "
+                         f"{scalar_type_name(scales.dtype)}")
+    return torch.empty((x.size(0), n), dtype=x.dtype, device="meta")
+
+
+@lower(aten._weight_int8pack_mm.default, meta=_weight_int8pack_mm_meta)
+def _weight_int8pack_mm(x, w, scales):
+    """``torch._weight_int8pack_mm`` (int8 weight-only linear): ``x`` (M, K) float32 /
+    bfloat16 / float16, ``w`` int8 (N, K), ``scales`` (N,) in ``x``'s dtype -> (M, N) in
+    ``x``'s dtype: ``(x @ w.T)`` accumulated in float32, times ``scales`` in float32,
+    rounded once to ``x``'s dtype, as CPU's ``int8pack_mm_kernel`` (int8mm_kernel.cpp)
+    does.  ``w`` enters the dot converted to ``x``'s dtype (exact: int8 fits every float
+    format's significand) with a float32 accumulator.  Errors (``_weight_int8pack_mm_meta``,
+    CPU's types and messages): ``x`` not float32/bfloat16/float16 or not 2-D, ``w`` not
+    int8, K mismatch, ``scales`` not (N,) or not ``x``'s dtype."""
+    j = jnp()
+    f32 = j.float32
+    dt = tdtype(x)
+    acc = lax().dot_general(x, cast(w, dt), (((1,), (1,)), ((), ())), precision=highest(),
+                            preferred_element_type=f32)
+    return cast(acc * scales.astype(f32)[None, :], dt)
+
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _scaled_mm_meta(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                    use_fast_accum=False):
+    """Output of ``aten._scaled_mm`` after the checks of CPU's emulated kernel
+    (``_scaled_mm_out_cpu`` -> ``_scaled_mm_out_cpu_emulated``, LinearAlgebra.cpp), with
+    its exception types and messages; PyTorch's meta kernel follows CUDA (K a multiple of
+    16, column-major ``mat2``), which CPU does not ask for.  ValueError: not float8
+    operands / scales neither tensor-wise (one float32 element each) nor row-wise
+    (float32 (M, 1) and (1, N), contiguous).  RuntimeError: an operand not 2-D, K
+    mismatch, ``scale_result`` not one float32 element, ``bias`` without N elements."""
+    def tensorwise(t, s):
+        return t.dtype in _FP8 and s.dtype == torch.float32 and s.numel() == 1
+
+    def rowwise(t, s):
+        return (t.dtype in _FP8 and s.dtype == torch.float32 and s.dim() == 2
+                and s.size(0) == t.size(0) and s.size(1) == 1 and s.is_contiguous())
+
+    bt = b.t() if b.dim() == 2 else b
+    if not (tensorwise(a, scale_a) and tensorwise(bt, scale_b)):
+        if not (a.dim() == 2 and b.dim() == 2 and rowwise(a, scale_a)
+                and rowwise(bt, scale_b.t() if scale_b.dim() == 2 else scale_b)):
+            raise ValueError(
+                "Invalid scaling configuration.\n- For TensorWise scaling, a and b should be "
+                "float8, scales should be float and singletons.\n- For RowWise scaling, a and "
+                "b should be float8, scales should be float, scale_a should be "
+                f"({a.size(0) if a.dim() else 1}, 1) and scale_b should be "
+                f"(1, {b.size(-1) if b.dim() else 1}), and both should be contiguous.\n"
+                f"Got mat_a.dtype()={a.dtype}, scale_a.dtype()={scale_a.dtype}, "
+                f"scale_a.size()={list(scale_a.shape)}, mat_b.dtype()={b.dtype}, "
+                f"scale_b.dtype()={scale_b.dtype}, scale_b.size()={list(scale_b.shape)}")
+    torch._check(a.dim() == 2, lambda: "mat1 must be a matrix")
+    torch._check(b.dim() == 2, lambda: "mat2 must be a matrix")
+    torch._check(a.size(1) == b.size(0),
+                 lambda: f"mat_a and mat_b shapes cannot be multiplied ({a.size(0)}x{a.size(1)} "
+                         f"and {b.size(0)}x{b.size(1)})")
+    torch._check(scale_result is None or (scale_result.numel() == 1
+                                          and scale_result.dtype == torch.float32),
+                 lambda: "scale_result must be a float scalar")
+    torch._check(bias is None or bias.numel() == b.size(1),
+                 lambda: f"Bias must be size {b.size(1)} but got {bias.numel()}")
+    if bias is not None:
+        torch.broadcast_shapes(bias.shape, (a.size(0), b.size(1)))  # RuntimeError, as add_
+    return torch.empty((a.size(0), b.size(1)), dtype=out_dtype or a.dtype, device="meta")
+
+
+@lower(aten._scaled_mm.default, precision=False, meta=_scaled_mm_meta)
+def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+               use_fast_accum=False):
+    """``torch._scaled_mm`` for float8 (float8_e4m3fn / float8_e5m2, mixed allowed) operands
+    ``a`` (M, K), ``b`` (K, N), as CPU's emulated kernel (``_scaled_mm_out_cpu_emulated``)
+    computes it: ``(float32(a) * scale_a) @ (float32(b) * scale_b)`` in float32 (full
+    precision), ``+ bias`` (promoted, as ``add_`` into the float32 result), times
+    ``1 / scale_result`` only where ``out_dtype`` is given and float8, then cast to
+    ``out_dtype`` (default: ``a``'s dtype; float8_e4m3fn saturates like PyTorch's cast).
+    Scales are tensor-wise (one float32 element each) or row-wise (float32 (M, 1) and
+    (1, N)); CPU multiplies them into the operands before the product, so an fp8 x fp8
+    XLA dot scaled afterwards would round differently: the dot is float32 x float32.
+    ``use_fast_accum`` is ignored, as on CPU.  Errors: ``_scaled_mm_meta``.  (CPUs with
+    AMX run oneDNN's fp8 kernel instead, whose float32 sums may differ in the last ulp.)"""
+    j = jnp()
+    f32 = j.float32
+    sa = scale_a.astype(f32).reshape(() if scale_a.size == 1 else scale_a.shape)
+    sb = scale_b.astype(f32).reshape(() if scale_b.size == 1 else scale_b.shape)
+    fa = a.astype(f32) * sa
+    fb = b.astype(f32) * sb
+    out = j.matmul(fa, fb, precision=highest(), preferred_element_type=f32)
+    if bias is not None:
+        ct = torch.promote_types(torch.float32, tdtype(bias))
+        out = cast(cast(out, ct) + cast(bias, ct), torch.float32)
+    if out_dtype in _FP8 and scale_result is not None:
+        inv = (j.float32(1) / scale_result.astype(f32)).reshape(())
+        out = out * inv
+    return cast(out, out_dtype or tdtype(a))
