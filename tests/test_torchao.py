@@ -117,3 +117,39 @@ def test_int8_dynamic_activation_llama_logits_within_cpu_noise():
         got = dev(ids.to(TPU)).logits.cpu()
     bound = 2 * float((noise - want).abs().max()) + 1e-6
     assert float((got - want).abs().max()) <= bound
+
+
+def test_int8_dynamic_activation_matmul_is_an_integer_dot_without_host_reads():
+    """torchao's int matmul on tpu (``torchtpu.integrations.torchao``): ``aten._int_mm``
+    (an XLA integer dot with int32 accumulation), as on CPU, with no host read; K = 4096
+    with activations at the int8 extremes, where float32 sums of the products are not
+    exact (torchao's non-CPU fallback multiplied in float32, after formatting the
+    activation to look for "FakeTensor" in its repr: a host read per matmul)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(4096, 16, bias=False)
+    with torch.no_grad():
+        cpu.weight.copy_(torch.sign(torch.randn(16, 4096)))  # every weight at +-127
+    dev = copy.deepcopy(cpu).to(TPU)
+    for m in (cpu, dev):
+        quantize_(m, Int8DynamicActivationInt8WeightConfig())
+    x = torch.sign(torch.randn(3, 4096, generator=torch.Generator().manual_seed(1)))
+    x[:, :2048] = 1.0  # int32 sums up to ~4096 * 127 * 127: beyond float32's 2**24
+    xd = x.to(TPU)
+    seen = []
+
+    class Census(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        want = cpu(x)
+        dev(xd)  # (a first call: a shape-bucketed op may pad through the host once)
+        before = sum(torchtpu.metrics()["host_syncs"].values())
+        with Census():
+            got = dev(xd)
+        assert sum(torchtpu.metrics()["host_syncs"].values()) == before
+    assert "_int_mm" in seen and "mm" not in seen
+    assert torch.equal(got.cpu(), want)

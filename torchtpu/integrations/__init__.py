@@ -40,6 +40,7 @@ HOOKS: dict[str, str] = {
         "torchtpu.integrations.lightning:install",
     "sentence_transformers.util.environment":
         "torchtpu.integrations.sentence_transformers:install",
+    "torchao.kernel.intmm": "torchtpu.integrations.torchao:install",
     # imported by `import torch` already: applied at install (a small module, no imports)
     "torch.utils.data.dataloader": "torchtpu.integrations.torch_data:install",
 }
