@@ -153,3 +153,41 @@ def test_int8_dynamic_activation_matmul_is_an_integer_dot_without_host_reads():
         assert sum(torchtpu.metrics()["host_syncs"].values()) == before
     assert "_int_mm" in seen and "mm" not in seen
     assert torch.equal(got.cpu(), want)
+
+
+def test_float8_training_conversion_matches_cpu_eager_and_compiled():
+    """``torchao.float8.convert_to_float8_training``: every ``nn.Linear`` multiplies in
+    float8 through ``aten._scaled_mm`` (lowered as CPU's emulated kernel: operands scaled,
+    one float32 product).  CPU's reference runs with oneDNN off: on CPUs with AMX PyTorch
+    sends ``_scaled_mm`` to oneDNN, which rounds otherwise (up to 1.1e-5 here)."""
+    from torchao.float8 import convert_to_float8_training
+
+    cpu = _mlp()
+    dev = copy.deepcopy(cpu).to(TPU)
+    comp = copy.deepcopy(cpu).to(TPU)
+    for m in (cpu, dev, comp):
+        convert_to_float8_training(m)
+    compiled = torch.compile(comp, backend="tpu")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (cpu, dev, comp)]
+    g = torch.Generator().manual_seed(3)
+    for step in range(2):
+        x = torch.randn(16, 64, generator=g)
+        with torch.backends.mkldnn.flags(enabled=False):
+            want = cpu(x)
+            want.square().mean().backward()
+        outs = []
+        for fn in (dev, compiled):
+            y = fn(x.to(TPU))
+            y.square().mean().backward()
+            outs.append(y.detach().cpu())
+        for o in outs:
+            torch.testing.assert_close(o, want.detach(), rtol=1e-5, atol=1e-6)
+        for (name, p), q, r in zip(cpu.named_parameters(), dev.parameters(),
+                                   comp.parameters()):
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-7,
+                                       msg=lambda m, n=name: f"eager grad {n}: {m}")
+            torch.testing.assert_close(r.grad.cpu(), p.grad, rtol=1e-5, atol=1e-7,
+                                       msg=lambda m, n=name: f"compiled grad {n}: {m}")
+        for o in opts:
+            o.step()
+            o.zero_grad()
