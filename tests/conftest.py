@@ -41,6 +41,17 @@ def sync_first_calls(monkeypatch):
 
 
 @pytest.fixture
+def no_cpu_fallback(monkeypatch):
+    """The CPU fallback off for the test body (an op without a lowering raises), and a
+    failure if any op took it anyway (``metrics()["fallbacks"]`` stays empty): for tests
+    that claim a library's path runs on the device."""
+    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
+    torchtpu.reset_metrics()
+    yield
+    assert not torchtpu.metrics()["fallbacks"]
+
+
+@pytest.fixture
 def fresh_shape_buckets():
     """Forget which ops the shape buckets saw churning (``buckets.set_policy()``) and which
     families and lengths padded sequences saw (``padded.forget()``), before and after the

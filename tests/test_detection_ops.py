@@ -22,12 +22,7 @@ import torchtpu  # noqa: E402
 TPU = "tpu"
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback(monkeypatch):
-    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
-    torchtpu.reset_metrics()
-    yield
-    assert not torchtpu.metrics()["fallbacks"]
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 
 def _boxes(n, seed=0, dtype=torch.float32, scale=100.0):

@@ -32,12 +32,7 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback(monkeypatch):
-    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
-    torchtpu.reset_metrics()
-    yield
-    assert not torchtpu.metrics()["fallbacks"]
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 
 def _mlp():

@@ -17,17 +17,12 @@ import torch
 torchvision = pytest.importorskip("torchvision")
 from torchvision.models import detection  # noqa: E402
 
-import torchtpu  # noqa: E402
+import torchtpu  # noqa: E402,F401  (the tpu device)
 
 TPU = "tpu"
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback(monkeypatch):
-    monkeypatch.setattr(torch.tpu, "enable_cpu_fallback", False)
-    torchtpu.reset_metrics()
-    yield
-    assert not torchtpu.metrics()["fallbacks"]
+pytestmark = pytest.mark.usefixtures("no_cpu_fallback")
 
 
 def _to(targets, device):
