@@ -102,7 +102,7 @@ def main() -> int:
               f"{'' if close else '  MISMATCH'}  ({time.time() - t0:.0f} s)")
 
     def drift(m):
-        return max(float((p - q.detach().cpu()).abs().max())
+        return max(float((p.detach() - q.detach().cpu()).abs().max())
                    for p, q in zip(cpu.parameters(), m.parameters()))
 
     d_tpu, d_noise = drift(dev), drift(noise)

@@ -96,6 +96,23 @@ def test_int_mm_out():
     _raises_like_cpu(torch._int_mm, a, b, out=torch.empty(16, 8, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("make", [lambda d: torch.empty(3, 8, dtype=torch.int32, device=d),
+                                  lambda d: torch.empty(16, 9, dtype=torch.int32, device=d),
+                                  lambda d: torch.empty(16 * 8, dtype=torch.int32, device=d),
+                                  lambda d: torch.empty(8, 16, dtype=torch.int32,
+                                                        device=d).t()],
+                         ids=["rows", "cols", "1d", "transposed"])
+def test_int_mm_out_is_checked_never_resized_as_cpu(make):
+    # (CPU's _int_mm.out raises for an out of another shape or a non-contiguous one; the
+    # generic out= rule would resize it with a warning, or write through its strides)
+    a, b = _i8((16, 32), 6), _i8((32, 8), 7)
+    with pytest.raises(RuntimeError) as cpu:
+        torch._int_mm(a, b, out=make("cpu"))
+    with pytest.raises(RuntimeError) as got:
+        torch._int_mm(a.to(TPU), b.to(TPU), out=make(TPU))
+    assert str(got.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+
+
 @pytest.mark.parametrize("case", ["k", "dtype_a", "dtype_b", "uint8_b", "3d", "1d"])
 def test_int_mm_errors_like_cpu(case):
     a, b = _i8((16, 32), 0), _i8((32, 8), 1)

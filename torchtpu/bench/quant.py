@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             d = timing.measure(dev_step, lambda o: o.cpu(), rounds=args.rounds,
                                steps=args.steps)
             c = timing.measure(cpu_step, lambda o: o, rounds=args.rounds, steps=args.steps)
-            diff = float((d["last"].float() - c["last"].float()).abs().max())
+            diff = float((d["last"].detach().float() - c["last"].detach().float()).abs().max())
             row = {"what": what, "config": name, "tpu_ms": d["ms_median"],
                    "tpu_ms_range": [d["ms_min"], d["ms_max"]], "cpu_ms": c["ms_median"],
                    "cpu_ms_range": [c["ms_min"], c["ms_max"]],

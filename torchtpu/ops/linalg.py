@@ -807,6 +807,16 @@ def _int_mm_meta(a, b, out=None):
     torch._check(out is None or out.dtype is torch.int32,
                  lambda: f"int_mm_out_cpu: Expected result dtype to be of type kInt but got "
                          f"{_CPP_NAME.get(out.dtype, scalar_type_name(out.dtype))}")
+    if out is not None:  # CPU's out= is checked, never resized
+        for i, want in ((0, a.size(0)), (1, b.size(1))):
+            got = out.size(i) if out.dim() > i else None
+            torch._check(got == want, lambda i=i, want=want, got=got:
+                         f"int_mm_out_cpu: Expected result.size({i}) to be {want} but got "
+                         f"{got}")
+        torch._check(out.dim() == 2, lambda: f"int_mm_out_cpu: Expected result to be of "
+                                             f"dimension 2 but got {out.dim()}")
+        torch._check(out.is_contiguous(),
+                     lambda: "int_mm_out_cpu: Expected result to be contiguous.")
     return torch.empty((a.size(0), b.size(1)), dtype=torch.int32, device="meta")
 
 
