@@ -8,8 +8,8 @@ in groups of 32), ``int8dyn`` (``Int8DynamicActivationInt8WeightConfig``: int8 a
 times int8 weights, an integer dot on tpu).  Dynamic activation quantization rounds
 ``x / s`` per token, so a float32 rounding difference upstream can move an activation by
 one int8 step: CPU does that to itself (its embeddings one ulp up), so for ``int8dyn`` the
-logits are held to within twice CPU's own change (the project's noise rule), and greedy ids of a random
-model (whose top logits are nearly tied) are shown but not required to match.
+logits are held to within twice CPU's own change (the project's noise rule), and greedy
+ids of a random model (whose top logits are nearly tied) are shown, not required to match.
 """
 
 import argparse
