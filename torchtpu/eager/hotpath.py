@@ -27,9 +27,9 @@ A table entry is written by the general path after a call it ran with that execu
 (so the first call of a signature, its compile and PyTorch's meta checks, and every
 unusual call stay there); it is read before the general path by every later call.  Tables
 forget the entries of an executable the executable cache evicts, and are dropped whole
-when it is cleared (``executable_limit.LRUCache.on_drop``, :func:`drop`).  In DEFER_AND_FUSE mode the same tables serve the
-recording (the entry gives the executable to record; a pending value is an admitted
-input).  Not used in DEBUG mode, for random ops or ops with a data-dependent result
+when it is cleared (``executable_limit.LRUCache.on_drop``, :func:`drop`).  In
+DEFER_AND_FUSE mode the same tables serve the recording (the entry gives the executable to
+record; a pending value is an admitted input).  Not used in DEBUG mode, for random ops or ops with a data-dependent result
 shape, nor for calls with CPU scalar tensors.  The C++ form serves STRICT only.
 
 Counted in ``torchtpu.metrics()["hot_path_calls"]`` (each also counts as a cache hit).
