@@ -8,6 +8,8 @@ single-process model on the whole batch.  Plus single-process tests of
 ``UntypedStorage.resize_`` on tpu, which FSDP2 uses to free and re-allocate parameters.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -58,10 +60,18 @@ def ranks4(tmp_path_factory):
     return spawn_ranks("_dtensor_worker.py", 4, tmp_path_factory.mktemp("mesh2d"))
 
 
+_FOUR_RANKS = pytest.mark.skipif(
+    os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+    reason="4 rank processes (~25 s on CI's 2 cores): "
+    "TORCHTPU_FULL_TESTS=1; the default run tests DTensor and FSDP2 on 2 ranks")
+
+
+@_FOUR_RANKS
 def test_dtensor_on_a_2d_mesh(ranks4):
     _assert(ranks4, "mesh2d_dtensor")
 
 
+@_FOUR_RANKS
 def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(ranks4):
     _assert(ranks4, "mesh2d_fsdp2_tp_step")
 
