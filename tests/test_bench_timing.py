@@ -68,3 +68,27 @@ def test_memory_probe_measures_where_memory_lives():
     if res["where"] == "host" and res["peak_bytes"] is not None:
         assert res["peak_bytes"] >= 0
     assert "load average" in timing.load_line()
+
+
+def test_memory_probe_peak_is_never_negative_when_memory_is_freed_at_entry(monkeypatch):
+    """The host peak is ``VmHWM`` minus ``VmRSS`` read *after* the high-water mark is
+    reset: memory another thread frees between the two reads cannot make it negative (a
+    suite run measured -24,576 bytes when ``VmRSS`` was read first)."""
+    import io
+
+    state = {"reset": False}
+    rss = {False: 1000, True: 900}  # KiB: 100 KiB freed around the reset
+
+    class _ClearRefs(io.StringIO):
+        def close(self):
+            state["reset"] = True
+            super().close()
+
+    monkeypatch.setattr(timing, "open", lambda *a, **k: _ClearRefs(), raising=False)
+    monkeypatch.setattr(timing, "_proc_status_kib",
+                        lambda key: rss[state["reset"]] if key == "VmRSS" else 900)
+    monkeypatch.setattr(torch.tpu, "max_memory_allocated", lambda *a: 0)
+    with timing.memory_probe() as mem:
+        pass
+    if mem.result["where"] == "host":
+        assert mem.result["peak_bytes"] == 0

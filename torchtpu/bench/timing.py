@@ -149,9 +149,9 @@ class memory_probe:
       (the CPU platform, or a device without statistics);
     * ``"peak_bytes"``: PJRT's ``peak_bytes_in_use`` (its peak is process-wide: not reset
       by the probe, so read it in a fresh process for one workload) or, on the host, the
-      growth of the peak resident set (``VmHWM`` after the block minus ``VmRSS`` before;
-      the high-water mark is reset on entry through ``/proc/self/clear_refs``; None where
-      that is not possible);
+      growth of the peak resident set (``VmHWM`` after the block minus ``VmRSS`` read on
+      entry just after the high-water mark is reset through ``/proc/self/clear_refs``, so
+      never negative; None where that is not possible);
     * ``"jax_live_bytes"``: bytes of JAX's live arrays at the end of the block
       (``jax.live_arrays()``);
     * ``"tensor_bytes_peak"``: torchtpu's count of bytes held by live tpu tensor storages
@@ -167,7 +167,6 @@ class memory_probe:
 
         self._dev = runtime.jax_device(0)
         self._stats = self._dev.memory_stats() if hasattr(self._dev, "memory_stats") else None
-        self._rss0 = _proc_status_kib("VmRSS")
         self._reset = False
         if self._stats is None:
             try:
@@ -176,6 +175,9 @@ class memory_probe:
                 self._reset = True
             except OSError:
                 pass
+        # read after the reset: the high-water mark is then at least this RSS (read
+        # before it, memory other threads freed in between made the peak negative)
+        self._rss0 = _proc_status_kib("VmRSS")
         torch.tpu.reset_peak_memory_stats()
         self._jax = jax
         self.result = None
