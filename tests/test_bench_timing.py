@@ -90,5 +90,6 @@ def test_memory_probe_peak_is_never_negative_when_memory_is_freed_at_entry(monke
     monkeypatch.setattr(torch.tpu, "max_memory_allocated", lambda *a: 0)
     with timing.memory_probe() as mem:
         pass
-    if mem.result["where"] == "host":
-        assert mem.result["peak_bytes"] == 0
+    if mem.result["where"] != "host":
+        pytest.skip("the device reports its own peak (PJRT memory_stats)")
+    assert mem.result["peak_bytes"] == 0
