@@ -221,6 +221,9 @@ class Metrics:
             "seq_bucket_moves": 0,
             "graph_launches": 0,
             "stitched_calls": 0,
+            # storages a stitched step made whose device-side check then failed: reading
+            # one raises the check's error (eager.defer.poison)
+            "poisoned_storages": 0,
         }
         self.persistent_cache = {"hits": 0, "misses": 0, "load_seconds": 0.0}
         self.signature_cache = {"hits": 0, "stores": 0, "load_seconds": 0.0,

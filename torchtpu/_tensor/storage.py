@@ -187,6 +187,9 @@ def set_materializer(fn) -> None:
 # Lazy.node of a value that an asynchronous first call computes (``eager.async_compile``;
 # its Lazy.seg is the job, with a ``wait()`` that sets the value or raises its error)
 ASYNC = "async"
+# Lazy.node of a storage a stitched compiled step made and whose device-side check failed
+# (``eager.defer.poison``): reading it raises its ``error``
+POISONED = "poisoned"
 
 
 def settle(lz):
@@ -199,6 +202,13 @@ def settle(lz):
         elif lz.error is None:
             _MATERIALIZE()  # eager.defer runs the pending segment (a sync point)
         if lz.value is None and lz.error is not None:
+            if lz.node is POISONED:
+                raise RuntimeError(
+                    f"torchtpu: this tensor was made by a compiled step whose device-side "
+                    f"check then failed ({type(lz.error).__name__}: "
+                    f"{str(lz.error)[:300]}), so it holds no value: on CPU that step raised "
+                    f"before making it.  Make it again (e.g. the optimizer state a failed "
+                    f"first step created: optimizer.state.clear())") from lz.error
             raise RuntimeError(
                 f"torchtpu: this tensor's value was never computed: the deferred program "
                 f"that was to compute it failed ({type(lz.error).__name__}: "

@@ -142,6 +142,8 @@ def record_arrays(ex, arrays, dyn, index=None):
                 elif a.seg is seg:
                     refs.append((a.node, a.out))
                     continue
+                elif a.error is not None:  # its segment failed, or its step's check did
+                    _st.settle(a)  # (raises the story)
                 else:  # cannot happen: a live value of a flushed segment has its value
                     raise RuntimeError("torchtpu internal error: stale deferred value")
             k = ids.get(id(a))
@@ -281,11 +283,14 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
             M.sync(cause)
         else:
             M.segment_cuts[cause] += 1
+        made = _made(seg, live) if seg.guard[0] else None
         try:
             _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn)
         except BaseException as e:
             _failed(seg, inputs, live, e)
             raise
+        if made:
+            _watch(seg, live, made)
 
 
 def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
@@ -380,6 +385,65 @@ def _failed(seg, inputs, live, error) -> None:
     if lost:
         for flags, _, _ in [c for c in inflight.PENDING_CHECKS if id(c[0]) in lost]:
             inflight.drop_check(flags)
+
+
+# A segment with compiled graphs' device-side checks keeps, when a check fails, the old
+# values of the storages its graphs rewrote (_build's guard).  The storages it *made* (a
+# first step's momentum buffers, new ``.grad`` tensors, the loss) have no old value: CPU
+# raised before creating them.  They are poisoned when the check is found failed
+# (``host_reads.check_pending`` calls :func:`poison`): reading one raises the check's
+# error, instead of handing out values computed from the failed step.
+_MADE = weakref.WeakKeyDictionary()  # a segment's check flags (Lazy) -> its made storages
+
+
+def _made(seg, live):
+    """The storages that will hold values of segment ``seg`` and had none before it:
+    ``[(storage, Lazy)]``, taken before the segment runs.  (A storage made while a
+    segment records holds a Lazy value and is not counted yet; an older one is counted:
+    a graph's rewrite of it gets its old value back from the guard.)"""
+    made = []
+    for lz, _, _ in live:
+        o = lz.owner
+        sd = o() if o is not None else None
+        if sd is not None and sd.arr is lz and not sd.counted:
+            made.append((sd, lz))
+    return made
+
+
+def _watch(seg, live, made) -> None:
+    """After segment ``seg`` ran: remember its ``made`` storages (:func:`_made`) and the
+    arrays it gave them, under each of its graphs' check flags (weakly: nothing is kept
+    alive for this)."""
+    watched = [(_wref(sd), _wref(lz.value)) for sd, lz in made if lz.value is not None]
+    if not watched:
+        return
+    keys = set(seg.guard[0])
+    for lz, n, o in live:
+        if (n, o) in keys:
+            _MADE[lz] = watched
+
+
+def poison(flags, error) -> int:
+    """Check flags ``flags`` (the Lazy a stitched segment's graph returned) were found
+    set: every storage that segment made and that still holds the array it was given
+    raises ``error``'s story when read (``storage.settle``), as a value of a segment that
+    failed.  Returns how many storages were poisoned."""
+    watched = _MADE.pop(flags, None) if flags.__class__ is _Lazy else None
+    n = 0
+    for sref, vref in watched or ():
+        sd, v = sref(), vref()
+        if sd is None or v is None or sd.arr is not v:
+            continue
+        bad = _Lazy(None, _st.POISONED, 0, v.shape, v.dtype)
+        bad.error = error
+        bad.owner = sref
+        sd.arr = bad
+        if sd.counted:  # (its buffer is gone)
+            sd.counted = False
+            _st.ALLOCATOR.free(sd.index, sd.nbytes)
+        n += 1
+    M.compile["poisoned_storages"] += n
+    return n
 
 
 _COPY = None

@@ -82,12 +82,18 @@ def check_pending() -> None:
     if not allbad.any():
         return
     pos = 0
+    first = None
     for (flag, info, op), f in zip(pending, flags):
         bad = allbad[pos:pos + f.shape[0]]
         pos += f.shape[0]
         if bad.any():
             exc, msg = info[int(np.argmax(bad))]
-            raise exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
+            error = exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
+            # what a stitched step made from the failed values raises when read
+            _defer.poison(flag, error)
+            if first is None:
+                first = error
+    raise first
 
 
 _RETYPERS = _executable_limit.LRUCache(share=0.125)
