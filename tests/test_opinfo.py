@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 
+import _budget
 import pytest
 import torch
 
@@ -41,7 +42,9 @@ from torchtpu.conformance.opinfo import (
 
 FULL = os.environ.get("TORCHTPU_FULL_OPINFO", "") == "1"
 _env_samples = os.environ.get("TORCHTPU_OPINFO_SAMPLES")
-SAMPLES_PER_OP = int(_env_samples) if _env_samples else (None if FULL else 2)
+# one sample per op by default (plus the first sample passing each keyword argument it
+# misses: ``opinfo.limited_indices``); CI's time budget, see tests/_budget.py
+SAMPLES_PER_OP = int(_env_samples) if _env_samples else (None if FULL else 1)
 
 DTYPE = torch.float32
 
@@ -137,10 +140,26 @@ def _no_cpu_fallback():
     tpu_module.enable_cpu_fallback = saved
 
 
-@pytest.mark.parametrize("op", list(_cases()))
-def test_opinfo_float32(op, eager_mode):
-    """Each OpInfo's samples, in every eager mode (the ``eager_mode`` fixture)."""
-    (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP)
+def _mode_cases():
+    """Each case in STRICT; in DEFER_AND_FUSE (the same lowerings, fused) every third op by
+    default (CI's time budget; tests/test_eager_modes.py and the mode-parametrized tests
+    run that mode too), every op in every mode of ``EAGER_MODES`` with
+    ``TORCHTPU_FULL_OPINFO=1`` or ``TORCHTPU_FULL_TESTS=1``."""
+    from conftest import EAGER_MODES
+
+    for i, case in enumerate(_cases()):
+        for mode in EAGER_MODES:
+            if mode != "strict" and not (FULL or _budget.FULL or i % 3 == 0):
+                continue
+            yield pytest.param(case.values[0], mode, id=f"{case.id}-{mode}",
+                               marks=case.marks)
+
+
+@pytest.mark.parametrize("op,mode", list(_mode_cases()))
+def test_opinfo_float32(op, mode):
+    """Each OpInfo's samples in eager mode ``mode``."""
+    with torch.tpu.set_eager_mode(mode):
+        (pair,) = check_op(op, [DTYPE], SAMPLES_PER_OP)
     oid = op_id(op)
     _assert_pair_passes(pair, oid, "tpu")
 
@@ -189,7 +208,8 @@ def _compiled_cases():
         cases = list(_cases())
     else:
         by_id = {op_id(op): op for op in select_opinfos()}
-        cases = [pytest.param(by_id[n], id=n) for n in COMPILED_OPS]
+        # every other op of the cross-section by default (CI's time budget)
+        cases = [pytest.param(by_id[n], id=n) for n in _budget.every(COMPILED_OPS, 2)]
     for c in cases:
         (op,) = c.values
         oid = op_id(op)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import _budget
 import pytest
 
 pytestmark = pytest.mark.usefixtures("strict_mode")  # STRICT's own machinery
@@ -82,6 +83,7 @@ def test_second_process_loads_each_op_signature(tmp_path):
         "index out of bounds for dimension 0 with size 5"
 
 
+@_budget.full_only  # (the quick tier is opt-in; an 11 s process pair: CI's time budget)
 def test_quick_tier_entries_are_stored_and_tier_up_as_before(tmp_path):
     """With the quick compile tier on, a signature used once is stored at the quick
     tier; a later process loads it, and a second call still recompiles it at the full
