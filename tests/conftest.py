@@ -7,17 +7,30 @@ import torch
 
 import torchtpu  # noqa: F401
 
-
-# DEBUG runs STRICT's executables with a wait and checks after each op: the default run
-# (CI's time budget) leaves it to tests/test_eager_modes.py and the OpInfo sweep;
-# TORCHTPU_FULL_TESTS=1 runs every mode-parametrized test in it too
-EAGER_MODES = (["strict", "debug", "defer_and_fuse"]
-               if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else ["strict", "defer_and_fuse"])
+import _budget
 
 
-@pytest.fixture(params=EAGER_MODES)
+# The modes an ``eager_mode`` test runs in.  The default run (CI's time budget) takes
+# STRICT, and DEFER_AND_FUSE in the modules that set ``DEFER_BY_DEFAULT = True`` (those
+# about semantics: views, versions, hooks, failed checks) and in every third OpInfo op;
+# DEBUG runs STRICT's executables with a wait and checks after each op
+# (tests/test_eager_modes.py and the OpInfo sweep's own modes test it).
+# TORCHTPU_FULL_TESTS=1 runs every mode-parametrized test in all three.
+EAGER_MODES = ["strict", "debug", "defer_and_fuse"] if _budget.FULL else ["strict"]
+
+
+def pytest_generate_tests(metafunc):
+    if "eager_mode" in metafunc.fixturenames:
+        modes = list(EAGER_MODES)
+        if getattr(metafunc.module, "DEFER_BY_DEFAULT", False) and "defer_and_fuse" not in modes:
+            modes.append("defer_and_fuse")
+        metafunc.parametrize("eager_mode", modes, indirect=True)
+
+
+@pytest.fixture
 def eager_mode(request):
-    """Run the test body in each eager mode of ``EAGER_MODES`` (``torch.tpu.set_eager_mode``)."""
+    """Run the test body in each eager mode of ``EAGER_MODES`` (``torch.tpu.set_eager_mode``);
+    see ``pytest_generate_tests`` above."""
     with torch.tpu.set_eager_mode(request.param):
         yield request.param
 

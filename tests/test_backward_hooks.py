@@ -15,6 +15,9 @@ import textwrap
 import pytest
 import torch
 
+# eager_mode tests run in DEFER_AND_FUSE too in the default run (tests/conftest.py)
+DEFER_BY_DEFAULT = True
+
 SCRIPT = textwrap.dedent(r"""
     import json, sys
     import torch

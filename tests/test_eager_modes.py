@@ -10,6 +10,9 @@ import torch
 
 import torchtpu
 
+# eager_mode tests run in DEFER_AND_FUSE too in the default run (tests/conftest.py)
+DEFER_BY_DEFAULT = True
+
 TPU = "tpu"
 EM = torch.tpu.EagerMode
 

@@ -9,6 +9,9 @@ import warnings
 import pytest
 import torch
 
+# eager_mode tests run in DEFER_AND_FUSE too in the default run (tests/conftest.py)
+DEFER_BY_DEFAULT = True
+
 TPU = "tpu"
 
 

@@ -143,13 +143,13 @@ def _no_cpu_fallback():
 def _mode_cases():
     """Each case in STRICT; in DEFER_AND_FUSE (the same lowerings, fused) every third op by
     default (CI's time budget; tests/test_eager_modes.py and the mode-parametrized tests
-    run that mode too), every op in every mode of ``EAGER_MODES`` with
+    run that mode too), every op in STRICT, DEBUG and DEFER_AND_FUSE with
     ``TORCHTPU_FULL_OPINFO=1`` or ``TORCHTPU_FULL_TESTS=1``."""
-    from conftest import EAGER_MODES
-
+    full = FULL or _budget.FULL
+    modes = ["strict", "debug", "defer_and_fuse"] if full else ["strict", "defer_and_fuse"]
     for i, case in enumerate(_cases()):
-        for mode in EAGER_MODES:
-            if mode != "strict" and not (FULL or _budget.FULL or i % 3 == 0):
+        for mode in modes:
+            if mode != "strict" and not (full or i % 3 == 0):
                 continue
             yield pytest.param(case.values[0], mode, id=f"{case.id}-{mode}",
                                marks=case.marks)

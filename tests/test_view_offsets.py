@@ -13,6 +13,9 @@ import torch
 
 import torchtpu
 
+# eager_mode tests run in DEFER_AND_FUSE too in the default run (tests/conftest.py)
+DEFER_BY_DEFAULT = True
+
 
 def _misses():
     return torchtpu.metrics()["cache_misses"]
