@@ -1,7 +1,5 @@
 """Shared test setup: every test starts in the default eager mode with a clean sync log."""
 
-import os
-
 import pytest
 import torch
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import _budget
 import pytest
 import torch
 
@@ -362,6 +363,7 @@ def test_threads_dispatching_at_once(workers, monkeypatch, queue_limit):
     assert errors == []
 
 
+@_budget.full_only  # (a 16 s process; set_workers(0), the same switch, is tested in-process; CI's budget)
 def test_environment_variable_switches_it_off():
     code = ("import torch, torchtpu\n"
             "t = torch.ones(3, 5, device='tpu')\n"

@@ -99,6 +99,7 @@ def test_second_process_loads_traced_graphs_and_matches_cpu(tmp_path, stitch):
         assert second["compile"]["executable_cache_hits"] == first["compile"]["executables"]
 
 
+@_budget.full_only  # (tests/test_persistent_cache.py tests the off switch in one process; CI's budget)
 def test_graph_cache_off_with_persistent_cache_off():
     # TORCHTPU_CACHE_DIR=off: nothing loaded, every graph traced (one process: with
     # nothing stored, a second one has nothing it could load)

@@ -5,6 +5,7 @@
 
 import copy
 
+import _budget
 import pytest
 import torch
 import torch.nn as nn
@@ -88,6 +89,7 @@ def test_static_cache_generate_matches_cpu_and_does_not_recompile():
     assert end["recompiles"] == 0
 
 
+@_budget.full_only  # (STRICT's test above runs the same graphs; DEFER_AND_FUSE stitching: test_compile_runtime)
 def test_static_cache_generate_defer_and_fuse_matches_cpu():
     model = _tiny_llama()
     ids, mask = _prompt()

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import _budget
 import pytest
 import torch
 
@@ -64,6 +65,7 @@ def test_all_checks_pass(small_run):
     }
 
 
+@_budget.full_only  # (a second demo process; test_no_errors_and_no_fallback runs the demo; CI's budget)
 def test_cli_json(tmp_path):
     """``python -m torchtpu.demo --small --json PATH`` (MiniLM only, to keep it short):
     exit status 0 and the documented JSON keys."""

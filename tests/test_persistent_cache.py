@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import _budget
+
 
 PROGRAM = r"""
 import json, torch, torchtpu
@@ -73,6 +75,7 @@ def test_second_process_loads_every_executable(tmp_path):
     assert second["diff"] == first["diff"]
 
 
+@_budget.full_only  # (a 9 s process; the in-process tests read the same switch; CI's budget)
 def test_off_disables_it(tmp_path):
     res = _run("off")
     assert res["dir"] is None
