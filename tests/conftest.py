@@ -10,7 +10,7 @@ import _budget
 
 # The modes an ``eager_mode`` test runs in.  The default run (CI's time budget) takes
 # STRICT, and DEFER_AND_FUSE in the modules that set ``DEFER_BY_DEFAULT = True`` (those
-# about semantics: views, versions, hooks, failed checks) and in every third OpInfo op;
+# about semantics: views, versions, hooks, failed checks) and in every sixth OpInfo op;
 # DEBUG runs STRICT's executables with a wait and checks after each op
 # (tests/test_eager_modes.py and the OpInfo sweep's own modes test it).
 # TORCHTPU_FULL_TESTS=1 runs every mode-parametrized test in all three.

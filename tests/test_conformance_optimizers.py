@@ -10,6 +10,7 @@ float64 too, every scheduler and round trip; a few minutes).
 
 import os
 
+import _budget
 import pytest
 import torch
 from torch.testing._internal.common_optimizers import optim_db
@@ -54,7 +55,7 @@ def _explain(recs):
                      f"{r.get('where')} {r.get('detail') or r.get('reason')}" for r in recs)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _budget.every(NAMES, 2))  # (all: TORCHTPU_FULL_TESTS=1)
 def test_optimizer_matches_cpu(name):
     oi = _info(name)
     if oi.only_supports_sparse_grads:

@@ -6,6 +6,7 @@ length compiles nothing and that nothing syncs with the host."""
 
 import os
 
+import _budget
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,7 +126,7 @@ def _close(a, b, tol):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", _budget.every(sorted(CASES), 2))  # (all: TORCHTPU_FULL_TESTS=1)
 # a length past a power of two (130: capacity 256) by default; TORCHTPU_FULL_TESTS=1 adds a
 # length below the smallest capacity (9) -- CI's time budget
 @pytest.mark.parametrize("L", [9, 130] if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else [130])
