@@ -414,7 +414,12 @@ def _watch(seg, live, made) -> None:
     """After segment ``seg`` ran: remember its ``made`` storages (:func:`_made`) and the
     arrays it gave them, under each of its graphs' check flags (weakly: nothing is kept
     alive for this)."""
-    watched = [(_wref(sd), _wref(lz.value)) for sd, lz in made if lz.value is not None]
+    watched = []
+    for sd, lz in made:
+        try:
+            watched.append((_wref(sd), _wref(lz.value)))
+        except TypeError:  # (None, or a value without weak references: not watched)
+            pass
     if not watched:
         return
     keys = set(seg.guard[0])
