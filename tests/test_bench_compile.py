@@ -7,6 +7,7 @@ steps from the same initial weights) agree with plain PyTorch on CPU; the greedy
 import json
 import os
 
+import _budget
 import pytest
 import torch
 
@@ -17,8 +18,7 @@ from torchtpu.bench import compile as bench  # noqa: E402
 TPU_COLS = ("jax", "cpu", "strict", "defer_and_fuse", "compiled", "compiled_step")
 # the CNN and Llama rows, Inductor and the two-process cold/warm row take minutes on a
 # 2-core machine: `make test-full` (TORCHTPU_FULL_TESTS=1) runs them
-full_only = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
-                               reason="long: TORCHTPU_FULL_TESTS=1 (make test-full)")
+full_only = _budget.full_only
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,8 @@ MLP the same way: every rank trains on the same batch, so the last step's loss u
 on cpu tensors with gloo (``ddp_cpu``)."""
 
 import json
-import os
 
+import _budget
 import pytest
 
 from torchtpu.bench import dist as bench
@@ -14,7 +14,7 @@ from torchtpu.bench import dist as bench
 # two 2-process runs of the benchmark (~40 s on CI's 2 cores): `make test-full`
 # (TORCHTPU_FULL_TESTS=1); the default run checks the same collectives and DDP/FSDP2
 # steps against gloo in tests/test_distributed*.py
-pytestmark = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+pytestmark = pytest.mark.skipif(not _budget.FULL,
                                 reason="long: TORCHTPU_FULL_TESTS=1 (make test-full)")
 
 

@@ -19,7 +19,6 @@ report instead of pass/fail, every sample, float64 and eval mode:
 
 from __future__ import annotations
 
-import os
 import types
 
 import _budget
@@ -28,7 +27,7 @@ import torch
 
 from torchtpu.conformance import modules as cm
 
-FULL = os.environ.get("TORCHTPU_FULL_TESTS", "") == "1"
+FULL = _budget.FULL
 
 # every ModuleInfo of module_db (torch 2.13), in module_db's order
 ALL_MODULES = [

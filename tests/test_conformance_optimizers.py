@@ -8,7 +8,6 @@ own checks.  ``TORCHTPU_FULL_TESTS=1``: the whole sweep (every option set and va
 float64 too, every scheduler and round trip; a few minutes).
 """
 
-import os
 
 import _budget
 import pytest
@@ -17,7 +16,7 @@ from torch.testing._internal.common_optimizers import optim_db
 
 from torchtpu.conformance import optimizers as O
 
-FULL = os.environ.get("TORCHTPU_FULL_TESTS", "") == "1"
+FULL = _budget.FULL
 NAMES = [o.optim_cls.__name__ for o in optim_db]
 FAST_VARIANTS = ("default", "for-loop", "foreach", "fused")
 

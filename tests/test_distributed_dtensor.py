@@ -8,8 +8,8 @@ single-process model on the whole batch.  Plus single-process tests of
 ``UntypedStorage.resize_`` on tpu, which FSDP2 uses to free and re-allocate parameters.
 """
 
-import os
 
+import _budget
 import pytest
 import torch
 
@@ -61,7 +61,7 @@ def ranks4(tmp_path_factory):
 
 
 _FOUR_RANKS = pytest.mark.skipif(
-    os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+    not _budget.FULL,
     reason="4 rank processes (~25 s on CI's 2 cores): "
     "TORCHTPU_FULL_TESTS=1; the default run tests DTensor and FSDP2 on 2 ranks")
 

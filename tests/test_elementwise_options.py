@@ -12,8 +12,8 @@ ufuncs and ``EXTRA_OPS``), every sample, in every dtype of ``FULL_DTYPES`` it su
 
 from __future__ import annotations
 
-import os
 
+import _budget
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import (
@@ -27,7 +27,7 @@ from torchtpu.eager import buckets, executables, tiers
 
 pytestmark = [pytest.mark.usefixtures("strict_mode", "no_stored_executables")]
 
-FULL = os.environ.get("TORCHTPU_FULL_TESTS", "") == "1"
+FULL = _budget.FULL
 
 aten = torch.ops.aten
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import _budget
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,8 +27,7 @@ def _run_example(name, *args):
 # test-full` (TORCHTPU_FULL_TESTS=1); the default run tests the same library paths in
 # tests/test_integration_sentence_transformers.py, tests/test_torchao.py,
 # tests/test_integration_hf.py (pipeline) and tests/test_integration_lightning.py.
-full_only = pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
-                               reason="long: TORCHTPU_FULL_TESTS=1 (make test-full)")
+full_only = _budget.full_only
 
 
 def test_safetensors_example():

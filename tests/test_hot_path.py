@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import _budget
 import pytest
 import torch
 
@@ -314,7 +315,7 @@ def _default_ops():
         sys.path.pop(0)
     by_id = {op_id(op): op for op in select_opinfos()}
     ops = [n for n in DEFAULT_OPS if torch.float32 in by_id[n].supported_dtypes("cpu")]
-    if os.environ.get("TORCHTPU_FULL_TESTS") != "1":
+    if not _budget.FULL:
         # every sixteenth op in the default run (make test's time budget; test_opinfo runs
         # them all once); TORCHTPU_FULL_TESTS=1 runs each
         ops = ops[::16]
@@ -335,7 +336,7 @@ def test_opinfo_samples_again_on_the_hot_path(op, hot_impl, request):
     CPU on every sample."""
     from torchtpu.conformance.opinfo import check_op
 
-    if (hot_impl == "python" and os.environ.get("TORCHTPU_FULL_TESTS") != "1"
+    if (hot_impl == "python" and not _budget.FULL
             and request.node.callspec.id.split("-", 1)[-1] not in _PYTHON_FORM_OPS):
         pytest.skip("the Python form runs every other op of the subset (TORCHTPU_FULL_TESTS=1: all)")
 

@@ -4,7 +4,6 @@ configs (no download), the same initial weights (``copy.deepcopy`` before ``.to`
 same data and seeds."""
 
 import copy
-import os
 
 import _budget
 import pytest
@@ -147,7 +146,7 @@ def _sft_run(tmp_path, base, use_cpu):
     return trainer, losses
 
 
-@pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+@pytest.mark.skipif(not _budget.FULL,
                     reason="~35 s on CI's 2 cores (TRL's imports and two Trainer runs): "
                            "TORCHTPU_FULL_TESTS=1; the default run trains through "
                            "transformers' Trainer in tests/test_integration_hf.py")

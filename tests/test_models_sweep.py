@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import _budget
 import pytest
 
 pytest.importorskip("transformers")
@@ -31,7 +32,7 @@ KNOWN_FAILURES: dict = {}
 # OpInfo sweep and tests/test_eager_modes.py run it; a compiled step now runs as a fused
 # segment too): the default run leaves both out of this sweep to keep `make test` within
 # CI's budget; TORCHTPU_FULL_TESTS=1 (make test-full) includes them
-FULL = os.environ.get("TORCHTPU_FULL_TESTS") == "1"
+FULL = _budget.FULL
 MODES = models.MODES if FULL else tuple(
     m for m in models.MODES if m not in ("debug", "defer_and_fuse"))
 # The default run takes one of the subset's eight architectures, the encoder-decoder

@@ -4,7 +4,6 @@ as a runtime value.  Every value is checked against CPU PyTorch and against the 
 (padded sequences switched off); the counters show that the padded path ran, that a new
 length compiles nothing and that nothing syncs with the host."""
 
-import os
 
 import _budget
 import pytest
@@ -129,7 +128,7 @@ def _close(a, b, tol):
 @pytest.mark.parametrize("case", _budget.every(sorted(CASES), 2))  # (all: TORCHTPU_FULL_TESTS=1)
 # a length past a power of two (130: capacity 256) by default; TORCHTPU_FULL_TESTS=1 adds a
 # length below the smallest capacity (9) -- CI's time budget
-@pytest.mark.parametrize("L", [9, 130] if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else [130])
+@pytest.mark.parametrize("L", [9, 130] if _budget.FULL else [130])
 def test_padded_ops_match_cpu_and_the_exact_path(case, L):
     before, _, _ = _metrics()
     runs = before["runs"]

@@ -28,8 +28,8 @@ reduces in SIMD lanes, the sign it returns depends on the lane layout and the IS
 from __future__ import annotations
 
 import math
-import os
 
+import _budget
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,7 @@ INF, NAN = math.inf, math.nan
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 # the sweeps over shapes x dims (a new executable each): float32 in the default run
 # (make test's time budget), every float dtype with TORCHTPU_FULL_TESTS=1
-SWEEP_FLOATS = FLOATS if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else [torch.float32]
+SWEEP_FLOATS = FLOATS if _budget.FULL else [torch.float32]
 INTS = [torch.int32, torch.int64, torch.uint8]
 
 # every bound used below appears in X exactly

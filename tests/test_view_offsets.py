@@ -6,8 +6,8 @@ row, column, strided, bit-cast, conjugate and negative views, and views whose sl
 past the end of the storage.
 """
 
-import os
 
+import _budget
 import pytest
 import torch
 
@@ -212,7 +212,7 @@ def _random_view(rng, x):
 
 
 # one seed in the default run (CI's time budget); TORCHTPU_FULL_TESTS=1: four
-@pytest.mark.parametrize("seed", range(4 if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else 1))
+@pytest.mark.parametrize("seed", range(4 if _budget.FULL else 1))
 def test_random_box_views_read_and_write_as_cpu(seed, eager_mode):
     """Random views of 1-3-D storages (including dims of size 1), read and written with
     an in-place op, equal CPU: boxes of the storage array read by ``dynamic_slice`` and

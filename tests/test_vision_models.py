@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import _budget
 import pytest
 import torch
 
@@ -56,7 +57,7 @@ def fasterrcnn_pair():
     return m, copy.deepcopy(m).to(TPU)
 
 
-@pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+@pytest.mark.skipif(not _budget.FULL,
                     reason="a training step compiles ~100 s cold (CI's time budget; the "
                            "default run checks Faster R-CNN inference, the detection ops and "
                            "their gradients): TORCHTPU_FULL_TESTS=1 make test-vision")
@@ -91,7 +92,7 @@ def test_fasterrcnn_training_step_matches_cpu(fasterrcnn_pair):
     assert n > 50
 
 
-@pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+@pytest.mark.skipif(not _budget.FULL,
                     reason="a ResNet-50 FPN step compiles ~2 min cold (CI's time budget: "
                            "the default run trains Faster R-CNN, and tests the adaptive "
                            "RoIAlign grid Mask R-CNN's mask targets use in "
@@ -242,7 +243,7 @@ def test_transforms_v2_pipeline_on_tpu_images_matches_cpu():
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1.01 / 255 / 0.224)
 
 
-@pytest.mark.skipif(os.environ.get("TORCHTPU_FULL_TESTS") != "1",
+@pytest.mark.skipif(not _budget.FULL,
                     reason="a second process of Faster R-CNN compiles (~1 min cold): "
                            "TORCHTPU_FULL_TESTS=1 make test-vision, or run the example")
 def test_vision_detection_example_runs_and_matches_cpu():

@@ -5,7 +5,6 @@ CUDA, so tpu gave a contiguous output for a channels_last model)."""
 
 import copy
 
-import os
 
 import _budget
 import pytest
@@ -28,7 +27,7 @@ def _module(kind):
 @pytest.mark.parametrize("input_cl", [False, True])
 @pytest.mark.parametrize("weight_cl", [False, True])
 # a batch of 1 with TORCHTPU_FULL_TESTS=1 (CI's time budget)
-@pytest.mark.parametrize("batched", [2, 1, False] if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else [2, False])
+@pytest.mark.parametrize("batched", [2, 1, False] if _budget.FULL else [2, False])
 def test_convolution_output_strides_match_cpu(kind, input_cl, weight_cl, batched):
     m = _module(kind)
     nd = m.weight.dim()

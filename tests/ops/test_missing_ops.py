@@ -4,8 +4,8 @@ support, dtype/shape and seeded replay)."""
 
 from __future__ import annotations
 
-import os
 
+import _budget
 import pytest
 import torch
 import torch.nn.functional as F
@@ -422,7 +422,7 @@ def test_pad_backward_bfloat16_exact(mode, shape, pad):
     ((1, 2, 5, 6), dict(mode="bicubic", scale_factor=1.7)),
 ])
 def test_interpolate_backward(shape, kw, dtype):
-    if (dtype == torch.bfloat16 and os.environ.get("TORCHTPU_FULL_TESTS") != "1"
+    if (dtype == torch.bfloat16 and not _budget.FULL
             and kw["mode"] not in ("nearest", "bicubic")):
         pytest.skip("bfloat16: nearest and bicubic by default; TORCHTPU_FULL_TESTS=1: every mode")
     torch.manual_seed(0)
@@ -447,7 +447,7 @@ def test_interpolate_backward(shape, kw, dtype):
 def test_grid_sample_backward(nd, mode, padding_mode, align_corners):
     if nd == 3 and mode == "bicubic":
         pytest.skip("bicubic is 2-D only")
-    if os.environ.get("TORCHTPU_FULL_TESTS") != "1" and (
+    if not _budget.FULL and (
             ["bilinear", "nearest", "bicubic"].index(mode)
             + ["zeros", "border", "reflection"].index(padding_mode) + nd + align_corners) % 2:
         # (CI's time budget: each case compiles its own forward and backward; the default

@@ -8,8 +8,8 @@ own (``torchtpu/ops/nn.py``).
 """
 
 import itertools
-import os
 
+import _budget
 import pytest
 import torch
 
@@ -23,7 +23,7 @@ def _cases():
 
 # margin 0.5 with TORCHTPU_FULL_TESTS=1 (CI's time budget)
 @pytest.mark.parametrize("case,reduction,p,margin,weighted", list(itertools.product(
-    range(3), ["none", "mean", "sum"], [1, 2], [1.0, 0.5] if os.environ.get("TORCHTPU_FULL_TESTS") == "1" else [1.0],
+    range(3), ["none", "mean", "sum"], [1, 2], [1.0, 0.5] if _budget.FULL else [1.0],
     [False, True])))
 def test_multi_margin_loss_matches_cpu(case, reduction, p, margin, weighted):
     x, t = _cases()[case]
