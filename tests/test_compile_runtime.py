@@ -436,6 +436,7 @@ def _sgd_ce_pair(set_to_none=True):
             loss.backward()
             opt.step()
             return loss.detach()
+        step.opt = opt
         return opt, step
 
     _, step_c = make(cpu)
@@ -489,6 +490,41 @@ def test_a_failed_first_step_poisons_the_state_it_made():
         assert _both(step_c, step_t, _GOOD) == [None, None]
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p, q)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_steps_after_a_failed_one_without_a_sync_change_nothing(mode):
+    """A good step, then a failing one and a good one with no sync point between (the
+    error is raised at the next sync, as a tpu step's errors are): CPU raised in the
+    failing step and never ran the third, so parameters and momentum must be the first
+    step's.  (Before: the third step read the failed step's values, its own check
+    passed, and the parameters became NaN.)  What the failed step and the steps after it
+    made (their losses, ``.grad`` tensors) raises when read; after the error training goes
+    on and matches CPU."""
+    torch.tpu.set_eager_mode(mode)
+    try:
+        step_c, step_t, cpu, tpu, opt_t = _sgd_ce_pair()
+        assert _both(step_c, step_t, _GOOD) == [None, None]
+        x = _X.to("tpu")
+        step_t(x, _BAD.to("tpu"))
+        loss = step_t(x, _GOOD.to("tpu"))
+        with pytest.raises(IndexError):
+            float(loss)
+        with pytest.raises(IndexError):
+            step_c(_X, _BAD)
+        with pytest.raises(RuntimeError, match="device-side check then failed"):
+            float(loss)  # (the third step's loss: computed after the failure)
+        for p, q in zip(tpu.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=0, atol=1e-6)
+            torch.testing.assert_close(opt_t.state[p]["momentum_buffer"].cpu(),
+                                       step_c.opt.state[q]["momentum_buffer"], rtol=0,
+                                       atol=1e-6)
+        for _ in range(2):
+            assert _both(step_c, step_t, _GOOD) == [None, None]
+        for p, q in zip(tpu.parameters(), cpu.parameters()):
+            _close(p, q)
+    finally:
+        torch.tpu.set_eager_mode("strict")
 
 
 _EAGER_READ_GAP = pytest.mark.xfail(

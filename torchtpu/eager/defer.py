@@ -305,6 +305,9 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
         M.defer_adaptive["segments_replayed"] += 1
         M.defer_adaptive["ops_replayed"] += len(seg.nodes)
         results = _replay(seg, inputs, [(n, o) for _, n, o in live])
+        if seg.guard[0]:  # (its flags are live: the pending checks hold them)
+            pos = {(n, o): i for i, (_, n, o) in enumerate(live)}
+            _stick(seg.index, [results[pos[f]] for f in seg.guard[0] if f in pos])
         inflight.dispatched(results)
         _assign(live, results)
         return
@@ -312,6 +315,8 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
     donated = [inputs[i] for i in donate]
     kept = [a for i, a in enumerate(inputs) if i not in dset]
     del inputs
+    # a segment with graph checks reads and extends the device's failed-check flag
+    extra = (sticky_flag(seg.index),) if seg.guard[0] else ()
     if fn is None:
         M.segment_cache_misses += 1
         fn = _CACHE.put((skey, outs, donate),
@@ -320,7 +325,7 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
             _VARIANTS.setdefault((skey, donate), []).append(outs)
         t0 = time.perf_counter()
         with _metrics.compile_kind("segment"):
-            results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+            results = fn(donated, kept, _pack(seg.dyn, fn.groups), *extra)
         dt = time.perf_counter() - t0
         M.compiles += 1
         M.compile_seconds += dt
@@ -330,7 +335,10 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
     else:
         M.segment_cache_hits += 1
         _CACHE.move_to_end((skey, outs, donate))
-        results = fn(donated, kept, _pack(seg.dyn, fn.groups))
+        results = fn(donated, kept, _pack(seg.dyn, fn.groups), *extra)
+    if extra:
+        _STICKY[seg.index] = results[-1]
+        results = results[:-1]
     inflight.dispatched(results)
     if outs is not live_keys:  # a program returning more: the live ones, in order
         pos = {k: i for i, k in enumerate(outs)}
@@ -395,6 +403,49 @@ def _failed(seg, inputs, live, error) -> None:
 # error, instead of handing out values computed from the failed step.
 _MADE = weakref.WeakKeyDictionary()  # a segment's check flags (Lazy) -> its made storages
 
+# A failed check is raised at the next sync point, so steps recorded after the failing one
+# and before that sync run too, where CPU never ran them (it raised first): they must
+# change nothing either, though their own checks pass.  Every segment with graph checks
+# takes the device's *failed-check flag* (a bool scalar on the device: whether a check
+# failed since the checks were last verified) and returns it or-ed with its own flags;
+# its guard uses that, so a step after a failed one keeps the old values of what it
+# rewrote, and what it made is poisoned with the failure (``host_reads.check_pending``
+# poisons every segment's made storages from the first failed check on).  Verifying the
+# checks resets it (:func:`checks_verified`).  No host wait: the flag stays on the device.
+_STICKY: dict = {}  # device index -> bool[] JAX array, absent: no failure since the reset
+_FALSE: dict = {}  # device index -> bool[] False on it
+_OR = None
+
+
+def sticky_flag(index):
+    """Device ``index``'s failed-check flag: a bool scalar JAX array on it, true when a
+    stitched segment's device-side check failed since the checks were last verified."""
+    f = _STICKY.get(index)
+    if f is None:
+        f = _FALSE.get(index)
+        if f is None:
+            jax = runtime.jax()
+            f = _FALSE[index] = jax.device_put(np.bool_(False), runtime.jax_device(index))
+    return f
+
+
+def _stick(index, flags) -> None:
+    """Or the check ``flags`` (bool[n] JAX arrays) of a segment run op by op into device
+    ``index``'s failed-check flag."""
+    global _OR
+    if _OR is None:
+        jax = runtime.jax()
+        _OR = jax.jit(lambda s, fs: s | jax.numpy.any(
+            jax.numpy.stack([jax.numpy.any(f) for f in fs])))
+    if flags:
+        _STICKY[index] = _OR(sticky_flag(index), flags)
+
+
+def checks_verified() -> None:
+    """Every pending device-side check was read (``host_reads.check_pending``): no step
+    recorded from now on follows an unreported failure."""
+    _STICKY.clear()
+
 
 def _made(seg, live):
     """The storages that will hold values of segment ``seg`` and had none before it:
@@ -414,12 +465,7 @@ def _watch(seg, live, made) -> None:
     """After segment ``seg`` ran: remember its ``made`` storages (:func:`_made`) and the
     arrays it gave them, under each of its graphs' check flags (weakly: nothing is kept
     alive for this)."""
-    watched = []
-    for sd, lz in made:
-        try:
-            watched.append((_wref(sd), _wref(lz.value)))
-        except TypeError:  # (None, or a value without weak references: not watched)
-            pass
+    watched = [(_wref(sd), lz.shape, lz.dtype) for sd, lz in made]
     if not watched:
         return
     keys = set(seg.guard[0])
@@ -430,16 +476,17 @@ def _watch(seg, live, made) -> None:
 
 def poison(flags, error) -> int:
     """Check flags ``flags`` (the Lazy a stitched segment's graph returned) were found
-    set: every storage that segment made and that still holds the array it was given
-    raises ``error``'s story when read (``storage.settle``), as a value of a segment that
-    failed.  Returns how many storages were poisoned."""
+    set, or a check of a segment before it was: every storage that segment made raises
+    ``error``'s story when read (``storage.settle``), as a value of a segment that failed
+    (whatever it holds now: a later step that failed with it kept or recomputed its
+    failed value).  Returns how many storages were poisoned."""
     watched = _MADE.pop(flags, None) if flags.__class__ is _Lazy else None
     n = 0
-    for sref, vref in watched or ():
-        sd, v = sref(), vref()
-        if sd is None or v is None or sd.arr is not v:
+    for sref, shape, dtype in watched or ():
+        sd = sref()
+        if sd is None or (sd.arr.__class__ is _Lazy and sd.arr.node is _st.POISONED):
             continue
-        bad = _Lazy(None, _st.POISONED, 0, v.shape, v.dtype)
+        bad = _Lazy(None, _st.POISONED, 0, shape, dtype)
         bad.error = error
         bad.owner = sref
         sd.arr = bad
@@ -601,8 +648,8 @@ class _Compiled:
         self.jitted = jitted
         self.groups = groups
 
-    def __call__(self, donated, kept, packed):
-        return self.jitted(donated, kept, packed)
+    def __call__(self, donated, kept, packed, *sticky):
+        return self.jitted(donated, kept, packed, *sticky)
 
 
 def _guard_plan(nodes, flags, rewrites, live):
@@ -668,7 +715,7 @@ def _build(seg, live, donate, n_inputs):
             for i, o in enumerate(outs):
                 into[(n, i)] = o
 
-    def run(donated, kept, packed):
+    def run(donated, kept, packed, sticky=None):
         dyn = [packed[k][off:off + size].reshape(shape) for k, off, size, shape in layout]
         inputs = [None] * n_inputs
         for i, a in zip(donate, donated):
@@ -682,9 +729,10 @@ def _build(seg, live, donate, n_inputs):
 
         post = plan[0] if plan is not None else ()
         run_nodes([n for n in range(len(nodes)) if n not in post], dyn, outer, vals)
-        if rewrites:  # a failed check: the rewritten storages keep their old values
+        if flags:  # a failed check, here or in a step before the checks were read
             jnp = jax.numpy
-            bad = jnp.any(jnp.stack([jnp.any(vals[f]) for f in flags]))
+            bad = jnp.any(jnp.stack([jnp.any(vals[f]) for f in flags])) | sticky
+        if rewrites:  # a failed check: the rewritten storages keep their old values
             if plan is not None:
                 try:
                     _guarded_loop(jax, plan, rewrites, bad, run_nodes, dyn, outer, vals)
@@ -694,6 +742,8 @@ def _build(seg, live, donate, n_inputs):
             for new, old in rewrites:
                 if new[0] not in post:
                     vals[new] = jnp.where(bad, outer(old), vals[new])
+        if flags:
+            return (*(vals[k] for k in live), bad)
         return tuple(vals[k] for k in live)
 
     return _Compiled(

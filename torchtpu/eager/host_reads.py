@@ -79,6 +79,7 @@ def check_pending() -> None:
             if start is not None:
                 start()
     allbad = np.concatenate([np.asarray(f) for f in flags])
+    _defer.checks_verified()
     if not allbad.any():
         return
     pos = 0
@@ -89,10 +90,12 @@ def check_pending() -> None:
         if bad.any():
             exc, msg = info[int(np.argmax(bad))]
             error = exc(f"{msg} (in {op}; detected on the device, reported at this sync point)")
-            # what a stitched step made from the failed values raises when read
-            _defer.poison(flag, error)
             if first is None:
                 first = error
+        if first is not None:
+            # what a stitched step made from the failed values, or after them (its
+            # guard saw the device's failed-check flag), raises when read
+            _defer.poison(flag, first if not bad.any() else error)
     raise first
 
 
