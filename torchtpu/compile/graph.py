@@ -656,7 +656,7 @@ class GraphExecutable:
             plan = self.seq_plan
             seq_n = _seq.cache_length(args, plan)
             if seq_n is not None:  # the caches as capacity tensors, the length at run time
-                cap = _seq.capacity(seq_n, plan.k)
+                cap = _seq.capacity(seq_n, plan.k, _seq.entry_bytes(args, plan))
                 args = list(args)
                 for i, d in plan.caches:
                     args[i] = _seq.capacity_tensor(

@@ -8,7 +8,8 @@ attention reads the extended keys and values, and the graph returns them.  Compi
 concrete length, every decoded token is a new XLA executable.
 
 This module recognizes that pattern (:func:`analyze`) and runs such a graph on a
-*capacity* ``C`` (a power of two, at least 16) instead of the length: the cache inputs are
+*capacity* ``C`` (a power of two, at least 16, and 128 while the caches are small: see
+:func:`capacity`) instead of the length: the cache inputs are
 passed as ``C``-long arrays with zeros past their length ``n`` (``storage.Grown``, the
 representation of ``eager.growth`` and ``eager.padded``), ``n`` is a runtime value of the
 executable, the ``cat`` writes the new entries at offset ``n``
@@ -17,7 +18,7 @@ the keys past ``n + k`` (:func:`key_bias`).  The graph's outputs are the extende
 again ``C``-long with zeros past ``n + k``: the next step passes them back as they are.
 One executable serves every length up to ``C``; a cache that outgrows ``C`` is moved to
 ``2C`` on the device (:func:`capacity_array`), so a sequence of ``L`` tokens compiles
-about ``log2(L / 16)`` executables.
+about ``log2(L / 128)`` executables (one up to 128).
 
 Values are those of the exact executable: the padded keys get probability 0 (their
 scores are ``-inf`` before the softmax) and the new entries land where ``cat`` puts them.
@@ -46,6 +47,7 @@ import torch
 from torchtpu import _metrics
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import growth as _growth
 
 aten = torch.ops.aten
 M = _metrics.METRICS
@@ -200,13 +202,31 @@ def _sym_expr(s):
     return _sympy().sympify(s.node.expr)
 
 
-def capacity(n: int, k: int) -> int:
-    """The capacity for a cache of length ``n`` that a call extends by ``k``: the
-    smallest power of two >= ``n + k`` and >= :data:`MIN_CAPACITY`."""
-    c = MIN_CAPACITY
+def capacity(n: int, k: int, unit: int = 0) -> int:
+    """The capacity for caches of length ``n`` that a call extends by ``k``, whose
+    largest entry (one position along the growing dim) is ``unit`` bytes: the smallest
+    power of two >= ``n + k``, >= :data:`MIN_CAPACITY` and >= eager growth's least
+    capacity for such entries (``eager.growth.min_capacity``: 128 while small, so a short
+    generation compiles one bucketed executable, not one per doubling, and a cache
+    grown by eager ``cat`` is passed on without a move)."""
+    c = max(MIN_CAPACITY, _growth.min_capacity(unit))
     while c < n + k:
         c *= 2
     return c
+
+
+def entry_bytes(args, plan) -> int:
+    """The largest number of bytes per position along the growing dim among the call's
+    cache inputs (``plan.caches``)."""
+    unit = 0
+    for i, d in plan.caches:
+        a = args[i]
+        per = a.dtype.itemsize
+        for j, s in enumerate(a.shape):
+            if j != d:
+                per *= s
+        unit = max(unit, per)
+    return unit
 
 
 def cache_length(args, plan) -> int | None:

@@ -111,15 +111,18 @@ def rule_for(op):
     return None
 
 
+def min_capacity(unit: int) -> int:
+    """The least capacity of a growing tensor whose entries are ``unit`` bytes each: 128
+    while that costs at most ``_SMALL_BYTES`` (fewer capacities, so fewer executables,
+    for short sequences: a 12-token prompt and 64 new tokens need one capacity instead
+    of four), else 1.  Shared by ``compile.seq_buckets`` (compiled decoding steps)."""
+    return _MIN_CAPACITY if _MIN_CAPACITY * unit <= _SMALL_BYTES else 1
+
+
 def _capacity(n: int, unit: int) -> int:
     """The capacity for ``n`` entries of ``unit`` bytes each: a power of two above ``n``,
-    and at least 128 while that costs at most ``_SMALL_BYTES`` (fewer capacities, so
-    fewer executables, for short sequences: a 12-token prompt and 64 new tokens need one
-    capacity instead of four)."""
-    cap = 1 << n.bit_length()
-    if cap < _MIN_CAPACITY and _MIN_CAPACITY * unit <= _SMALL_BYTES:
-        cap = _MIN_CAPACITY
-    return cap
+    and at least :func:`min_capacity`."""
+    return max(1 << n.bit_length(), min_capacity(unit))
 
 
 def _unit(a, n: int) -> int:
