@@ -36,6 +36,18 @@ def test_total_memory_matches_mem_get_info():
     assert torch.accelerator.get_memory_info(0)[1] == props.total_memory
 
 
+def test_accelerator_calls_without_a_device_work_as_on_cuda():
+    # vLLM's model loader calls torch.accelerator.empty_cache() with no argument; it
+    # raised TypeError (the tpu route passed a device index to torch.tpu.empty_cache)
+    t = torch.ones(1024, device="tpu")
+    del t
+    assert torch.accelerator.empty_cache() is None
+    # (PyTorch's empty_host_cache reached no host allocator for tpu: a segfault)
+    assert torch.accelerator.empty_host_cache() is None
+    torch.accelerator.synchronize()
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated()
+
+
 def test_mem_get_info_bad_device_raises_like_cuda():
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.tpu.mem_get_info(torch.tpu.device_count() + 3)

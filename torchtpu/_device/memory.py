@@ -33,7 +33,7 @@ from torchtpu._device import runtime
 from torchtpu._device.state import to_index
 
 __all__ = [
-    "empty_cache", "host_memory_info", "ipc_collect", "max_memory_allocated",
+    "empty_cache", "empty_host_cache", "host_memory_info", "ipc_collect", "max_memory_allocated",
     "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
     "memory_snapshot", "memory_stats", "memory_summary", "reset_accumulated_memory_stats",
     "reset_max_memory_allocated", "reset_peak_memory_stats", "utilization",
@@ -178,6 +178,13 @@ def memory_stats(device=None) -> dict:
 def empty_cache() -> None:
     """Release cached executables' temporaries (PJRT frees buffers as tensors die)."""
     gc.collect()
+
+
+def empty_host_cache() -> None:
+    """``torch.accelerator.empty_host_cache()`` for tpu: nothing to release (a pinned
+    tensor's memory is ordinary host memory, freed with the tensor; there is no caching
+    host allocator).  PyTorch's own call reached no host allocator for tpu and crashed
+    the process."""
 
 
 # ----------------------------------------------------------------- host memory

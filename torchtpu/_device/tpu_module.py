@@ -225,7 +225,7 @@ def _get_device_index(device, optional=False) -> int:
 from torchtpu._device import amp  # noqa: E402  (torch.tpu.amp, like torch.cuda.amp)
 from torchtpu._device import memory  # noqa: E402  (torch.tpu.memory, like torch.cuda.memory)
 from torchtpu._device.memory import (  # noqa: E402,F401
-    empty_cache, ipc_collect, max_memory_allocated, max_memory_reserved, mem_get_info,
+    empty_cache, empty_host_cache, ipc_collect, max_memory_allocated, max_memory_reserved, mem_get_info,
     memory_allocated, memory_reserved, memory_snapshot, memory_stats, memory_summary,
     reset_accumulated_memory_stats, reset_max_memory_allocated, reset_peak_memory_stats,
     utilization,

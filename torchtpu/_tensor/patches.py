@@ -165,8 +165,12 @@ _ACCEL = {
     "reset_peak_memory_stats": "reset_peak_memory_stats",
     "reset_accumulated_memory_stats": "reset_peak_memory_stats",
     "empty_cache": "empty_cache",
+    "empty_host_cache": "empty_host_cache",
     "get_memory_info": "mem_get_info",
 }
+
+
+_NO_DEVICE = {"empty_cache", "empty_host_cache"}  # torch.tpu functions of _ACCEL that take no device
 
 
 def _accel_wrapper(orig, target):
@@ -177,6 +181,8 @@ def _accel_wrapper(orig, target):
             if dev.type != "tpu":
                 return orig(device_index, *args, **kwargs)
             dev = dev.index
+        if target in _NO_DEVICE:  # (torch.accelerator.empty_cache() takes none either)
+            return getattr(torch.tpu, target)()
         return getattr(torch.tpu, target)(dev)
 
     fn.__name__ = getattr(orig, "__name__", target)
