@@ -1,0 +1,76 @@
+"""vLLM's worker for ``tpu`` (vLLM 0.33): vLLM's GPU worker with the device set-up, the
+memory budget and the warm-up of a ``tpu`` device (``model_runner.TpuModelRunner`` runs
+the model)."""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.worker_base import CompilationTimes
+
+logger = init_logger(__name__)
+
+
+class TpuWorker(Worker):
+    """One ``tpu`` device serving one model replica (``tpu:<local_rank>``)."""
+
+    def init_device(self) -> None:
+        """``tpu:<local_rank>`` as this worker's device, vLLM's (single-rank) distributed
+        state on gloo, the seed, then the model runner."""
+        self.device = torch.device(f"tpu:{self.local_rank}")
+        torch.tpu.set_device(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        init_worker_distributed_environment(self.vllm_config, self.rank,
+                                            self.distributed_init_method, self.local_rank,
+                                            current_platform.dist_backend)
+        set_random_seed(self.model_config.seed)
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self):
+        from torchtpu.integrations.vllm.model_runner import TpuModelRunner
+
+        return TpuModelRunner(self.vllm_config, self.device)
+
+    def _maybe_get_memory_pool_context(self, tag: str):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _scoped_allocator_max_split(self, max_split_size_mb: int):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: ``kv_cache_memory_bytes`` when given, else
+        ``gpu_memory_utilization`` of the device's memory less what the weights and
+        buffers hold now (``torch.tpu.mem_get_info`` / ``memory_allocated``).  Raises
+        ``ValueError`` when nothing is left."""
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            return int(explicit)
+        free, total = torch.tpu.mem_get_info(self.device)
+        used = torch.tpu.memory_allocated(self.device)
+        budget = int(total * self.cache_config.gpu_memory_utilization) - used
+        budget = min(budget, free)
+        if budget <= 0:
+            raise ValueError(
+                f"torchtpu's vLLM plugin: no device memory left for the KV cache "
+                f"(total {total} bytes, {used} held by the model, utilization "
+                f"{self.cache_config.gpu_memory_utilization}); raise "
+                "gpu_memory_utilization or set kv_cache_memory_bytes")
+        logger.info("KV cache budget on %s: %d bytes", self.device, budget)
+        return budget
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def sleep(self, level: int = 1) -> None:
+        logger.warning("sleep mode is not supported on tpu; ignored")
+
+    def wake_up(self, tags=None) -> None:
+        logger.warning("sleep mode is not supported on tpu; ignored")
