@@ -6,11 +6,13 @@
 #                 the torchvision classification sweep (ARGS='--filter ^resnet' etc.)
 #   make test-vision - set up .venv-vision and run the vision tests (torchvision's
 #                 detection ops and models, timm, transforms v2)
+#   make test-vllm - set up .venv-vllm (vLLM 0.33 + torch 2.14.0) and run the serving
+#                 tests (not part of `make test`: a 10 GB venv, ~2 min to install)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-full test-upstream bench clean conformance-vision test-vision
+.PHONY: setup demo test test-full test-upstream bench clean conformance-vision test-vision test-vllm
 
 setup: $(VENV)/.installed
 
@@ -83,5 +85,22 @@ VISION_TESTS := tests/test_detection_ops.py tests/test_vision_models.py tests/te
 test-vision: $(VISION_VENV)/.installed
 	$(VPY) -m pytest $(VISION_TESTS) $(XDIST) -p no:cacheprovider $(ARGS)
 
+# vLLM serving (torchtpu.integrations.vllm): vLLM 0.33 pins torch==2.14.0 (a CUDA build of
+# torch that runs on the CPU), so it has its own venv; torchtpu goes in beside it with
+# torch held at that version.
+VLLM_VENV ?= .venv-vllm
+VLPY := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLPY) -m pip install -q --upgrade pip
+	$(VLPY) -m pip install -q vllm==0.33.0
+	echo torch==2.14.0 > $(VLLM_VENV)/torch-pin.txt
+	$(VLPY) -m pip install -q -c $(VLLM_VENV)/torch-pin.txt -e . pytest tokenizers
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLPY) -m pytest tests/test_vllm_serving.py -p no:cacheprovider $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(VISION_VENV) *.egg-info
+	rm -rf $(VENV) $(VISION_VENV) $(VLLM_VENV) *.egg-info

@@ -1,0 +1,197 @@
+"""vLLM on tpu (``torchtpu.integrations.vllm``), against Hugging Face on the CPU.
+
+Runs in the serving venv (``make test-vllm``: vLLM 0.33 pins torch 2.14.0); skipped where
+vLLM is not installed (the main venv).  The model is the tiny Llama of
+``examples/vllm_serve.py`` (built from a config, no download); each generated token is
+checked teacher-forced against the CPU model (``check_against_cpu``).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location(
+    "vllm_serve_example", os.path.join(ROOT, "examples", "vllm_serve.py"))
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return example.make_tiny_llama(str(tmp_path_factory.mktemp("tiny_llama")))
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (the engine in this process)
+    try:
+        yield vllm.LLM(model=model_dir, dtype="float32", max_model_len=128, max_num_seqs=8,
+                       kv_cache_memory_bytes=16 << 20, seed=0)
+    finally:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+
+
+def test_vllm_picks_the_tpu_platform_by_itself():
+    from vllm.platforms import current_platform
+
+    from torchtpu.integrations import vllm as plugin
+    from torchtpu.integrations.vllm.platform import TpuPlatform
+
+    assert isinstance(current_platform, TpuPlatform)
+    assert current_platform.device_type == "tpu" and current_platform.is_out_of_tree()
+    assert plugin.register() == "torchtpu.integrations.vllm.platform.TpuPlatform"
+    os.environ["TORCHTPU_VLLM"] = "0"
+    try:
+        assert plugin.register() is None
+    finally:
+        del os.environ["TORCHTPU_VLLM"]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"tensor_parallel_size": 2}, "tensor and pipeline parallelism"),
+    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+])
+def test_unsupported_configurations_raise_clearly(model_dir, kw, match):
+    from vllm.engine.arg_utils import EngineArgs
+
+    with pytest.raises(Exception, match=match):
+        EngineArgs(model=model_dir, dtype="float32", max_model_len=128, **kw) \
+            .create_engine_config()
+
+
+def _token_ids(prompts):
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=p) for p in prompts]
+
+
+def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
+    # prompts of different lengths in one batch (prefill and decode tokens mixed in the
+    # same steps), requests finishing at different steps (continuous batching), then the
+    # same prompts again (prefix-cache hits: queries start past cached blocks)
+    prompts = [[1, 5, 9, 33, 70], [1, 100, 42], [1] + list(range(7, 40)), [1, 200]]
+    lengths = [16, 9, 12, 16]
+    sps = [vllm.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1)
+           for n in lengths]
+    first = llm.generate(_token_ids(prompts), sps)
+    again = llm.generate(_token_ids(prompts), sps)
+    outs = []
+    for r, r2, n in zip(first, again, lengths):
+        ids = list(r.outputs[0].token_ids)
+        assert len(ids) == n
+        assert ids == list(r2.outputs[0].token_ids)
+        outs.append([(t, r.outputs[0].logprobs[i][t].logprob) for i, t in enumerate(ids)])
+    assert example.check_against_cpu(model_dir, prompts, outs) == 0
+
+
+def test_prompts_longer_than_a_batch_step_are_chunked_and_match_cpu(model_dir):
+    # max_num_batched_tokens 32 < a 70-token prompt: its prefill spans several steps
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        small = vllm.LLM(model=model_dir, dtype="float32", max_model_len=128,
+                         max_num_seqs=4, max_num_batched_tokens=32,
+                         kv_cache_memory_bytes=8 << 20, seed=0, enable_prefix_caching=False)
+        prompts = [[1] + [(7 * i) % 250 + 3 for i in range(70)], [1, 2, 3]]
+        sp = vllm.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+        res = small.generate(_token_ids(prompts), sp)
+    finally:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    outs = [[(t, r.outputs[0].logprobs[i][t].logprob)
+             for i, t in enumerate(r.outputs[0].token_ids)] for r in res]
+    assert example.check_against_cpu(model_dir, prompts, outs) == 0
+
+
+@dataclass
+class _Common:  # the fields of vLLM's CommonAttentionMetadata the builder reads
+    num_reqs: int
+    num_actual_tokens: int
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu_upper_bound: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_table_tensor: torch.Tensor
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
+def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads):
+    from types import SimpleNamespace
+
+    from torchtpu.integrations.vllm.attention import (TpuAttentionImpl,
+                                                       TpuAttentionMetadataBuilder)
+
+    g = torch.Generator().manual_seed(0)
+    D, bs, nblocks = 8, 4, 16
+    # three requests: a 6-token prefill, a decode token after 9 cached tokens, a 3-token
+    # chunk after 5 cached tokens; blocks scattered over the cache; one padding token
+    qlens, ctx = [6, 1, 3], [0, 9, 5]
+    tables = [[3, 7], [1, 12, 5], [9, 2]]
+    T = sum(qlens) + 1
+    seq = [c + q for c, q in zip(ctx, qlens)]
+    kcache = torch.randn(nblocks, kv_heads, 2, bs, D, generator=g)  # old contents
+    q = torch.randn(T, heads, D, generator=g)
+    k = torch.randn(T, kv_heads, D, generator=g)
+    v = torch.randn(T, kv_heads, D, generator=g)
+    slots = []
+    for r, (c, n) in enumerate(zip(ctx, qlens)):
+        slots += [tables[r][p // bs] * bs + p % bs for p in range(c, c + n)]
+    slots.append(-1)
+    # reference on the CPU: each request's full keys (cached ones from the cache, new
+    # ones from k/v), causal attention of its queries at positions ctx..ctx+n-1
+    ref = torch.zeros(T, heads * D)
+    t0 = 0
+    full_k = kcache.clone()
+    for r, (c, n) in enumerate(zip(ctx, qlens)):
+        for i, p in enumerate(range(c, c + n)):
+            blk, off = tables[r][p // bs], p % bs
+            full_k[blk, :, 0, off] = k[t0 + i]
+            full_k[blk, :, 1, off] = v[t0 + i]
+        t0 += n
+    t0 = 0
+    for r, (c, n) in enumerate(zip(ctx, qlens)):
+        keys = torch.stack([full_k[tables[r][p // bs], :, 0, p % bs] for p in range(c + n)], 1)
+        vals = torch.stack([full_k[tables[r][p // bs], :, 1, p % bs] for p in range(c + n)], 1)
+        keys = keys.repeat_interleave(heads // kv_heads, 0)
+        vals = vals.repeat_interleave(heads // kv_heads, 0)
+        qq = q[t0:t0 + n].transpose(0, 1)  # [H, n, D]
+        mask = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(qq, keys, vals, attn_mask=mask,
+                                                             scale=0.3)
+        ref[t0:t0 + n] = o.transpose(0, 1).reshape(n, heads * D)
+        t0 += n
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    qsl = torch.tensor([0] + list(torch.cumsum(torch.tensor(qlens), 0)), dtype=torch.int32)
+    common = _Common(3, T, qsl, torch.tensor(seq, dtype=torch.int32),
+                     torch.tensor(seq, dtype=torch.int32).to("tpu"),
+                     torch.tensor(slots).to("tpu"), table.to("tpu"))
+    builder = TpuAttentionMetadataBuilder(SimpleNamespace(block_size=bs), ["l"], None,
+                                          torch.device("tpu"))
+    meta = builder.build(0, common)
+    impl = TpuAttentionImpl(heads, D, 0.3, kv_heads)
+    cache = kcache.reshape(nblocks, kv_heads, bs, 2 * D).to("tpu")  # vLLM's layout
+    impl.do_kv_cache_update(None, k.to("tpu"), v.to("tpu"), cache, common.slot_mapping)
+    out = torch.full((T, heads * D), 7.0, device="tpu")
+    impl.forward(None, q.to("tpu"), k.to("tpu"), v.to("tpu"), cache, meta, out)
+    torch.testing.assert_close(out[:T - 1].cpu(), ref[:T - 1], rtol=1e-5, atol=1e-5)
+    # the cache holds the new keys and values where the slot mapping put them
+    written = cache.cpu().reshape(nblocks, kv_heads, 2, bs, D)
+    for t, s in enumerate(slots[:-1]):
+        torch.testing.assert_close(written[s // bs, :, 0, s % bs], k[t])
+        torch.testing.assert_close(written[s // bs, :, 1, s % bs], v[t])
+
+
+def test_example_serves_offline_and_through_the_openai_server():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "vllm_serve.py"),
+                        "--server", "--tokens", "8"], capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "offline greedy outputs match CPU" in p.stdout
+    assert "server greedy completion matches CPU" in p.stdout
