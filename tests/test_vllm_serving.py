@@ -135,7 +135,7 @@ def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads):
     tables = [[3, 7], [1, 12, 5], [9, 2]]
     T = sum(qlens) + 1
     seq = [c + q for c, q in zip(ctx, qlens)]
-    kcache = torch.randn(nblocks, kv_heads, 2, bs, D, generator=g)  # old contents
+    kcache = torch.randn(nblocks, kv_heads, bs, 2, D, generator=g)  # old contents
     q = torch.randn(T, heads, D, generator=g)
     k = torch.randn(T, kv_heads, D, generator=g)
     v = torch.randn(T, kv_heads, D, generator=g)
@@ -151,13 +151,13 @@ def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads):
     for r, (c, n) in enumerate(zip(ctx, qlens)):
         for i, p in enumerate(range(c, c + n)):
             blk, off = tables[r][p // bs], p % bs
-            full_k[blk, :, 0, off] = k[t0 + i]
-            full_k[blk, :, 1, off] = v[t0 + i]
+            full_k[blk, :, off, 0] = k[t0 + i]
+            full_k[blk, :, off, 1] = v[t0 + i]
         t0 += n
     t0 = 0
     for r, (c, n) in enumerate(zip(ctx, qlens)):
-        keys = torch.stack([full_k[tables[r][p // bs], :, 0, p % bs] for p in range(c + n)], 1)
-        vals = torch.stack([full_k[tables[r][p // bs], :, 1, p % bs] for p in range(c + n)], 1)
+        keys = torch.stack([full_k[tables[r][p // bs], :, p % bs, 0] for p in range(c + n)], 1)
+        vals = torch.stack([full_k[tables[r][p // bs], :, p % bs, 1] for p in range(c + n)], 1)
         keys = keys.repeat_interleave(heads // kv_heads, 0)
         vals = vals.repeat_interleave(heads // kv_heads, 0)
         qq = q[t0:t0 + n].transpose(0, 1)  # [H, n, D]
@@ -176,16 +176,16 @@ def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads):
                                           torch.device("tpu"))
     meta = builder.build(0, common)
     impl = TpuAttentionImpl(heads, D, 0.3, kv_heads)
-    cache = kcache.reshape(nblocks, kv_heads, bs, 2 * D).to("tpu")  # vLLM's layout
+    cache = kcache.reshape(nblocks, kv_heads, bs, 2 * D).to("tpu")  # vLLM's shape
     impl.do_kv_cache_update(None, k.to("tpu"), v.to("tpu"), cache, common.slot_mapping)
     out = torch.full((T, heads * D), 7.0, device="tpu")
     impl.forward(None, q.to("tpu"), k.to("tpu"), v.to("tpu"), cache, meta, out)
     torch.testing.assert_close(out[:T - 1].cpu(), ref[:T - 1], rtol=1e-5, atol=1e-5)
     # the cache holds the new keys and values where the slot mapping put them
-    written = cache.cpu().reshape(nblocks, kv_heads, 2, bs, D)
+    written = cache.cpu().reshape(nblocks, kv_heads, bs, 2, D)
     for t, s in enumerate(slots[:-1]):
-        torch.testing.assert_close(written[s // bs, :, 0, s % bs], k[t])
-        torch.testing.assert_close(written[s // bs, :, 1, s % bs], v[t])
+        torch.testing.assert_close(written[s // bs, :, s % bs, 0], k[t])
+        torch.testing.assert_close(written[s // bs, :, s % bs, 1], v[t])
 
 
 def test_example_serves_offline_and_through_the_openai_server():

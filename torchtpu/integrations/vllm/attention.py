@@ -1,11 +1,11 @@
 """Paged attention for vLLM on ``tpu`` (vLLM 0.33's v1 attention-backend interface).
 
 The KV cache of a layer is vLLM's paged cache, ``[num_blocks, num_kv_heads, block_size,
-2 * head_size]`` (layout ``LBHNC``): per block and head, ``block_size`` rows of keys then
-``block_size`` rows of values.  Both halves are written and read with PyTorch ops that
-lower like any other (``index_put`` at the scheduler's slot mapping; a gather of each
-request's blocks through its block table), so they run on whatever PJRT device ``tpu``
-is:
+2 * head_size]`` (layout ``LBHNC``; one tensor per layer, ``model_runner``): per block,
+head and position, the key then the value.  Both are written and read with PyTorch ops
+that lower like any other (one ``index_put`` of the whole layer tensor at the scheduler's
+slot mapping, in place; a gather of each request's blocks through its block table), so
+they run on whatever PJRT device ``tpu`` is:
 
 * :meth:`TpuAttentionImpl.do_kv_cache_update`: the new tokens' keys and values into
   their slots (padding tokens, slot ``-1``, go to block 0, vLLM's null block, which no
@@ -182,22 +182,16 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = None
 
-    def _halves(self, kv_cache):
-        nb, h, bs, _ = kv_cache.shape
-        return kv_cache.view(nb, h, 2, bs, self.head_size)
-
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Write ``key``/``value`` (``[T, num_kv_heads, head_size]``) at ``slot_mapping``
-        (``[T]``; negative: padding, written to block 0)."""
-        kv = self._halves(kv_cache)
-        bs = kv.shape[3]
+        (``[T]``; negative: padding, written to block 0): one ``index_put`` of the whole
+        layer tensor (a write through a view of it would copy the whole cache)."""
+        bs = kv_cache.shape[2]
         T = key.shape[0]
         slots = slot_mapping[:T].to(torch.int64)
         slots = torch.where(slots < 0, torch.zeros_like(slots), slots)
-        blk, off = slots // bs, slots % bs
-        kv[blk, :, 0, off] = key.to(kv.dtype)
-        kv[blk, :, 1, off] = value.to(kv.dtype)
+        kv_cache[slots // bs, :, slots % bs] = torch.cat([key, value], -1).to(kv_cache.dtype)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: TpuAttentionMetadata | None,
@@ -215,9 +209,9 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
         H, D, Hk = self.num_heads, self.head_size, self.num_kv_heads
         q = query[:T].reshape(T, H, D)
         q = torch.cat([q, q.new_zeros(1, H, D)])[m.query_index].view(R, Q, H, D)
-        kv = self._halves(kv_cache)[m.block_table]  # [R, B, Hk, 2, bs, D]
-        kv = kv.permute(0, 2, 3, 1, 4, 5).reshape(R, Hk, 2, -1, D)
-        k, v = kv[:, :, 0].to(q.dtype), kv[:, :, 1].to(q.dtype)
+        kv = kv_cache[m.block_table]  # [R, B, Hk, bs, 2D]
+        kv = kv.permute(0, 2, 1, 3, 4).reshape(R, Hk, -1, 2 * D)
+        k, v = kv[..., :D].to(q.dtype), kv[..., D:].to(q.dtype)
         if Hk != H:
             k = k.repeat_interleave(H // Hk, dim=1)
             v = v.repeat_interleave(H // Hk, dim=1)
