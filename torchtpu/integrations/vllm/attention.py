@@ -38,6 +38,8 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
+from torchtpu.integrations.vllm._shapes import bucket
+
 
 class TpuAttentionBackend(AttentionBackend):
     """vLLM attention backend ``TPU_PAGED``: decoder self-attention over a paged KV
@@ -112,21 +114,29 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        self.max_reqs = vllm_config.scheduler_config.max_num_seqs if vllm_config else None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuAttentionMetadata:
         cm = common_attn_metadata
-        R = cm.num_reqs
+        R0 = cm.num_reqs
         T = cm.num_actual_tokens
-        qsl = cm.query_start_loc_cpu[:R + 1].numpy().astype(np.int64)
+        qsl = cm.query_start_loc_cpu[:R0 + 1].numpy().astype(np.int64)
         seq = cm.seq_lens_cpu_upper_bound
         if seq is None:  # (a device read: vLLM did not give the host copy)
-            seq = cm.seq_lens[:R].cpu()
-        seq = seq[:R].numpy().astype(np.int64)
+            seq = cm.seq_lens[:R0].cpu()
+        seq = seq[:R0].numpy().astype(np.int64)
+        # requests, query rows and blocks padded to powers of two (padding requests have
+        # no tokens), so that the attention's ops meet a few shapes, not one per batch
+        table = cm.block_table_tensor
+        R = bucket(max(R0, 1), 1, self.max_reqs)
+        qsl = np.concatenate([qsl, np.full(R - R0, qsl[-1])])
+        seq = np.concatenate([seq, np.zeros(R - R0, np.int64)])
         qlen = qsl[1:] - qsl[:-1]
-        Q = max(int(qlen.max()) if R else 1, 1)
+        Q = bucket(max(int(qlen.max()) if R0 else 1, 1), 1, max(T, 1))
         bs = self.block_size
-        B = max(int(-(-int(seq.max()) // bs)) if R else 1, 1)
+        B = bucket(max(int(-(-int(seq.max()) // bs)) if R0 else 1, 1), 1,
+                   max(table.shape[1], 1))
         K = B * bs
         j = np.arange(Q)
         valid = j[None, :] < qlen[:, None]  # [R, Q]
@@ -148,11 +158,20 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
             slot_mapping=slots,
             query_index=torch.from_numpy(qidx.reshape(-1)).to(dev),
             token_rows=torch.from_numpy(rows).to(dev),
-            block_table=cm.block_table_tensor[:R, :B].to(torch.int64),
+            block_table=_rows(table, R, B),
             mask=torch.from_numpy(mask[:, None]).to(dev),
             num_reqs=R,
             max_query_len=Q,
         )
+
+
+def _rows(table: torch.Tensor, R: int, B: int) -> torch.Tensor:
+    """The first ``R`` rows and ``B`` columns of block table ``table`` as int64, zero
+    rows added past its own (padding requests read block 0, masked out)."""
+    t = table[:R, :B].to(torch.int64)
+    if t.shape[0] < R or t.shape[1] < B:
+        t = torch.nn.functional.pad(t, (0, B - t.shape[1], 0, R - t.shape[0]))
+    return t
 
 
 class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):

@@ -5,6 +5,7 @@ CUDA streams, events and graphs are not used."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 from vllm.logger import init_logger
@@ -12,6 +13,8 @@ from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
+
+from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket
 
 logger = init_logger(__name__)
 
@@ -120,6 +123,19 @@ class TpuModelRunner(GPUModelRunner):
                 kv_cache_config, kernel_block_sizes, kv_cache_allocation_context)
         finally:
             _gmr.allocate_kv_cache = saved
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, *args, **kwargs):
+        """vLLM's choice, with the token count padded to a bucket (a power of two, at
+        least :data:`MIN_TOKENS`, at most ``max_num_batched_tokens``): the model's ops
+        then meet a few token counts instead of one per batch composition, so a new
+        batch compiles nothing once each bucket has run (vLLM pads the same way for
+        CUDA graphs; padding tokens write to block 0 and are never read)."""
+        out = super()._determine_batch_execution_and_padding(num_tokens, *args, **kwargs)
+        mode, desc, *rest = out
+        padded = bucket(desc.num_tokens, MIN_TOKENS, self.max_num_tokens)
+        if padded != desc.num_tokens:
+            desc = dataclasses.replace(desc, num_tokens=padded)
+        return (mode, desc, *rest)
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)

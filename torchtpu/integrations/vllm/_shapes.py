@@ -1,0 +1,19 @@
+"""Shape buckets of the vLLM plugin: the sizes a model step and its attention are padded to
+(``model_runner``: token counts; ``attention``: requests, query rows, blocks), so that a
+new batch composition meets shapes that have run before and compiles nothing."""
+
+from __future__ import annotations
+
+# the least padded token count of a model step
+MIN_TOKENS = 16
+
+
+def bucket(n: int, least: int = 1, most: int | None = None) -> int:
+    """The smallest power of two >= ``n`` and >= ``least``, capped at ``most`` (never
+    below ``n``)."""
+    b = max(least, 1)
+    while b < n:
+        b *= 2
+    if most is not None:
+        b = min(b, most)
+    return max(b, n)
