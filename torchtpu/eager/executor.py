@@ -570,7 +570,10 @@ class LoweredPlan:
         # (a 0-d bfloat16 tensor * 0.5 is bfloat16)
         numbers = [k in (T, OPT_T) and not isinstance(v, (torch.Tensor, type(None)))
                    for v, k in zip(vals, self.sig.kinds)]
-        meta_vals = [v if num else _meta_of(v) for v, num in zip(vals, numbers)]
+        # (a generator never changes the output's shape, and PyTorch's meta references of
+        # exponential_/geometric_/log_normal_/cauchy_ assert there is none)
+        meta_vals = [v if num else None if isinstance(v, torch._C.Generator) else _meta_of(v)
+                     for v, num in zip(vals, numbers)]
         out = None
         own_meta = self.lowering.meta if self.lowering is not None else None
         try:
