@@ -58,6 +58,7 @@ def test_vllm_picks_the_tpu_platform_by_itself():
 @pytest.mark.parametrize("kw,match", [
     ({"tensor_parallel_size": 2}, "tensor and pipeline parallelism"),
     ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
+    ({"quantization": "fp8"}, "fp8 quantization is not supported on tpu"),
 ])
 def test_unsupported_configurations_raise_clearly(model_dir, kw, match):
     from vllm.engine.arg_utils import EngineArgs
@@ -65,6 +66,41 @@ def test_unsupported_configurations_raise_clearly(model_dir, kw, match):
     with pytest.raises(Exception, match=match):
         EngineArgs(model=model_dir, dtype="float32", max_model_len=128, **kw) \
             .create_engine_config()
+
+
+def test_mixture_of_experts_models_are_refused_clearly(model_dir, tmp_path):
+    # (before: AttributeError "'UnquantizedFusedMoEMethod' object has no attribute
+    # 'is_monolithic'" at the first forward)
+    import shutil
+
+    import transformers as tf
+    from vllm.engine.arg_utils import EngineArgs
+
+    for f in os.listdir(model_dir):
+        if f.startswith("tokenizer"):
+            shutil.copy(os.path.join(model_dir, f), tmp_path)
+    tf.MixtralConfig(vocab_size=259, hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                     num_local_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path)
+    with pytest.raises(Exception, match="mixture-of-experts models .4 experts"):
+        EngineArgs(model=str(tmp_path), dtype="float32", max_model_len=128) \
+            .create_engine_config()
+
+
+def test_default_kv_cache_budget_on_the_cpu_platform_is_capped():
+    # (before: 0.9 of host memory: 90 million tokens of KV cache, the process killed)
+    from types import SimpleNamespace
+
+    from torchtpu._device import runtime
+    from torchtpu.integrations.vllm.worker import CPU_KV_CACHE_BYTES, TpuWorker
+
+    me = SimpleNamespace(device=torch.device("tpu:0"), cache_config=SimpleNamespace(
+        kv_cache_memory_bytes=None, gpu_memory_utilization=0.9))
+    got = TpuWorker.determine_available_memory(me)
+    if runtime.platform() == "cpu":
+        assert 0 < got <= CPU_KV_CACHE_BYTES
+    me.cache_config.kv_cache_memory_bytes = 12345
+    assert TpuWorker.determine_available_memory(me) == 12345
 
 
 def _token_ids(prompts):
@@ -90,6 +126,19 @@ def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
         assert ids == list(r2.outputs[0].token_ids)
         outs.append([(t, r.outputs[0].logprobs[i][t].logprob) for i, t in enumerate(ids)])
     assert example.check_against_cpu(model_dir, prompts, outs) == 0
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    # a per-request seed draws through a tpu generator (exponential_ with generator=:
+    # before, an AssertionError that killed the engine)
+    def draw(seed):
+        sp = vllm.SamplingParams(temperature=1.0, top_k=50, max_tokens=12, ignore_eos=True,
+                                 seed=seed)
+        return [list(r.outputs[0].token_ids)
+                for r in llm.generate(_token_ids([[1, 5, 9], [1, 100, 42, 7]]), sp)]
+
+    a, b, c = draw(7), draw(7), draw(8)
+    assert a == b and a != c
 
 
 def test_prompts_longer_than_a_batch_step_are_chunked_and_match_cpu(model_dir):

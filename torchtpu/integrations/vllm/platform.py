@@ -21,13 +21,18 @@ logger = init_logger(__name__)
 _PKG = "torchtpu.integrations.vllm"
 
 
+# Hugging Face config fields that count a model's experts (Mixtral, Qwen2/3-MoE,
+# DeepSeek, OLMoE...)
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
 class TpuPlatform(Platform):
     """vLLM's view of a ``tpu`` device (one PJRT device: a TPU chip, else GPU or CPU).
 
     Mirrors vLLM's ``CpuPlatform``/``CudaPlatform`` in what it answers; raises
     ``ValueError`` from :meth:`check_and_update_config` for configurations the plugin
-    cannot run (tensor/pipeline parallelism, LoRA, speculative decoding, MLA models,
-    quantized KV caches)."""
+    cannot run (tensor/pipeline parallelism, LoRA, speculative decoding, MLA and
+    mixture-of-experts models, quantized weights or KV caches)."""
 
     _enum = PlatformEnum.OOT
     device_name: str = "tpu"
@@ -49,6 +54,12 @@ class TpuPlatform(Platform):
         if dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"torchtpu's vLLM plugin: dtype {dtype} is not supported on "
                              "tpu; use float32, bfloat16 or float16")
+
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        """Weight quantization is not supported yet: ``ValueError`` naming it."""
+        raise ValueError(f"torchtpu's vLLM plugin: {quant} quantization is not supported "
+                         "on tpu yet")
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
@@ -136,6 +147,15 @@ class TpuPlatform(Platform):
         if model is not None and getattr(model, "use_mla", False):
             raise ValueError("torchtpu's vLLM plugin: MLA models (DeepSeek-style "
                              "attention) are not supported on tpu yet")
+        hf = getattr(model, "hf_config", None) if model is not None else None
+        text = getattr(hf, "get_text_config", lambda: hf)() if hf is not None else None
+        experts = next((getattr(text, a) for a in _EXPERT_FIELDS
+                        if getattr(text, a, None)), None) if text is not None else None
+        if experts:
+            raise ValueError(
+                f"torchtpu's vLLM plugin: mixture-of-experts models ({experts} experts, "
+                f"{type(hf).__name__}) are not supported on tpu yet: vLLM leaves the fused "
+                "MoE layer to the platform, and the plugin has none")
         cache = vllm_config.cache_config
         if cache.cache_dtype not in ("auto", None):
             raise ValueError(f"torchtpu's vLLM plugin: kv_cache_dtype={cache.cache_dtype!r} "

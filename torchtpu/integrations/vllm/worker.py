@@ -13,6 +13,10 @@ from vllm.v1.worker.worker_base import CompilationTimes
 
 logger = init_logger(__name__)
 
+# the default KV cache budget when tpu is the CPU PJRT device (vLLM's CPU backend
+# defaults to 4 GiB too): 0.9 of host memory got the process killed for memory
+CPU_KV_CACHE_BYTES = 4 << 30
+
 
 class TpuWorker(Worker):
     """One ``tpu`` device serving one model replica (``tpu:<local_rank>``)."""
@@ -47,7 +51,9 @@ class TpuWorker(Worker):
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache: ``kv_cache_memory_bytes`` when given, else
         ``gpu_memory_utilization`` of the device's memory less what the weights and
-        buffers hold now (``torch.tpu.mem_get_info`` / ``memory_allocated``).  Raises
+        buffers hold now (``torch.tpu.mem_get_info`` / ``memory_allocated``); on the CPU
+        PJRT platform, whose device memory is the host's own (the process, vLLM and the
+        rest of the machine live in it too), at most :data:`CPU_KV_CACHE_BYTES`.  Raises
         ``ValueError`` when nothing is left."""
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit is not None:
@@ -56,6 +62,12 @@ class TpuWorker(Worker):
         used = torch.tpu.memory_allocated(self.device)
         budget = int(total * self.cache_config.gpu_memory_utilization) - used
         budget = min(budget, free)
+        from torchtpu._device import runtime
+
+        if runtime.platform() == "cpu" and budget > CPU_KV_CACHE_BYTES:
+            logger.info("tpu runs on the CPU here: KV cache capped at %d bytes (set "
+                        "kv_cache_memory_bytes for another size)", CPU_KV_CACHE_BYTES)
+            budget = CPU_KV_CACHE_BYTES
         if budget <= 0:
             raise ValueError(
                 f"torchtpu's vLLM plugin: no device memory left for the KV cache "
