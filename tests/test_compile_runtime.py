@@ -448,6 +448,14 @@ _X = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
 _GOOD, _BAD = torch.tensor([0, 1, 2, 0, 1]), torch.tensor([0, 1, 7, 0, 1])
 
 
+def _goes_on_as_cpu(step_c, step_t, cpu, tpu):
+    """Two good steps on both devices after a failed one: no errors, CPU's parameters."""
+    for _ in range(2):
+        assert _both(step_c, step_t, _GOOD) == [None, None]
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        _close(p, q)
+
+
 def _both(step_c, step_t, y):
     """Run one step on CPU and tpu with targets ``y``: the CPU step's exception type (or
     None) and the tpu step's, read at the loss (the tpu step's sync point)."""
@@ -519,10 +527,7 @@ def test_steps_after_a_failed_one_without_a_sync_change_nothing(mode):
             torch.testing.assert_close(opt_t.state[p]["momentum_buffer"].cpu(),
                                        step_c.opt.state[q]["momentum_buffer"], rtol=0,
                                        atol=1e-6)
-        for _ in range(2):
-            assert _both(step_c, step_t, _GOOD) == [None, None]
-        for p, q in zip(tpu.parameters(), cpu.parameters()):
-            _close(p, q)
+        _goes_on_as_cpu(step_c, step_t, cpu, tpu)
     finally:
         torch.tpu.set_eager_mode("strict")
 
@@ -554,10 +559,7 @@ def test_a_failed_step_keeping_its_grads_changes_nothing(mode):
             torch.testing.assert_close(p.detach().cpu(), b, rtol=0, atol=0)
             torch.testing.assert_close(opt_t.state[p]["momentum_buffer"].cpu(), m, rtol=0,
                                        atol=0)
-        for _ in range(2):
-            assert _both(step_c, step_t, _GOOD) == [None, None]
-        for p, q in zip(tpu.parameters(), cpu.parameters()):
-            _close(p, q)
+        _goes_on_as_cpu(step_c, step_t, cpu, tpu)
     finally:
         torch.tpu.set_eager_mode("strict")
 
