@@ -46,10 +46,27 @@ def _restore(device, st):
     return g
 
 
+# the last generator a seed was drawn from and its state before the draw (one slot: a
+# draw is undone right after it, by a shape bucket that runs the op again: undo_draw)
+_LAST: list = [None, None]
+
+
 def state_of(gen, index) -> state.RNGState:
-    """A fresh :class:`~torchtpu._device.state.RNGState` seeded from generator ``gen``."""
+    """A fresh :class:`~torchtpu._device.state.RNGState` seeded from generator ``gen``
+    (one seed drawn from it; :func:`undo_draw` puts it back)."""
+    _LAST[0], _LAST[1] = gen, gen.get_state()
     seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen))
     return state.RNGState(seed)
+
+
+def undo_draw(gen) -> None:
+    """Put generator ``gen`` back as it was before the last :func:`state_of` drew from
+    it, so that the op run again (padded to a shape bucket) draws the seed the exact
+    call drew.  Raises ``RuntimeError`` if the last draw was from another generator."""
+    if _LAST[0] is not gen:
+        raise RuntimeError("torchtpu internal error: no draw of this generator to undo")
+    gen.set_state(_LAST[1])
+    _LAST[0] = _LAST[1] = None
 
 
 def install() -> None:

@@ -612,5 +612,8 @@ def _unwind_rng(plan, vals, index):
     for v, k in zip(vals, plan.sig.kinds):
         if k == GEN:
             gen = v
-    rs = state.rng(index) if gen is None else _gen.state_of(gen, index)
-    rs.offset -= 1
+    if gen is None:
+        state.rng(index).offset -= 1
+    else:  # (a generator's seed draw is undone: before, a second seed was drawn, so a
+        # seeded op gave other values once bucketed and the generator advanced twice)
+        _gen.undo_draw(gen)
