@@ -462,9 +462,8 @@ def _made(seg, live):
 
 
 def _watch(seg, live, made) -> None:
-    """After segment ``seg`` ran: remember its ``made`` storages (:func:`_made`) and the
-    arrays it gave them, under each of its graphs' check flags (weakly: nothing is kept
-    alive for this)."""
+    """After segment ``seg`` ran: remember its ``made`` storages (:func:`_made`), weakly,
+    with their shapes and dtypes, under each of its graphs' check flags."""
     watched = [(_wref(sd), lz.shape, lz.dtype) for sd, lz in made]
     if not watched:
         return

@@ -86,8 +86,6 @@ class TpuAttentionMetadata:
 
     Attributes:
         num_actual_tokens: tokens of the batch (``T``).
-        slot_mapping: int64 ``[T]`` on tpu: each token's cache slot, ``block * block_size
-            + offset`` (padding tokens: 0, block 0).
         query_index: int64 ``[R * Q]`` on tpu: for request ``r`` and query row ``j``, the
             token's index in the batch, or ``T`` (a zero row) past the request's tokens.
         token_rows: int64 ``[T]`` on tpu: each token's row ``r * Q + j`` in the padded
@@ -99,7 +97,6 @@ class TpuAttentionMetadata:
     """
 
     num_actual_tokens: int
-    slot_mapping: torch.Tensor
     query_index: torch.Tensor
     token_rows: torch.Tensor
     block_table: torch.Tensor
@@ -151,11 +148,8 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         mask &= valid[:, :, None]
         mask |= ~valid[:, :, None] & (k[None, None, :] == 0)  # (padding rows: one key)
         dev = self.device
-        slots = cm.slot_mapping[:T].to(torch.int64)
-        slots = torch.where(slots < 0, torch.zeros_like(slots), slots)
         return TpuAttentionMetadata(
             num_actual_tokens=T,
-            slot_mapping=slots,
             query_index=torch.from_numpy(qidx.reshape(-1)).to(dev),
             token_rows=torch.from_numpy(rows).to(dev),
             block_table=_rows(table, R, B),
