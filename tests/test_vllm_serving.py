@@ -33,8 +33,9 @@ def model_dir(tmp_path_factory):
 def llm(model_dir):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (the engine in this process)
     try:
+        # (max_num_batched_tokens 256: 5 token buckets compiled at start-up, 16..256)
         yield vllm.LLM(model=model_dir, dtype="float32", max_model_len=128, max_num_seqs=8,
-                       kv_cache_memory_bytes=16 << 20, seed=0)
+                       max_num_batched_tokens=256, kv_cache_memory_bytes=16 << 20, seed=0)
     finally:
         os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
 
@@ -128,6 +129,31 @@ def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
     assert example.check_against_cpu(model_dir, prompts, outs) == 0
 
 
+def test_after_start_up_a_new_batch_composition_compiles_no_model_graph(llm, model_dir):
+    # start-up compiled the model for every token bucket: other prompt lengths and
+    # request counts trace no new graph and build no new graph executable
+    import torch._dynamo.utils as dynamo_utils
+
+    import torchtpu
+
+    def graphs():
+        return (torchtpu.metrics()["compile"]["executables"],
+                dynamo_utils.counters["stats"]["unique_graphs"])
+
+    before = graphs()
+    assert before[0] > 0  # (the compiled model ran: its graph executables exist)
+    prompts = [[1] + [(5 * i + k) % 250 + 3 for i in range(n)]
+               for k, n in enumerate([3, 40, 11, 27, 6])]
+    # (no logprobs: vLLM's logprob helpers are compiled graphs of their own, with
+    # dynamic=True, built per request count)
+    sps = [vllm.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+           for n in (5, 9, 3, 7, 6)]
+    res = llm.generate(_token_ids(prompts), sps)
+    assert graphs() == before
+    outs = [[(t, None) for t in r.outputs[0].token_ids] for r in res]
+    assert example.check_against_cpu(model_dir, prompts, outs) == 0
+
+
 def test_seeded_sampling_is_reproducible(llm):
     # a per-request seed draws through a tpu generator (exponential_ with generator=:
     # before, an AssertionError that killed the engine)
@@ -142,12 +168,14 @@ def test_seeded_sampling_is_reproducible(llm):
 
 
 def test_prompts_longer_than_a_batch_step_are_chunked_and_match_cpu(model_dir):
-    # max_num_batched_tokens 32 < a 70-token prompt: its prefill spans several steps
+    # max_num_batched_tokens 32 < a 70-token prompt: its prefill spans several steps;
+    # enforce_eager: the model op by op (no compiled graph), the same values
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         small = vllm.LLM(model=model_dir, dtype="float32", max_model_len=128,
                          max_num_seqs=4, max_num_batched_tokens=32,
-                         kv_cache_memory_bytes=8 << 20, seed=0, enable_prefix_caching=False)
+                         kv_cache_memory_bytes=8 << 20, seed=0, enable_prefix_caching=False,
+                         enforce_eager=True)
         prompts = [[1] + [(7 * i) % 250 + 3 for i in range(70)], [1, 2, 3]]
         sp = vllm.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
         res = small.generate(_token_ids(prompts), sp)

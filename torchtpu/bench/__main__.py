@@ -4,9 +4,9 @@ import sys
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("eager", "overhead", "shapes", "compile", "kernels",
-                                   "dist", "generate", "quant"):
+                                   "dist", "generate", "quant", "serve"):
         print("usage: python -m torchtpu.bench "
-              "{eager|overhead|shapes|compile|kernels|dist|generate|quant} "
+              "{eager|overhead|shapes|compile|kernels|dist|generate|quant|serve} "
               "[options]  (--help per command)")
         return 2
     cmd, rest = argv[0], argv[1:]
@@ -18,6 +18,10 @@ def main(argv=None):
         from torchtpu.bench import generate
 
         return generate.main(rest)
+    if cmd == "serve":  # vLLM on tpu vs HF generate (the serving venv)
+        from torchtpu.bench import serve
+
+        return serve.main(rest)
     if cmd == "quant":  # torchao's quantized matmuls and Llama decode step
         from torchtpu.bench import quant
 

@@ -17,3 +17,13 @@ def bucket(n: int, least: int = 1, most: int | None = None) -> int:
     if most is not None:
         b = min(b, most)
     return max(b, n)
+
+
+def token_buckets(most: int) -> list[int]:
+    """Every padded token count a model step can take: the powers of two from
+    :data:`MIN_TOKENS` below ``most``, then ``most`` (``bucket``'s cap)."""
+    out, b = [], MIN_TOKENS
+    while b < most:
+        out.append(b)
+        b *= 2
+    return out + [most]

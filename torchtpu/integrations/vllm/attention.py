@@ -2,24 +2,28 @@
 
 The KV cache of a layer is vLLM's paged cache, ``[num_blocks, num_kv_heads, block_size,
 2 * head_size]`` (layout ``LBHNC``; one tensor per layer, ``model_runner``): per block,
-head and position, the key then the value.  Both are written and read with PyTorch ops
-that lower like any other (one ``index_put`` of the whole layer tensor at the scheduler's
-slot mapping, in place; a gather of each request's blocks through its block table), so
-they run on whatever PJRT device ``tpu`` is:
+head and position, the key then the value.  The platform makes the attention an opaque
+op (``opaque_attention_op``): in the compiled model it runs eagerly between the graph's
+compiled stretches, so the request layout never reaches the graph.  Per layer and step:
 
 * :meth:`TpuAttentionImpl.do_kv_cache_update`: the new tokens' keys and values into
-  their slots (padding tokens, slot ``-1``, go to block 0, vLLM's null block, which no
+  their slots, one in-place ``index_put`` of the whole layer tensor at the scheduler's
+  slot mapping (padding tokens, slot ``-1``, go to block 0, vLLM's null block, which no
   request reads);
-* :meth:`TpuAttentionImpl.forward`: the batch's queries (a ragged mix of prefill and
-  decode tokens) laid out as ``[requests, longest query, heads, head_size]``, each
-  request's keys and values gathered from its blocks up to the longest context, and
-  ``scaled_dot_product_attention`` with a mask that lets query ``j`` of request ``r``
-  see keys ``0..ctx_r + j`` (``ctx_r`` the request's tokens before this step), then the
-  rows back in the batch's order.  Equal to causal attention over each request's whole
-  sequence (the math path, ``tests`` compare against Hugging Face on CPU).
+* :meth:`TpuAttentionImpl.forward`: one op, ``torchtpu_vllm::paged_attention``
+  (:func:`_paged_attention`, a JAX function made a PyTorch op with ``torchtpu.jax_op``,
+  so one XLA program per shape on whatever PJRT device ``tpu`` is): the batch's queries
+  (a ragged mix of prefill and decode tokens) laid out as ``[requests, longest query,
+  heads, head_size]``, each request's keys and values gathered from its blocks up to the
+  longest context, softmax attention where query ``j`` of request ``r`` sees keys ``0..
+  ctx_r + j`` (``ctx_r`` the request's tokens before this step), then the rows back in
+  the batch's order.  Equal to causal attention over each request's whole sequence (the
+  math path; ``tests`` compare against Hugging Face on CPU).
 
 The layouts are built on the host from vLLM's CPU copies of the query start locations
-and sequence lengths (no device read).
+and sequence lengths (no device read); requests, query rows and blocks are padded to
+powers of two and every shape follows the step's padded token count, so a new batch
+composition meets shapes that have run before.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
+from torchtpu import jax_op
 from torchtpu.integrations.vllm._shapes import bucket
 
 
@@ -85,14 +90,20 @@ class TpuAttentionMetadata:
     """One batch's attention layout (the same for every layer).
 
     Attributes:
-        num_actual_tokens: tokens of the batch (``T``).
-        query_index: int64 ``[R * Q]`` on tpu: for request ``r`` and query row ``j``, the
-            token's index in the batch, or ``T`` (a zero row) past the request's tokens.
-        token_rows: int64 ``[T]`` on tpu: each token's row ``r * Q + j`` in the padded
-            layout.
-        block_table: int32 ``[R, B]`` on tpu: the requests' first ``B`` blocks (``B``
+        num_actual_tokens: tokens of the batch (``T``; the model step runs a padded
+            count ``Tp >= T``, ``model_runner``).
+        query_index: int64 ``[R * Q]`` on tpu: for request ``r`` and query row ``j``, one
+            plus the token's index in the batch, or 0 (a zero row) past the request's
+            tokens.
+        token_rows: int64 ``[max_num_batched_tokens]`` on tpu: each token's row ``r * Q +
+            j`` in the padded layout; ``R * Q`` (a zero row) for padding tokens.  A step
+            reads its first ``Tp``, so that every shape of the attention depends on the
+            padded token count, never on ``T``.
+        block_table: int64 ``[R, B]`` on tpu: the requests' first ``B`` blocks (``B``
             blocks hold the longest context).
-        mask: bool ``[R, 1, Q, B * block_size]`` on tpu: which keys each query sees.
+        seq_lens, query_lens: int32 ``[R]`` on tpu: each request's tokens after this step
+            and its query tokens in it (0 and 0 for padding requests); query row ``j``
+            of request ``r`` sees keys ``0 .. seq_lens[r] - query_lens[r] + j``.
         num_reqs, max_query_len: ``R`` and ``Q``.
     """
 
@@ -100,7 +111,8 @@ class TpuAttentionMetadata:
     query_index: torch.Tensor
     token_rows: torch.Tensor
     block_table: torch.Tensor
-    mask: torch.Tensor
+    seq_lens: torch.Tensor
+    query_lens: torch.Tensor
     num_reqs: int
     max_query_len: int
 
@@ -112,6 +124,8 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
         self.max_reqs = vllm_config.scheduler_config.max_num_seqs if vllm_config else None
+        self.max_tokens = (vllm_config.scheduler_config.max_num_batched_tokens
+                           if vllm_config else None)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuAttentionMetadata:
@@ -134,29 +148,70 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         bs = self.block_size
         B = bucket(max(int(-(-int(seq.max()) // bs)) if R0 else 1, 1), 1,
                    max(table.shape[1], 1))
-        K = B * bs
         j = np.arange(Q)
         valid = j[None, :] < qlen[:, None]  # [R, Q]
-        qidx = np.where(valid, qsl[:-1, None] + j[None, :], T)
-        rows = np.full(T, R * Q, dtype=np.int64)  # (padding tokens: a row past the end)
+        qidx = np.where(valid, qsl[:-1, None] + j[None, :] + 1, 0)
+        # (padding tokens: a zero row past the end)
+        rows = np.full(max(self.max_tokens or 0, T), R * Q, dtype=np.int64)
         r_of = np.repeat(np.arange(R), qlen)
         rows[: int(qsl[-1])] = r_of * Q + (np.arange(int(qsl[-1])) - qsl[:-1][r_of])
-        ctx = seq - qlen
-        pos = ctx[:, None] + j[None, :]  # [R, Q] the query's position
-        k = np.arange(K)
-        mask = (k[None, None, :] <= pos[:, :, None]) & (k[None, None, :] < seq[:, None, None])
-        mask &= valid[:, :, None]
-        mask |= ~valid[:, :, None] & (k[None, None, :] == 0)  # (padding rows: one key)
         dev = self.device
         return TpuAttentionMetadata(
             num_actual_tokens=T,
             query_index=torch.from_numpy(qidx.reshape(-1)).to(dev),
             token_rows=torch.from_numpy(rows).to(dev),
             block_table=_rows(table, R, B),
-            mask=torch.from_numpy(mask[:, None]).to(dev),
+            seq_lens=torch.from_numpy(seq.astype(np.int32)).to(dev),
+            query_lens=torch.from_numpy(qlen.astype(np.int32)).to(dev),
             num_reqs=R,
             max_query_len=Q,
         )
+
+
+def _paged_attention(q, kv_cache, query_index, block_table, seq_lens, query_lens,
+                     token_rows, *, scale):
+    """Paged attention of a ragged batch, in JAX (one XLA program per shape).
+
+    ``q`` ``[Tp, H, D]``: the step's queries (``Tp`` the padded token count);
+    ``kv_cache`` ``[N, Hk, bs, 2D]``: the layer's cache (key then value per slot);
+    ``query_index`` ``[R * Q]``: 1 + the token of request ``r``'s query row ``j`` (0: none);
+    ``block_table`` ``[R, B]``; ``seq_lens``/``query_lens`` ``[R]``; ``token_rows``
+    ``[Tp]``: each token's row ``r * Q + j`` (``R * Q``: none).  Returns ``[Tp, H * D]``
+    in ``q``'s dtype: for each token, softmax(q k^T * scale) v over the keys its request
+    holds up to its own position (scores and softmax in float32; GQA by head groups);
+    zero rows for padding tokens."""
+    import jax
+    import jax.numpy as jnp
+
+    Tp, H, D = q.shape
+    R, B = block_table.shape
+    Q = query_index.shape[0] // R
+    N, Hk, bs, _ = kv_cache.shape
+    G = H // Hk
+    K = B * bs
+    qr = jnp.concatenate([jnp.zeros((1, H, D), q.dtype), q])[query_index]
+    qr = qr.reshape(R, Q, Hk, G, D)
+    kv = kv_cache[block_table]  # [R, B, Hk, bs, 2D]
+    kv = kv.transpose(0, 2, 1, 3, 4).reshape(R, Hk, K, 2 * D)
+    k, v = kv[..., :D].astype(q.dtype), kv[..., D:].astype(q.dtype)
+    s = jnp.einsum("rqhgd,rhkd->rhgqk", qr, k,
+                   preferred_element_type=jnp.float32) * jnp.float32(scale)
+    j = jnp.arange(Q)
+    keys = jnp.arange(K)
+    pos = (seq_lens - query_lens)[:, None] + j[None, :]  # [R, Q]: each row's position
+    valid = j[None, :] < query_lens[:, None]
+    see = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :] < seq_lens[:, None, None])
+    # (rows of no token see key 0 only: no all-masked softmax)
+    see = jnp.where(valid[:, :, None], see, keys[None, None, :] == 0)
+    s = jnp.where(see[:, None, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("rhgqk,rhkd->rqhgd", p, v.astype(jnp.float32))
+    o = o.reshape(R * Q, H * D).astype(q.dtype)
+    return jnp.concatenate([o, jnp.zeros((1, H * D), q.dtype)])[token_rows]
+
+
+_PAGED_ATTENTION = jax_op("torchtpu_vllm::paged_attention", _paged_attention,
+                          static_argnames=("scale",))
 
 
 def _rows(table: torch.Tensor, R: int, B: int) -> torch.Tensor:
@@ -201,36 +256,24 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
         (``[T]``; negative: padding, written to block 0): one ``index_put`` of the whole
         layer tensor (a write through a view of it would copy the whole cache)."""
         bs = kv_cache.shape[2]
-        T = key.shape[0]
-        slots = slot_mapping[:T].to(torch.int64)
-        slots = torch.where(slots < 0, torch.zeros_like(slots), slots)
+        slots = slot_mapping[: key.shape[0]].to(torch.int64).clamp(min=0)
         kv_cache[slots // bs, :, slots % bs] = torch.cat([key, value], -1).to(kv_cache.dtype)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: TpuAttentionMetadata | None,
                 output: torch.Tensor, output_scale=None, output_block_scale=None):
-        """``output[:T]`` (``[T, num_heads * head_size]`` or ``[T, num_heads,
-        head_size]``) = attention of ``query`` (``[T, num_heads, head_size]``) over
-        each request's cached keys and values (written by :meth:`do_kv_cache_update`)."""
+        """``output`` (``[Tp, num_heads * head_size]`` or ``[Tp, num_heads, head_size]``,
+        ``Tp`` the step's padded token count) = attention of ``query`` (``[Tp, num_heads,
+        head_size]``) over each request's cached keys and values (written by
+        :meth:`do_kv_cache_update`); padding tokens' rows are zero."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("torchtpu's vLLM attention: fused output "
                                       "quantization is not supported on tpu")
         if attn_metadata is None:  # (a profiling run without a cache)
             return output
         m = attn_metadata
-        T, R, Q = m.num_actual_tokens, m.num_reqs, m.max_query_len
-        H, D, Hk = self.num_heads, self.head_size, self.num_kv_heads
-        q = query[:T].reshape(T, H, D)
-        q = torch.cat([q, q.new_zeros(1, H, D)])[m.query_index].view(R, Q, H, D)
-        kv = kv_cache[m.block_table]  # [R, B, Hk, bs, 2D]
-        kv = kv.permute(0, 2, 1, 3, 4).reshape(R, Hk, -1, 2 * D)
-        k, v = kv[..., :D].to(q.dtype), kv[..., D:].to(q.dtype)
-        if Hk != H:
-            k = k.repeat_interleave(H // Hk, dim=1)
-            v = v.repeat_interleave(H // Hk, dim=1)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k, v, attn_mask=m.mask, scale=self.scale)  # [R, H, Q, D]
-        o = o.transpose(1, 2).reshape(R * Q, H * D)
-        o = torch.cat([o, o.new_zeros(1, H * D)])[m.token_rows]
-        output[:T].copy_(o.view(output[:T].shape))
+        o = _PAGED_ATTENTION(query.reshape(query.shape[0], self.num_heads, self.head_size),
+                             kv_cache, m.query_index, m.block_table, m.seq_lens,
+                             m.query_lens, m.token_rows[: query.shape[0]], scale=self.scale)
+        output.copy_(o.view(output.shape))
         return output

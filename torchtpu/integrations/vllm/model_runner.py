@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import numpy as np
 import torch
 from vllm.logger import init_logger
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
@@ -14,9 +15,9 @@ from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
-from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket
+from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket, token_buckets
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # (under "vllm": its log configuration)
 
 
 @contextlib.contextmanager
@@ -57,26 +58,38 @@ def _no_cuda_streams():
 
 def _slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor,
                   positions: torch.Tensor) -> None:
-    """``BlockTable.compute_slot_mapping`` in PyTorch ops (vLLM's is a Triton kernel):
-    token ``t`` of request ``r`` at position ``p`` goes to slot ``block_table[r, p //
-    block_size] * block_size + p % block_size``; tokens past the batch's get -1."""
+    """``BlockTable.compute_slot_mapping`` on the host (vLLM's is a Triton kernel over
+    device tensors): token ``t`` of request ``r`` at position ``p`` goes to slot
+    ``block_table[r, p // block_size] * block_size + p % block_size``; slots past the
+    batch's tokens are -1.  Computed with numpy from the runner's host copies (query
+    start locations, computed-token counts, the block table), then the whole buffer is
+    copied to the device: one transfer of a fixed shape, where device ops would meet a
+    new token count in every batch."""
     if self.slot_mapping_mode == SlotMappingMode.NONE:
         return
     if getattr(self, "dcp_world_size", 1) > 1:
         raise NotImplementedError("torchtpu's vLLM plugin: decode context parallelism")
+    runner = _RUNNER[0]
+    if runner is None:
+        raise RuntimeError("torchtpu's vLLM plugin: compute_slot_mapping called outside "
+                           "TpuModelRunner._prepare_inputs (no host copies to read)")
     n = positions.shape[0]
     bs = self.block_size
-    qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
-    idx = torch.arange(n, device=positions.device)
-    req = torch.searchsorted(qsl[1:], idx, right=True).clamp(max=max(num_reqs - 1, 0))
-    table = self.block_table.gpu
-    blocks = table[req, positions // bs].to(torch.int64)
-    slots = torch.where(idx < qsl[num_reqs], blocks * bs + positions % bs,
-                        torch.full_like(blocks, -1))
-    out = self.slot_mapping.gpu
-    out[:n] = slots
-    if out.shape[0] > n:
-        out[n:] = -1
+    qsl = runner.query_start_loc.np[: num_reqs + 1].astype(np.int64)
+    req = np.repeat(np.arange(num_reqs), qsl[1:] - qsl[:-1])
+    pos = runner.input_batch.num_computed_tokens_cpu[req].astype(np.int64) \
+        + (np.arange(len(req)) - qsl[req])
+    out = self.slot_mapping.np
+    out[: len(req)] = self.block_table.np[req, pos // bs].astype(np.int64) * bs + pos % bs
+    out[len(req):] = -1
+    if len(req) != n:
+        raise AssertionError(f"slot mapping: {len(req)} tokens on the host, {n} on tpu")
+    self.slot_mapping.gpu.copy_(self.slot_mapping.cpu)
+
+
+# the model runner preparing its inputs now (``TpuModelRunner._prepare_inputs``): the
+# host copies :func:`_slot_mapping` reads
+_RUNNER: list = [None]
 
 
 def _allocate_per_layer(kv_cache_config, device, layout, kernel_block_sizes=None):
@@ -136,6 +149,31 @@ class TpuModelRunner(GPUModelRunner):
         if padded != desc.num_tokens:
             desc = dataclasses.replace(desc, num_tokens=padded)
         return (mode, desc, *rest)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """vLLM's, then the model's forward compiled with ``torch.compile(backend="tpu",
+        fullgraph=True, dynamic=False)`` unless ``enforce_eager``: one graph per token
+        bucket (the token count is padded, :meth:`_determine_batch_execution_and_padding`),
+        with the attention layers' custom ops (``opaque_attention_op``) run eagerly between
+        its compiled stretches, so that the request layout (requests, query rows, blocks)
+        never reaches the graph and its guards."""
+        super().load_model(*args, **kwargs)
+        if self.model_config.enforce_eager:
+            return
+        buckets = token_buckets(self.max_num_tokens)
+        # one Dynamo entry per bucket (Dynamo's default keeps 8 per code object)
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, len(buckets) + 4)
+        self.model.compile(backend="tpu", fullgraph=True, dynamic=False)
+
+    def _prepare_inputs(self, *args, **kwargs):
+        """vLLM's, with this runner's host copies for :func:`_slot_mapping` (several
+        engines may live in one process)."""
+        _RUNNER[0] = self
+        try:
+            return super()._prepare_inputs(*args, **kwargs)
+        finally:
+            _RUNNER[0] = None
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)

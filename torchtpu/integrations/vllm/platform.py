@@ -3,9 +3,10 @@
 What it decides for vLLM: the device (``tpu``, PyTorch's PrivateUse1 key), the worker
 class (``worker.TpuWorker``), the attention backend (``attention.TpuAttentionBackend``),
 memory figures (``torch.tpu.mem_get_info``), and the configuration it refuses or changes:
-no CUDA graphs, no asynchronous scheduling, eager execution of the model (vLLM's own
-compilation pipeline targets Inductor), one device (tensor parallelism is refused with a
-clear error for now).
+no CUDA graphs, no asynchronous scheduling, none of vLLM's own compilation (it targets
+Inductor: the model runner compiles the model with ``torch.compile(backend="tpu")``
+itself, with the attention as an opaque op between compiled stretches), one device
+(tensor parallelism is refused with a clear error for now).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # (under "vllm": its log configuration)
 
 _PKG = "torchtpu.integrations.vllm"
 
@@ -118,7 +119,10 @@ class TpuPlatform(Platform):
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
-        return False
+        """True: the attention layers call vLLM's ``unified_attention_with_output`` /
+        ``unified_kv_cache_update`` custom ops, which the compiled model runs eagerly
+        (``torchtpu.compile.staged``), so the request layout stays out of its graph."""
+        return True
 
     @classmethod
     def supports_structured_output(cls) -> bool:
@@ -127,8 +131,8 @@ class TpuPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config) -> None:
         """Refuse what the plugin cannot run (``ValueError`` naming the option) and set
-        what it needs: our worker, eager model execution, no CUDA graphs, synchronous
-        scheduling."""
+        what it needs: our worker, no vLLM compilation (the runner compiles the model
+        itself unless ``enforce_eager``), no CUDA graphs, synchronous scheduling."""
         from vllm.config import CompilationMode
         from vllm.config.compilation import CUDAGraphMode
 
@@ -169,8 +173,6 @@ class TpuPlatform(Platform):
         comp.mode = CompilationMode.NONE
         comp.cudagraph_mode = CUDAGraphMode.NONE
         comp.cudagraph_capture_sizes = []
-        if model is not None:
-            model.enforce_eager = True
         # vLLM's engine core and workers run in new processes: spawned, not forked (a
         # forked child of a process that imported JAX hung deserializing its first
         # executable), as vLLM's CPU platform does; a script then guards its entry
