@@ -43,6 +43,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from torchtpu import jax_op
+from torchtpu.integrations.vllm import _host
 from torchtpu.integrations.vllm._shapes import bucket
 
 
@@ -92,18 +93,24 @@ class TpuAttentionMetadata:
     Attributes:
         num_actual_tokens: tokens of the batch (``T``; the model step runs a padded
             count ``Tp >= T``, ``model_runner``).
-        query_index: int64 ``[R * Q]`` on tpu: for request ``r`` and query row ``j``, one
+        query_index: ``[R * Q]`` on tpu: for request ``r`` and query row ``j``, one
             plus the token's index in the batch, or 0 (a zero row) past the request's
             tokens.
-        token_rows: int64 ``[max_num_batched_tokens]`` on tpu: each token's row ``r * Q +
+        token_rows: ``[max_num_batched_tokens]`` on tpu: each token's row ``r * Q +
             j`` in the padded layout; ``R * Q`` (a zero row) for padding tokens.  A step
             reads its first ``Tp``, so that every shape of the attention depends on the
             padded token count, never on ``T``.
-        block_table: int64 ``[R, B]`` on tpu: the requests' first ``B`` blocks (``B``
+        block_table: ``[R, B]`` on tpu: the requests' first ``B`` blocks (``B``
             blocks hold the longest context).
-        seq_lens, query_lens: int32 ``[R]`` on tpu: each request's tokens after this step
+        seq_lens, query_lens: ``[R]`` on tpu: each request's tokens after this step
             and its query tokens in it (0 and 0 for padding requests); query row ``j``
             of request ``r`` sees keys ``0 .. seq_lens[r] - query_lens[r] + j``.
+        slot_block, slot_offset: int32 ``[max_num_batched_tokens]`` on tpu: each token's
+            KV slot as (block, offset in the block), block 0 for padding tokens; None
+            when the step's host copies were not at hand (``_host``): the KV write then
+            computes them from the slot mapping on the device.
+
+    Every index array is int32, the fields are views of one upload.
         num_reqs, max_query_len: ``R`` and ``Q``.
     """
 
@@ -113,6 +120,8 @@ class TpuAttentionMetadata:
     block_table: torch.Tensor
     seq_lens: torch.Tensor
     query_lens: torch.Tensor
+    slot_block: torch.Tensor | None
+    slot_offset: torch.Tensor | None
     num_reqs: int
     max_query_len: int
 
@@ -151,21 +160,38 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         j = np.arange(Q)
         valid = j[None, :] < qlen[:, None]  # [R, Q]
         qidx = np.where(valid, qsl[:-1, None] + j[None, :] + 1, 0)
-        # (padding tokens: a zero row past the end)
-        rows = np.full(max(self.max_tokens or 0, T), R * Q, dtype=np.int64)
+        M = max(self.max_tokens or 0, T)
+        rows = np.full(M, R * Q, dtype=np.int64)  # (padding tokens: a zero row past the end)
         r_of = np.repeat(np.arange(R), qlen)
         rows[: int(qsl[-1])] = r_of * Q + (np.arange(int(qsl[-1])) - qsl[:-1][r_of])
-        dev = self.device
+        parts = [qidx.reshape(-1), rows, seq, qlen]
+        runner = _host.current()
+        host_table = None
+        if runner is not None:  # the runner's host copies: no device op to build them
+            bt = runner.input_batch.block_table[0]
+            host_table = np.zeros((R, B), np.int64)
+            w = min(B, bt.block_table.np.shape[1])
+            host_table[:R0, :w] = bt.block_table.np[:R0, :w]
+            slots = np.full(M, -1, np.int64)
+            n = min(M, bt.slot_mapping.np.shape[0])
+            slots[:n] = bt.slot_mapping.np[:n]
+            slots = np.maximum(slots, 0)  # (padding tokens: block 0, never read)
+            parts += [host_table.reshape(-1), slots // bs, slots % bs]
+        # one upload of every index array (int32), the fields are views of it
+        packed = torch.from_numpy(np.concatenate(parts).astype(np.int32)).to(self.device)
+        fields, at = [], 0
+        for p in parts:
+            fields.append(packed[at: at + p.size])
+            at += p.size
+        qi, tr, sl, ql = fields[:4]
+        if host_table is not None:
+            table_t, blk, off = fields[4].view(R, B), fields[5], fields[6]
+        else:
+            table_t, blk, off = _rows(table, R, B), None, None
         return TpuAttentionMetadata(
-            num_actual_tokens=T,
-            query_index=torch.from_numpy(qidx.reshape(-1)).to(dev),
-            token_rows=torch.from_numpy(rows).to(dev),
-            block_table=_rows(table, R, B),
-            seq_lens=torch.from_numpy(seq.astype(np.int32)).to(dev),
-            query_lens=torch.from_numpy(qlen.astype(np.int32)).to(dev),
-            num_reqs=R,
-            max_query_len=Q,
-        )
+            num_actual_tokens=T, query_index=qi, token_rows=tr, block_table=table_t,
+            seq_lens=sl, query_lens=ql, slot_block=blk, slot_offset=off,
+            num_reqs=R, max_query_len=Q)
 
 
 def _paged_attention(q, kv_cache, query_index, block_table, seq_lens, query_lens,
@@ -214,6 +240,21 @@ _PAGED_ATTENTION = jax_op("torchtpu_vllm::paged_attention", _paged_attention,
                           static_argnames=("scale",))
 
 
+def _layer_metadata(layer):
+    """The step's :class:`TpuAttentionMetadata` for attention layer ``layer`` (vLLM's
+    forward context), or None outside a step."""
+    if layer is None:
+        return None
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    meta = get_forward_context().attn_metadata
+    if isinstance(meta, dict):
+        meta = meta.get(getattr(layer, "layer_name", None))
+    return meta if isinstance(meta, TpuAttentionMetadata) else None
+
+
 def _rows(table: torch.Tensor, R: int, B: int) -> torch.Tensor:
     """The first ``R`` rows and ``B`` columns of block table ``table`` as int64, zero
     rows added past its own (padding requests read block 0, masked out)."""
@@ -255,9 +296,15 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
         """Write ``key``/``value`` (``[T, num_kv_heads, head_size]``) at ``slot_mapping``
         (``[T]``; negative: padding, written to block 0): one ``index_put`` of the whole
         layer tensor (a write through a view of it would copy the whole cache)."""
-        bs = kv_cache.shape[2]
-        slots = slot_mapping[: key.shape[0]].to(torch.int64).clamp(min=0)
-        kv_cache[slots // bs, :, slots % bs] = torch.cat([key, value], -1).to(kv_cache.dtype)
+        T = key.shape[0]
+        m = _layer_metadata(layer)
+        if m is not None and m.slot_block is not None:
+            blk, off = m.slot_block[:T], m.slot_offset[:T]
+        else:
+            bs = kv_cache.shape[2]
+            slots = slot_mapping[:T].to(torch.int64).clamp(min=0)
+            blk, off = slots // bs, slots % bs
+        kv_cache[blk, :, off] = torch.cat([key, value], -1).to(kv_cache.dtype)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: TpuAttentionMetadata | None,

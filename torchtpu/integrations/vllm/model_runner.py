@@ -15,6 +15,7 @@ from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
+from torchtpu.integrations.vllm import _host
 from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket, token_buckets
 
 logger = init_logger(f"vllm.{__name__}")  # (under "vllm": its log configuration)
@@ -69,10 +70,10 @@ def _slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor,
         return
     if getattr(self, "dcp_world_size", 1) > 1:
         raise NotImplementedError("torchtpu's vLLM plugin: decode context parallelism")
-    runner = _RUNNER[0]
+    runner = _host.current()
     if runner is None:
         raise RuntimeError("torchtpu's vLLM plugin: compute_slot_mapping called outside "
-                           "TpuModelRunner._prepare_inputs (no host copies to read)")
+                           "a step of TpuModelRunner (no host copies to read)")
     n = positions.shape[0]
     bs = self.block_size
     qsl = runner.query_start_loc.np[: num_reqs + 1].astype(np.int64)
@@ -85,11 +86,6 @@ def _slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor,
     if len(req) != n:
         raise AssertionError(f"slot mapping: {len(req)} tokens on the host, {n} on tpu")
     self.slot_mapping.gpu.copy_(self.slot_mapping.cpu)
-
-
-# the model runner preparing its inputs now (``TpuModelRunner._prepare_inputs``): the
-# host copies :func:`_slot_mapping` reads
-_RUNNER: list = [None]
 
 
 def _allocate_per_layer(kv_cache_config, device, layout, kernel_block_sizes=None):
@@ -166,14 +162,11 @@ class TpuModelRunner(GPUModelRunner):
         cfg.recompile_limit = max(cfg.recompile_limit, len(buckets) + 4)
         self.model.compile(backend="tpu", fullgraph=True, dynamic=False)
 
-    def _prepare_inputs(self, *args, **kwargs):
-        """vLLM's, with this runner's host copies for :func:`_slot_mapping` (several
-        engines may live in one process)."""
-        _RUNNER[0] = self
-        try:
-            return super()._prepare_inputs(*args, **kwargs)
-        finally:
-            _RUNNER[0] = None
+    def execute_model(self, *args, **kwargs):
+        """vLLM's, with this runner's host copies readable (``_host.current``) by the
+        slot mapping and the attention metadata."""
+        with _host.stepping(self):
+            return super().execute_model(*args, **kwargs)
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)

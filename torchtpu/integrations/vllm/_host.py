@@ -1,0 +1,31 @@
+"""The host copies of the vLLM model runner running a step now.
+
+vLLM's runner keeps numpy copies of what it uploads (query start locations, computed
+token counts, block tables, slot mappings).  The plugin reads them instead of device
+tensors where it builds layouts (``model_runner``'s slot mapping, ``attention``'s
+metadata), so that building a layout costs no device op and no device read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+_CURRENT: list = [None]
+
+
+def current():
+    """The ``TpuModelRunner`` inside :func:`stepping` now, or None (a dummy run, a unit
+    test calling the attention directly)."""
+    return _CURRENT[0]
+
+
+@contextlib.contextmanager
+def stepping(runner):
+    """``runner``'s host copies are :func:`current` inside (several engines may live in
+    one process; one step runs at a time)."""
+    saved = _CURRENT[0]
+    _CURRENT[0] = runner
+    try:
+        yield
+    finally:
+        _CURRENT[0] = saved
