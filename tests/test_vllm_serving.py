@@ -69,23 +69,61 @@ def test_unsupported_configurations_raise_clearly(model_dir, kw, match):
             .create_engine_config()
 
 
-def test_mixture_of_experts_models_are_refused_clearly(model_dir, tmp_path):
-    # (before: AttributeError "'UnquantizedFusedMoEMethod' object has no attribute
-    # 'is_monolithic'" at the first forward)
-    import shutil
-
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_mixture_of_experts_models_are_served_and_match_cpu(kind, tmp_path):
+    # (before: refused; before that an AttributeError "'UnquantizedFusedMoEMethod' object
+    # has no attribute 'is_monolithic'" at the first forward: vLLM leaves the MoE
+    # kernel and the routing kernels of an out-of-tree platform to it)
     import transformers as tf
-    from vllm.engine.arg_utils import EngineArgs
 
-    for f in os.listdir(model_dir):
-        if f.startswith("tokenizer"):
-            shutil.copy(os.path.join(model_dir, f), tmp_path)
-    tf.MixtralConfig(vocab_size=259, hidden_size=64, intermediate_size=128,
-                     num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                     num_local_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path)
-    with pytest.raises(Exception, match="mixture-of-experts models .4 experts"):
-        EngineArgs(model=str(tmp_path), dtype="float32", max_model_len=128) \
-            .create_engine_config()
+    torch.manual_seed(0)
+    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                  eos_token_id=2)
+    if kind == "mixtral":
+        model = tf.MixtralForCausalLM(tf.MixtralConfig(
+            intermediate_size=128, num_local_experts=4, num_experts_per_tok=2, **common))
+    else:  # routed experts and a shared expert
+        model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
+            intermediate_size=128, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+            **common))
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        llm = vllm.LLM(model=str(tmp_path), dtype="float32", max_model_len=128,
+                       max_num_seqs=4, max_num_batched_tokens=64,
+                       kv_cache_memory_bytes=8 << 20, seed=0, skip_tokenizer_init=True)
+        prompts = [[1, 5, 9, 33, 70], [1, 100, 42], [1] + list(range(7, 30))]
+        sp = vllm.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=1,
+                                 detokenize=False)
+        res = llm.generate(_token_ids(prompts), sp)
+    finally:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    outs = [[(t, r.outputs[0].logprobs[i][t].logprob)
+             for i, t in enumerate(r.outputs[0].token_ids)] for r in res]
+    assert [len(o) for o in outs] == [10, 10, 10]
+    assert example.check_against_cpu(str(tmp_path), prompts, outs) == 0
+
+
+def test_moe_experts_equal_each_tokens_chosen_experts():
+    from torchtpu.integrations.vllm.moe import experts
+
+    g = torch.Generator().manual_seed(0)
+    T, H, I, E, k = 7, 16, 8, 5, 2
+    x = torch.randn(T, H, generator=g)
+    w13 = torch.randn(E, 2 * I, H, generator=g) / 4
+    w2 = torch.randn(E, H, I, generator=g) / 4
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(torch.int32)
+    w = torch.rand(T, k, generator=g)
+    ref = torch.zeros(T, H)
+    for t in range(T):
+        for j in range(k):
+            e = int(ids[t, j])
+            h = w13[e] @ x[t]
+            ref[t] += w[t, j] * (w2[e] @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+    got = experts(x.to("tpu"), w13.to("tpu"), w2.to("tpu"), w.to("tpu"), ids.to("tpu"))
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_default_kv_cache_budget_on_the_cpu_platform_is_capped():

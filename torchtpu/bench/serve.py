@@ -1,11 +1,11 @@
 """Serving throughput with vLLM on tpu against Hugging Face ``generate`` one request at a time.
 
-    .venv-vllm/bin/python -m torchtpu.bench serve [--requests 16] [--tokens 64]
-                                                  [--no-hf-tpu] [--json PATH]
+    .venv-vllm/bin/python -m torchtpu.bench serve [--model llama|mixtral] [--requests 16]
+                                                  [--tokens 64] [--no-hf-tpu] [--json PATH]
 
 Needs vLLM (the serving venv: ``make test-vllm`` makes ``.venv-vllm``).  The model is a
-tiny Llama built from a config (2 layers, hidden 64, random weights, seed 0; no
-tokenizer: prompts are token ids), measured in a child process whose persistent compile
+tiny Llama or Mixtral (4 experts, top-2) built from a config (2 layers, hidden 64, random
+weights, seed 0; no tokenizer: prompts are token ids), measured in a child process whose persistent compile
 cache is a new empty folder (``TORCHTPU_CACHE_DIR``), as a new user's first run.  Rows, in
 that one process:
 
@@ -35,20 +35,31 @@ import tempfile
 import time
 
 
-def _tiny_llama(out_dir: str) -> str:
-    """A 2-layer Llama (hidden 64, vocab 256, random weights, seed 0) in ``out_dir``."""
+MODELS = ("llama", "mixtral")
+
+
+def _tiny_model(kind: str, out_dir: str) -> str:
+    """A 2-layer ``kind`` model (``"llama"``, or ``"mixtral"``: 4 experts, top-2; hidden
+    64, vocab 256, random weights, seed 0) in ``out_dir``."""
     import torch
     import transformers as tf
 
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
-    tf.LlamaForCausalLM(cfg).save_pretrained(out_dir, safe_serialization=True)
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  bos_token_id=1, eos_token_id=2)
+    if kind == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
+    elif kind == "mixtral":
+        model = tf.MixtralForCausalLM(tf.MixtralConfig(num_local_experts=4,
+                                                       num_experts_per_tok=2, **common))
+    else:
+        raise ValueError(f"unknown model {kind!r}: expected one of {', '.join(MODELS)}")
+    model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 
 
-def run(requests: int, tokens: int, hf_tpu: bool = True) -> list:
+def run(requests: int, tokens: int, hf_tpu: bool = True, kind: str = "llama") -> list:
     """The rows of the module docstring, as dicts (``row``, ``seconds``, ``tokens``,
     ``tok_s``, ``compiles``, ``compile_seconds``)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process
@@ -75,7 +86,7 @@ def run(requests: int, tokens: int, hf_tpu: bool = True) -> list:
                      else m["compile_seconds"] - m0["compile_seconds"]})
 
     with tempfile.TemporaryDirectory() as d:
-        model = _tiny_llama(os.path.join(d, "model"))
+        model = _tiny_model(kind, os.path.join(d, "model"))
         m0 = torchtpu.metrics()
         t0 = time.perf_counter()
         llm = LLM(model=model, dtype="float32", max_model_len=256, max_num_seqs=requests,
@@ -121,6 +132,7 @@ def run(requests: int, tokens: int, hf_tpu: bool = True) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="llama", choices=MODELS)
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--no-hf-tpu", action="store_true", help="skip HF generate on tpu")
@@ -135,12 +147,12 @@ def main(argv=None) -> int:
               ".venv-vllm/bin/python -m torchtpu.bench serve")
         return 2
     if a.child:  # (the measuring process: an empty compile cache set by its parent)
-        print(json.dumps(run(a.requests, a.tokens, hf_tpu=not a.no_hf_tpu)))
+        print(json.dumps(run(a.requests, a.tokens, hf_tpu=not a.no_hf_tpu, kind=a.model)))
         return 0
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
-        cmd = [sys.executable, "-m", "torchtpu.bench.serve", "--child",
+        cmd = [sys.executable, "-m", "torchtpu.bench.serve", "--child", "--model", a.model,
                "--requests", str(a.requests), "--tokens", str(a.tokens)]
         p = subprocess.run(cmd + (["--no-hf-tpu"] if a.no_hf_tpu else []), env=env,
                            capture_output=True, text=True, timeout=3600)
@@ -149,8 +161,8 @@ def main(argv=None) -> int:
         return p.returncode
     rows = json.loads(p.stdout.strip().splitlines()[-1])
     load1 = os.getloadavg()
-    print(f"\nvLLM on tpu, {a.requests} requests x {a.tokens} new tokens, greedy, tiny Llama "
-          f"(2 layers, hidden 64); load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    print(f"\nvLLM on tpu, {a.requests} requests x {a.tokens} new tokens, greedy, tiny "
+          f"{a.model} (2 layers, hidden 64); load average {load0[0]:.2f} -> {load1[0]:.2f}")
     print(f"{'row':24} {'s':>7} {'tokens':>7} {'tok/s':>8} {'/HF cpu':>8} {'compiles':>9} "
           f"{'compile s':>9}  same ids")
     for r in rows:

@@ -168,6 +168,14 @@ class TpuModelRunner(GPUModelRunner):
         with _host.stepping(self):
             return super().execute_model(*args, **kwargs)
 
+    def _prepare_padding_mask(self, num_tokens_unpadded: int,
+                              num_tokens_padded: int) -> torch.Tensor:
+        """vLLM's padding mask (bool ``[num_tokens_padded]``, True past the step's
+        tokens) built on the host and uploaded whole: vLLM fills two slices of a device
+        buffer at the exact token count, a new program for every new count."""
+        mask = np.arange(num_tokens_padded) >= num_tokens_unpadded
+        return torch.from_numpy(mask).to(self.device)
+
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)
 

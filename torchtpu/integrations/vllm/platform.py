@@ -22,18 +22,14 @@ logger = init_logger(f"vllm.{__name__}")  # (under "vllm": its log configuration
 _PKG = "torchtpu.integrations.vllm"
 
 
-# Hugging Face config fields that count a model's experts (Mixtral, Qwen2/3-MoE,
-# DeepSeek, OLMoE...)
-_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-
-
 class TpuPlatform(Platform):
     """vLLM's view of a ``tpu`` device (one PJRT device: a TPU chip, else GPU or CPU).
 
     Mirrors vLLM's ``CpuPlatform``/``CudaPlatform`` in what it answers; raises
     ``ValueError`` from :meth:`check_and_update_config` for configurations the plugin
-    cannot run (tensor/pipeline parallelism, LoRA, speculative decoding, MLA and
-    mixture-of-experts models, quantized weights or KV caches)."""
+    cannot run (tensor/pipeline parallelism, LoRA, speculative decoding, MLA
+    models, quantized weights or KV caches); mixture-of-experts layers run through
+    ``moe.TpuUnquantizedFusedMoEMethod``."""
 
     _enum = PlatformEnum.OOT
     device_name: str = "tpu"
@@ -151,15 +147,6 @@ class TpuPlatform(Platform):
         if model is not None and getattr(model, "use_mla", False):
             raise ValueError("torchtpu's vLLM plugin: MLA models (DeepSeek-style "
                              "attention) are not supported on tpu yet")
-        hf = getattr(model, "hf_config", None) if model is not None else None
-        text = getattr(hf, "get_text_config", lambda: hf)() if hf is not None else None
-        experts = next((getattr(text, a) for a in _EXPERT_FIELDS
-                        if getattr(text, a, None)), None) if text is not None else None
-        if experts:
-            raise ValueError(
-                f"torchtpu's vLLM plugin: mixture-of-experts models ({experts} experts, "
-                f"{type(hf).__name__}) are not supported on tpu yet: vLLM leaves the fused "
-                "MoE layer to the platform, and the plugin has none")
         cache = vllm_config.cache_config
         if cache.cache_dtype not in ("auto", None):
             raise ValueError(f"torchtpu's vLLM plugin: kv_cache_dtype={cache.cache_dtype!r} "

@@ -34,7 +34,10 @@ class TpuWorker(Worker):
         self._init_workspace_and_model_runner()
 
     def _make_model_runner(self):
+        from torchtpu.integrations.vllm import moe
         from torchtpu.integrations.vllm.model_runner import TpuModelRunner
+
+        moe.register()  # (before the model is built: its MoE layers' method)
 
         return TpuModelRunner(self.vllm_config, self.device)
 
