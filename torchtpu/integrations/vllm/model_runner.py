@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import torch
 from vllm.logger import init_logger
+from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -112,6 +113,17 @@ def _allocate_per_layer(kv_cache_config, device, layout, kernel_block_sizes=None
     return out
 
 
+def _copy_to_device(self, n: int | None = None) -> torch.Tensor:
+    """``CpuGpuBuffer.copy_to_gpu`` as one upload of the whole buffer (returns the
+    device buffer's first ``n`` elements, as vLLM's does).  vLLM copies the first ``n``
+    elements, a write into a slice of the device buffer whose length is the step's
+    exact token or request count: a new program for every new count.  The elements past
+    ``n`` take the host buffer's values (what vLLM's device buffers hold there is never
+    read: no asynchronous scheduling or speculative decoding on this platform)."""
+    self.gpu.copy_(self.cpu)
+    return self.gpu if n is None else self.gpu[:n]
+
+
 class TpuModelRunner(GPUModelRunner):
     """vLLM's ``GPUModelRunner`` on a ``tpu`` device, eager (no CUDA graphs)."""
 
@@ -121,6 +133,7 @@ class TpuModelRunner(GPUModelRunner):
         self.use_cuda_graph = False
         # (every BlockTable of this process is ours: one platform per process)
         BlockTable.compute_slot_mapping = _slot_mapping
+        CpuGpuBuffer.copy_to_gpu = _copy_to_device
 
     def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes,
                                     kv_cache_allocation_context=None):
