@@ -217,6 +217,13 @@ def test_prompts_longer_than_a_batch_step_are_chunked_and_match_cpu(model_dir):
         prompts = [[1] + [(7 * i) % 250 + 3 for i in range(70)], [1, 2, 3]]
         sp = vllm.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
         res = small.generate(_token_ids(prompts), sp)
+        # a seeded request whose prefill spans steps: vLLM rewinds its generator at each
+        # partial step (set_offset; before: "CPU Generator does not use offset", the
+        # engine died); the same seed gives the same tokens again
+        seeded = vllm.SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True, seed=5)
+        draws = [list(small.generate(_token_ids(prompts[:1]), seeded)[0].outputs[0].token_ids)
+                 for _ in range(2)]
+        assert len(draws[0]) == 6 and draws[0] == draws[1]
     finally:
         os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     outs = [[(t, r.outputs[0].logprobs[i][t].logprob)

@@ -228,3 +228,27 @@ def test_in_place_draws_take_an_explicit_generator(draw):
     assert torch.isfinite(a).all() == torch.isfinite(cpu).all()
     assert ((a > 0).all() == (cpu > 0).all())
 
+
+
+def test_tpu_generator_offsets_rewind_draws_as_on_cuda():
+    # vLLM rewinds a seeded request's generator with g.set_offset(g.get_offset() - 4)
+    # when it discards the token sampled at a partial prefill; on tpu get_offset raised
+    # "CPU Generator does not use offset" and the engine died
+    g = torch.Generator(device="tpu")
+    g.manual_seed(3)
+    assert g.get_offset() == 0
+    a = torch.empty(16, device="tpu").exponential_(generator=g).cpu()
+    assert g.get_offset() == 4
+    b = torch.empty(16, device="tpu").exponential_(generator=g).cpu()
+    assert g.get_offset() == 8 and not torch.equal(a, b)
+    g.set_offset(g.get_offset() - 4)  # the last draw put back: the same numbers again
+    assert g.get_offset() == 4
+    assert torch.equal(torch.empty(16, device="tpu").exponential_(generator=g).cpu(), b)
+    g.set_offset(0)
+    assert torch.equal(torch.empty(16, device="tpu").exponential_(generator=g).cpu(), a)
+    with pytest.raises(RuntimeError, match="set_offset"):
+        g.set_offset(100)  # (ahead of it)
+    g.manual_seed(3)
+    assert g.get_offset() == 0
+    with pytest.raises(RuntimeError, match="CPU Generator does not use offset"):
+        torch.Generator().get_offset()  # (a CPU generator: as PyTorch)

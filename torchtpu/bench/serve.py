@@ -47,7 +47,9 @@ def _tiny_model(kind: str, out_dir: str) -> str:
     torch.manual_seed(0)
     common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  bos_token_id=1, eos_token_id=2)
+                  bos_token_id=1, eos_token_id=None)  # (no EOS: every request makes
+    # exactly --tokens tokens on both sides; with an EOS id HF's min_new_tokens bans it
+    # while vLLM's ignore_eos may emit it: false "same ids" mismatches)
     if kind == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
     elif kind == "mixtral":
@@ -115,7 +117,7 @@ def run(requests: int, tokens: int, hf_tpu: bool = True, kind: str = "llama") ->
             with torch.no_grad():
                 def gen(p):
                     return hf.generate(torch.tensor([p], device=dev), max_new_tokens=tokens,
-                                       min_new_tokens=tokens, do_sample=False)
+                                       do_sample=False)
                 gen(new[0])  # (warm-up)
                 t0 = time.perf_counter()
                 for p, ids in zip(new, outs["batch 3 (new prompts)"]):

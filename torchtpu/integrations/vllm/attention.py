@@ -153,7 +153,9 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         qsl = np.concatenate([qsl, np.full(R - R0, qsl[-1])])
         seq = np.concatenate([seq, np.zeros(R - R0, np.int64)])
         qlen = qsl[1:] - qsl[:-1]
-        Q = bucket(max(int(qlen.max()) if R0 else 1, 1), 1, max(T, 1))
+        # (capped at the step's token budget, never at its exact token count T: a cap at
+        # T made a new query-row count, a new program, for every new prompt length)
+        Q = bucket(max(int(qlen.max()) if R0 else 1, 1), 1, max(self.max_tokens or T, 1))
         bs = self.block_size
         B = bucket(max(int(-(-int(seq.max()) // bs)) if R0 else 1, 1), 1,
                    max(table.shape[1], 1))
