@@ -90,36 +90,42 @@ class TpuAttentionBackend(AttentionBackend):
 class TpuAttentionMetadata:
     """One batch's attention layout (the same for every layer).
 
+    The batch's requests form up to two groups, each padded on its own: decode rows
+    (requests with one query token) and prefill rows (the others), so that a long
+    prefill does not pad every decode request to its length.  A group of ``R``
+    requests (a power of two), ``Q`` query rows each (1 for decodes, else a power of two
+    at least the group's longest query) and ``B`` blocks (a power of two holding its
+    longest context) is four arrays, ``groups[g] = (query_index, block_table, seq_lens,
+    query_lens)``:
+
+    * ``query_index`` ``[R * Q]``: for request ``r`` and query row ``j``, one plus the
+      token's index in the batch, or 0 (a zero row) past the request's tokens;
+    * ``block_table`` ``[R, B]``: the requests' first ``B`` blocks (0 past their own);
+    * ``seq_lens``, ``query_lens`` ``[R]``: each request's tokens after this step and its
+      query tokens in it (0 and 0 for padding requests); query row ``j`` of request
+      ``r`` sees keys ``0 .. seq_lens[r] - query_lens[r] + j``.
+
     Attributes:
         num_actual_tokens: tokens of the batch (``T``; the model step runs a padded
             count ``Tp >= T``, ``model_runner``).
-        query_index: ``[R * Q]`` on tpu: for request ``r`` and query row ``j``, one
-            plus the token's index in the batch, or 0 (a zero row) past the request's
-            tokens.
-        token_rows: ``[max_num_batched_tokens]`` on tpu: each token's row ``r * Q +
-            j`` in the padded layout; ``R * Q`` (a zero row) for padding tokens.  A step
-            reads its first ``Tp``, so that every shape of the attention depends on the
-            padded token count, never on ``T``.
-        block_table: ``[R, B]`` on tpu: the requests' first ``B`` blocks (``B``
-            blocks hold the longest context).
-        seq_lens, query_lens: ``[R]`` on tpu: each request's tokens after this step
-            and its query tokens in it (0 and 0 for padding requests); query row ``j``
-            of request ``r`` sees keys ``0 .. seq_lens[r] - query_lens[r] + j``.
-        slot_block, slot_offset: int32 ``[max_num_batched_tokens]`` on tpu: each token's
-            KV slot as (block, offset in the block), block 0 for padding tokens; None
-            when the step's host copies were not at hand (``_host``): the KV write then
-            computes them from the slot mapping on the device.
+        groups: the groups above (one or two).
+        token_rows: ``[max_num_batched_tokens]``: each token's row in the groups' rows
+            laid end to end (group 0's ``R * Q`` rows first); one past the last row (a
+            zero row) for padding tokens.  A step reads its first ``Tp``, so every shape
+            follows the padded token count, never ``T``.
+        slot_block, slot_offset: ``[max_num_batched_tokens]``: each token's KV slot as
+            (block, offset in the block), block 0 for padding tokens; None when the
+            step's host copies were not at hand (``_host``): the KV write then computes
+            them from the slot mapping on the device.
+        num_reqs, max_query_len: the groups' padded requests in all and longest query
+            rows (for logs).
 
-    Every index array is int32, the fields are views of one upload.
-        num_reqs, max_query_len: ``R`` and ``Q``.
+    Every index array is int32 on tpu, all of them views of one upload.
     """
 
     num_actual_tokens: int
-    query_index: torch.Tensor
+    groups: tuple
     token_rows: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    query_lens: torch.Tensor
     slot_block: torch.Tensor | None
     slot_offset: torch.Tensor | None
     num_reqs: int
@@ -146,96 +152,112 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         if seq is None:  # (a device read: vLLM did not give the host copy)
             seq = cm.seq_lens[:R0].cpu()
         seq = seq[:R0].numpy().astype(np.int64)
-        # requests, query rows and blocks padded to powers of two (padding requests have
-        # no tokens), so that the attention's ops meet a few shapes, not one per batch
-        table = cm.block_table_tensor
-        R = bucket(max(R0, 1), 1, self.max_reqs)
-        qsl = np.concatenate([qsl, np.full(R - R0, qsl[-1])])
-        seq = np.concatenate([seq, np.zeros(R - R0, np.int64)])
         qlen = qsl[1:] - qsl[:-1]
-        # (capped at the step's token budget, never at its exact token count T: a cap at
-        # T made a new query-row count, a new program, for every new prompt length)
-        Q = bucket(max(int(qlen.max()) if R0 else 1, 1), 1, max(self.max_tokens or T, 1))
         bs = self.block_size
-        B = bucket(max(int(-(-int(seq.max()) // bs)) if R0 else 1, 1), 1,
-                   max(table.shape[1], 1))
-        j = np.arange(Q)
-        valid = j[None, :] < qlen[:, None]  # [R, Q]
-        qidx = np.where(valid, qsl[:-1, None] + j[None, :] + 1, 0)
-        M = max(self.max_tokens or 0, T)
-        rows = np.full(M, R * Q, dtype=np.int64)  # (padding tokens: a zero row past the end)
-        r_of = np.repeat(np.arange(R), qlen)
-        rows[: int(qsl[-1])] = r_of * Q + (np.arange(int(qsl[-1])) - qsl[:-1][r_of])
-        parts = [qidx.reshape(-1), rows, seq, qlen]
         runner = _host.current()
-        host_table = None
         if runner is not None:  # the runner's host copies: no device op to build them
             bt = runner.input_batch.block_table[0]
-            host_table = np.zeros((R, B), np.int64)
-            w = min(B, bt.block_table.np.shape[1])
-            host_table[:R0, :w] = bt.block_table.np[:R0, :w]
+            host_table = bt.block_table.np[:R0]
+        else:  # (a dummy run or a direct call: one device read)
+            bt = None
+            host_table = cm.block_table_tensor[:R0].cpu().numpy()
+        M = max(self.max_tokens or 0, T)
+        rows = np.full(M, -1, dtype=np.int64)
+        parts, shapes, base, Rs, Qs = [], [], 0, 0, 1
+        # decode rows and prefill rows padded apart (requests, query rows and blocks to
+        # powers of two; query rows capped at the step's token budget, never at T)
+        for sel, decode in ((np.nonzero(qlen <= 1)[0], True), (np.nonzero(qlen > 1)[0], False)):
+            n = len(sel)
+            if n == 0:
+                continue
+            R = bucket(n, 1, self.max_reqs)
+            ql = np.zeros(R, np.int64)
+            ql[:n] = qlen[sel]
+            sq = np.zeros(R, np.int64)
+            sq[:n] = seq[sel]
+            start = qsl[:-1][sel]
+            Q = 1 if decode else bucket(int(ql.max()), 1, max(self.max_tokens or T, 1))
+            B = bucket(max(int(-(-int(sq.max()) // bs)), 1), 1, max(host_table.shape[1], 1))
+            j = np.arange(Q)
+            valid = j[None, :] < ql[:n, None]
+            qidx = np.zeros((R, Q), np.int64)
+            qidx[:n] = np.where(valid, start[:, None] + j[None, :] + 1, 0)
+            tab = np.zeros((R, B), np.int64)
+            w = min(B, host_table.shape[1])
+            tab[:n, :w] = host_table[sel, :w]
+            r_loc = np.repeat(np.arange(n), ql[:n])
+            within = np.arange(len(r_loc)) - np.repeat(np.cumsum(ql[:n]) - ql[:n], ql[:n])
+            rows[start[r_loc] + within] = base + r_loc * Q + within
+            parts += [qidx.reshape(-1), tab.reshape(-1), sq, ql]
+            shapes += [(R * Q,), (R, B), (R,), (R,)]
+            base += R * Q
+            Rs, Qs = Rs + R, max(Qs, Q)
+        rows[rows < 0] = base  # (padding tokens: a zero row past the end)
+        parts.append(rows)
+        if bt is not None:
             slots = np.full(M, -1, np.int64)
-            n = min(M, bt.slot_mapping.np.shape[0])
-            slots[:n] = bt.slot_mapping.np[:n]
+            k = min(M, bt.slot_mapping.np.shape[0])
+            slots[:k] = bt.slot_mapping.np[:k]
             slots = np.maximum(slots, 0)  # (padding tokens: block 0, never read)
-            parts += [host_table.reshape(-1), slots // bs, slots % bs]
+            parts += [slots // bs, slots % bs]
         # one upload of every index array (int32), the fields are views of it
         packed = torch.from_numpy(np.concatenate(parts).astype(np.int32)).to(self.device)
         fields, at = [], 0
         for p in parts:
             fields.append(packed[at: at + p.size])
             at += p.size
-        qi, tr, sl, ql = fields[:4]
-        if host_table is not None:
-            table_t, blk, off = fields[4].view(R, B), fields[5], fields[6]
-        else:
-            table_t, blk, off = _rows(table, R, B), None, None
+        groups = tuple(tuple(fields[g + i].view(shapes[g + i]) for i in range(4))
+                       for g in range(0, len(shapes), 4))
+        blk, off = (fields[-2], fields[-1]) if bt is not None else (None, None)
         return TpuAttentionMetadata(
-            num_actual_tokens=T, query_index=qi, token_rows=tr, block_table=table_t,
-            seq_lens=sl, query_lens=ql, slot_block=blk, slot_offset=off,
-            num_reqs=R, max_query_len=Q)
+            num_actual_tokens=T, groups=groups, token_rows=fields[len(shapes)],
+            slot_block=blk, slot_offset=off, num_reqs=Rs, max_query_len=Qs)
 
 
-def _paged_attention(q, kv_cache, query_index, block_table, seq_lens, query_lens,
-                     token_rows, *, scale):
+def _paged_attention(q, kv_cache, token_rows, *groups, scale):
     """Paged attention of a ragged batch, in JAX (one XLA program per shape).
 
     ``q`` ``[Tp, H, D]``: the step's queries (``Tp`` the padded token count);
     ``kv_cache`` ``[N, Hk, bs, 2D]``: the layer's cache (key then value per slot);
-    ``query_index`` ``[R * Q]``: 1 + the token of request ``r``'s query row ``j`` (0: none);
-    ``block_table`` ``[R, B]``; ``seq_lens``/``query_lens`` ``[R]``; ``token_rows``
-    ``[Tp]``: each token's row ``r * Q + j`` (``R * Q``: none).  Returns ``[Tp, H * D]``
-    in ``q``'s dtype: for each token, softmax(q k^T * scale) v over the keys its request
-    holds up to its own position (scores and softmax in float32; GQA by head groups);
-    zero rows for padding tokens."""
+    ``token_rows`` ``[Tp]``: each token's row in the groups' rows laid end to end;
+    ``groups``: four arrays per group of requests (``TpuAttentionMetadata``):
+    ``query_index`` ``[R * Q]``, ``block_table`` ``[R, B]``, ``seq_lens`` and
+    ``query_lens`` ``[R]``.  Returns ``[Tp, H * D]`` in ``q``'s dtype: for each token,
+    softmax(q k^T * scale) v over the keys its request holds up to its own position
+    (scores and softmax in float32; GQA by head groups); zero rows for padding tokens."""
     import jax
     import jax.numpy as jnp
 
     Tp, H, D = q.shape
-    R, B = block_table.shape
-    Q = query_index.shape[0] // R
     N, Hk, bs, _ = kv_cache.shape
     G = H // Hk
-    K = B * bs
-    qr = jnp.concatenate([jnp.zeros((1, H, D), q.dtype), q])[query_index]
-    qr = qr.reshape(R, Q, Hk, G, D)
-    kv = kv_cache[block_table]  # [R, B, Hk, bs, 2D]
-    kv = kv.transpose(0, 2, 1, 3, 4).reshape(R, Hk, K, 2 * D)
-    k, v = kv[..., :D].astype(q.dtype), kv[..., D:].astype(q.dtype)
-    s = jnp.einsum("rqhgd,rhkd->rhgqk", qr, k,
-                   preferred_element_type=jnp.float32) * jnp.float32(scale)
-    j = jnp.arange(Q)
-    keys = jnp.arange(K)
-    pos = (seq_lens - query_lens)[:, None] + j[None, :]  # [R, Q]: each row's position
-    valid = j[None, :] < query_lens[:, None]
-    see = (keys[None, None, :] <= pos[:, :, None]) & (keys[None, None, :] < seq_lens[:, None, None])
-    # (rows of no token see key 0 only: no all-masked softmax)
-    see = jnp.where(valid[:, :, None], see, keys[None, None, :] == 0)
-    s = jnp.where(see[:, None, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("rhgqk,rhkd->rqhgd", p, v.astype(jnp.float32))
-    o = o.reshape(R * Q, H * D).astype(q.dtype)
-    return jnp.concatenate([o, jnp.zeros((1, H * D), q.dtype)])[token_rows]
+    padded_q = jnp.concatenate([jnp.zeros((1, H, D), q.dtype), q])
+    outs = []
+    for g in range(0, len(groups), 4):
+        query_index, block_table, seq_lens, query_lens = groups[g: g + 4]
+        R, B = block_table.shape
+        Q = query_index.shape[0] // R
+        K = B * bs
+        qr = padded_q[query_index].reshape(R, Q, Hk, G, D)
+        kv = kv_cache[block_table]  # [R, B, Hk, bs, 2D]
+        kv = kv.transpose(0, 2, 1, 3, 4).reshape(R, Hk, K, 2 * D)
+        k, v = kv[..., :D].astype(q.dtype), kv[..., D:].astype(q.dtype)
+        s = jnp.einsum("rqhgd,rhkd->rhgqk", qr, k,
+                       preferred_element_type=jnp.float32) * jnp.float32(scale)
+        j = jnp.arange(Q)
+        keys = jnp.arange(K)
+        pos = (seq_lens - query_lens)[:, None] + j[None, :]  # [R, Q]: each row's position
+        valid = j[None, :] < query_lens[:, None]
+        see = (keys[None, None, :] <= pos[:, :, None]) \
+            & (keys[None, None, :] < seq_lens[:, None, None])
+        # (rows of no token see key 0 only: no all-masked softmax)
+        see = jnp.where(valid[:, :, None], see, keys[None, None, :] == 0)
+        s = jnp.where(see[:, None, None], s, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        o = jnp.einsum("rhgqk,rhkd->rqhgd", p, v.astype(jnp.float32))
+        outs.append(o.reshape(R * Q, H * D).astype(q.dtype))
+    outs.append(jnp.zeros((1, H * D), q.dtype))
+    return jnp.concatenate(outs)[token_rows]
 
 
 _PAGED_ATTENTION = jax_op("torchtpu_vllm::paged_attention", _paged_attention,
@@ -255,15 +277,6 @@ def _layer_metadata(layer):
     if isinstance(meta, dict):
         meta = meta.get(getattr(layer, "layer_name", None))
     return meta if isinstance(meta, TpuAttentionMetadata) else None
-
-
-def _rows(table: torch.Tensor, R: int, B: int) -> torch.Tensor:
-    """The first ``R`` rows and ``B`` columns of block table ``table`` as int64, zero
-    rows added past its own (padding requests read block 0, masked out)."""
-    t = table[:R, :B].to(torch.int64)
-    if t.shape[0] < R or t.shape[1] < B:
-        t = torch.nn.functional.pad(t, (0, B - t.shape[1], 0, R - t.shape[0]))
-    return t
 
 
 class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
@@ -322,7 +335,7 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
             return output
         m = attn_metadata
         o = _PAGED_ATTENTION(query.reshape(query.shape[0], self.num_heads, self.head_size),
-                             kv_cache, m.query_index, m.block_table, m.seq_lens,
-                             m.query_lens, m.token_rows[: query.shape[0]], scale=self.scale)
+                             kv_cache, m.token_rows[: query.shape[0]],
+                             *[t for grp in m.groups for t in grp], scale=self.scale)
         output.copy_(o.view(output.shape))
         return output
