@@ -90,13 +90,12 @@ class TpuAttentionBackend(AttentionBackend):
 class TpuAttentionMetadata:
     """One batch's attention layout (the same for every layer).
 
-    The batch's requests form up to two groups, each padded on its own: decode rows
-    (requests with one query token) and prefill rows (the others), so that a long
-    prefill does not pad every decode request to its length.  A group of ``R``
-    requests (a power of two), ``Q`` query rows each (1 for decodes, else a power of two
-    at least the group's longest query) and ``B`` blocks (a power of two holding its
-    longest context) is four arrays, ``groups[g] = (query_index, block_table, seq_lens,
-    query_lens)``:
+    The batch's requests form groups by their query length's power-of-two bucket (1:
+    decodes), each padded on its own, so that a long prefill pads neither the decodes
+    nor the short prefills of its step to its length.  A group of ``R`` requests (a
+    power of two), ``Q`` query rows each (the bucket) and ``B`` blocks (a power of two
+    holding its longest context) is four arrays, ``groups[g] = (query_index,
+    block_table, seq_lens, query_lens)``:
 
     * ``query_index`` ``[R * Q]``: for request ``r`` and query row ``j``, one plus the
       token's index in the batch, or 0 (a zero row) past the request's tokens;
@@ -108,7 +107,7 @@ class TpuAttentionMetadata:
     Attributes:
         num_actual_tokens: tokens of the batch (``T``; the model step runs a padded
             count ``Tp >= T``, ``model_runner``).
-        groups: the groups above (one or two).
+        groups: the groups above, shortest queries first.
         token_rows: ``[max_num_batched_tokens]``: each token's row in the groups' rows
             laid end to end (group 0's ``R * Q`` rows first); one past the last row (a
             zero row) for padding tokens.  A step reads its first ``Tp``, so every shape
@@ -164,19 +163,21 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         M = max(self.max_tokens or 0, T)
         rows = np.full(M, -1, dtype=np.int64)
         parts, shapes, base, Rs, Qs = [], [], 0, 0, 1
-        # decode rows and prefill rows padded apart (requests, query rows and blocks to
-        # powers of two; query rows capped at the step's token budget, never at T)
-        for sel, decode in ((np.nonzero(qlen <= 1)[0], True), (np.nonzero(qlen > 1)[0], False)):
+        # requests grouped by their query-row bucket (decodes: 1), each group padded on
+        # its own (requests, query rows and blocks to powers of two; query rows capped at
+        # the step's token budget, never at T): a long prompt pads only its own group
+        cap = max(self.max_tokens or T, 1)
+        qb = np.array([1 if q <= 1 else bucket(int(q), 1, cap) for q in qlen], np.int64)
+        for b in np.unique(qb):
+            sel = np.nonzero(qb == b)[0]
             n = len(sel)
-            if n == 0:
-                continue
             R = bucket(n, 1, self.max_reqs)
             ql = np.zeros(R, np.int64)
             ql[:n] = qlen[sel]
             sq = np.zeros(R, np.int64)
             sq[:n] = seq[sel]
             start = qsl[:-1][sel]
-            Q = 1 if decode else bucket(int(ql.max()), 1, max(self.max_tokens or T, 1))
+            Q = int(b)
             B = bucket(max(int(-(-int(sq.max()) // bs)), 1), 1, max(host_table.shape[1], 1))
             j = np.arange(Q)
             valid = j[None, :] < ql[:n, None]
