@@ -242,12 +242,18 @@ class _Common:  # the fields of vLLM's CommonAttentionMetadata the builder reads
     block_table_tensor: torch.Tensor
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2)])
-def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads):
+@pytest.mark.parametrize("heads,kv_heads,span", [(4, 4, 8), (4, 2, 8), (4, 2, 1)])
+def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads, span,
+                                                             monkeypatch):
+    # span 8: the decode row and one group of both prefills; span 1: each prefill bucket
+    # a group of its own (a long prompt beside short ones)
     from types import SimpleNamespace
 
+    from torchtpu.integrations.vllm import attention
     from torchtpu.integrations.vllm.attention import (TpuAttentionImpl,
                                                        TpuAttentionMetadataBuilder)
+
+    monkeypatch.setattr(attention, "GROUP_SPAN", span)
 
     g = torch.Generator().manual_seed(0)
     D, bs, nblocks = 8, 4, 16
@@ -297,6 +303,7 @@ def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads):
     builder = TpuAttentionMetadataBuilder(SimpleNamespace(block_size=bs), ["l"], None,
                                           torch.device("tpu"))
     meta = builder.build(0, common)
+    assert len(meta.groups) == (2 if span == 8 else 3)
     impl = TpuAttentionImpl(heads, D, 0.3, kv_heads)
     cache = kcache.reshape(nblocks, kv_heads, bs, 2 * D).to("tpu")  # vLLM's shape
     impl.do_kv_cache_update(None, k.to("tpu"), v.to("tpu"), cache, common.slot_mapping)

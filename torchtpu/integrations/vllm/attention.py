@@ -47,6 +47,10 @@ from torchtpu.integrations.vllm import _host
 from torchtpu.integrations.vllm._shapes import bucket
 
 
+# prefill query-length buckets within this factor of each other share a padded group
+GROUP_SPAN = 8
+
+
 class TpuAttentionBackend(AttentionBackend):
     """vLLM attention backend ``TPU_PAGED``: decoder self-attention over a paged KV
     cache in float32/bfloat16/float16, any head size, causal, no sliding window, ALiBi,
@@ -91,8 +95,9 @@ class TpuAttentionMetadata:
     """One batch's attention layout (the same for every layer).
 
     The batch's requests form groups by their query length's power-of-two bucket (1:
-    decodes), each padded on its own, so that a long prefill pads neither the decodes
-    nor the short prefills of its step to its length.  A group of ``R`` requests (a
+    decodes; prefill buckets within a factor :data:`GROUP_SPAN` of a group's largest
+    join it), each padded on its own, so that a long prefill pads neither the decodes
+    nor the much shorter prefills of its step to its length.  A group of ``R`` requests (a
     power of two), ``Q`` query rows each (the bucket) and ``B`` blocks (a power of two
     holding its longest context) is four arrays, ``groups[g] = (query_index,
     block_table, seq_lens, query_lens)``:
@@ -168,6 +173,14 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         # the step's token budget, never at T): a long prompt pads only its own group
         cap = max(self.max_tokens or T, 1)
         qb = np.array([1 if q <= 1 else bucket(int(q), 1, cap) for q in qlen], np.int64)
+        # (prefill buckets within a factor GROUP_SPAN of a group's largest join it: fewer
+        # groups, so fewer distinct programs, where padding them together costs little)
+        top = 0
+        for b in sorted(set(qb.tolist()) - {1}, reverse=True):
+            if top and top // b <= GROUP_SPAN:
+                qb[qb == b] = top
+            else:
+                top = b
         for b in np.unique(qb):
             sel = np.nonzero(qb == b)[0]
             n = len(sel)
