@@ -242,18 +242,21 @@ class _Common:  # the fields of vLLM's CommonAttentionMetadata the builder reads
     block_table_tensor: torch.Tensor
 
 
-@pytest.mark.parametrize("heads,kv_heads,span", [(4, 4, 8), (4, 2, 8), (4, 2, 1)])
-def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads, span,
-                                                             monkeypatch):
-    # span 8: the decode row and one group of both prefills; span 1: each prefill bucket
-    # a group of its own (a long prompt beside short ones)
+@pytest.mark.parametrize("heads,kv_heads,tiles,chunk_keys",
+                         [(4, 4, 256, 128), (4, 2, 256, 4), (4, 2, 4, 8)])
+def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads, tiles,
+                                                             chunk_keys, monkeypatch):
+    # (256, 128): a tile per token, one chunk of keys; (256, 4): a chunk per block, the
+    # loop runs 4 times; (4, 8): tiles of 2 rows (a request's last tile short), 2 blocks
+    # a chunk
     from types import SimpleNamespace
 
     from torchtpu.integrations.vllm import attention
     from torchtpu.integrations.vllm.attention import (TpuAttentionImpl,
                                                        TpuAttentionMetadataBuilder)
 
-    monkeypatch.setattr(attention, "GROUP_SPAN", span)
+    monkeypatch.setattr(attention, "TILES", tiles)
+    monkeypatch.setattr(attention, "CHUNK_KEYS", chunk_keys)
 
     g = torch.Generator().manual_seed(0)
     D, bs, nblocks = 8, 4, 16
@@ -303,7 +306,21 @@ def test_paged_attention_equals_causal_attention_per_request(heads, kv_heads, sp
     builder = TpuAttentionMetadataBuilder(SimpleNamespace(block_size=bs), ["l"], None,
                                           torch.device("tpu"))
     meta = builder.build(0, common)
-    assert len(meta.groups) == (2 if span == 8 else 3)
+    assert meta.rows == (2 if tiles == 4 else 1)
+    # another composition of as many tokens (three decodes after long contexts and a
+    # chunk) has the same shapes: one program per padded token count
+    other = _Common(4, T, torch.tensor([0, 1, 2, 3, T], dtype=torch.int32),
+                    torch.tensor([13, 10, 12, 7], dtype=torch.int32),
+                    torch.tensor([13, 10, 12, 7], dtype=torch.int32).to("tpu"),
+                    torch.zeros(T, dtype=torch.int64).to("tpu"),
+                    torch.tensor([[1, 2, 3]] * 4, dtype=torch.int32).to("tpu"))
+    meta2 = builder.build(0, other)
+
+    def shapes(m):
+        return [tuple(t.shape) for t in (m.token_rows, m.block_table, m.slot_block,
+                                         *m.tiles)], m.rows, m.chunk_blocks
+
+    assert shapes(meta2) == shapes(meta)
     impl = TpuAttentionImpl(heads, D, 0.3, kv_heads)
     cache = kcache.reshape(nblocks, kv_heads, bs, 2 * D).to("tpu")  # vLLM's shape
     impl.do_kv_cache_update(None, k.to("tpu"), v.to("tpu"), cache, common.slot_mapping)

@@ -13,17 +13,19 @@ compiled stretches, so the request layout never reaches the graph.  Per layer an
 * :meth:`TpuAttentionImpl.forward`: one op, ``torchtpu_vllm::paged_attention``
   (:func:`_paged_attention`, a JAX function made a PyTorch op with ``torchtpu.jax_op``,
   so one XLA program per shape on whatever PJRT device ``tpu`` is): the batch's queries
-  (a ragged mix of prefill and decode tokens) laid out as ``[requests, longest query,
-  heads, head_size]``, each request's keys and values gathered from its blocks up to the
-  longest context, softmax attention where query ``j`` of request ``r`` sees keys ``0..
-  ctx_r + j`` (``ctx_r`` the request's tokens before this step), then the rows back in
-  the batch's order.  Equal to causal attention over each request's whole sequence (the
-  math path; ``tests`` compare against Hugging Face on CPU).
+  (a ragged mix of prefill and decode tokens) cut into tiles of consecutive tokens of one
+  request; each tile meets its request's keys and values a chunk of blocks at a time
+  (gathered through the block table) with an online softmax, query ``j`` of a request
+  seeing keys ``0 .. ctx + j`` (``ctx`` the request's tokens before this step); then the
+  rows back in the batch's order.  Equal to causal attention over each request's whole
+  sequence (the math path; ``tests`` compare against Hugging Face on CPU).
 
-The layouts are built on the host from vLLM's CPU copies of the query start locations
-and sequence lengths (no device read); requests, query rows and blocks are padded to
-powers of two and every shape follows the step's padded token count, so a new batch
-composition meets shapes that have run before.
+The layout is built on the host from vLLM's CPU copies of the query start locations,
+sequence lengths, block table and slot mapping (no device read) and uploaded once per
+step.  Every shape follows the step's padded token count alone (the number of tiles, the
+block table's rows), and the context lengths set only the loop's runtime trip count, so
+a token bucket has one attention program, compiled at start-up, whatever the batch's
+composition.
 """
 
 from __future__ import annotations
@@ -44,11 +46,7 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from torchtpu import jax_op
 from torchtpu.integrations.vllm import _host
-from torchtpu.integrations.vllm._shapes import bucket
-
-
-# prefill query-length buckets within this factor of each other share a padded group
-GROUP_SPAN = 8
+from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket
 
 
 class TpuAttentionBackend(AttentionBackend):
@@ -90,48 +88,78 @@ class TpuAttentionBackend(AttentionBackend):
         return attn_type == AttentionType.DECODER
 
 
+# query tiles of a step: at most about this many (a tile's rows: max(1, Tp // TILES))
+TILES = 256
+# keys per step of the attention's loop over a request's context, in KV-cache blocks
+CHUNK_KEYS = 128
+
+
+def tile_rows(num_tokens_padded: int) -> int:
+    """Query rows per tile for a step of ``num_tokens_padded`` tokens: 1 up to
+    :data:`TILES` tokens (each token a tile of its own: decodes waste nothing), then
+    ``Tp // TILES`` (a long prefill: fewer, larger tiles, so fewer key gathers)."""
+    return max(1, num_tokens_padded // TILES)
+
+
+def tile_count(num_tokens_padded: int, max_reqs: int | None) -> int:
+    """Tiles of a step of ``num_tokens_padded`` tokens (``Tp``), a function of ``Tp``
+    alone: a request of ``q`` tokens takes ``ceil(q / rows)`` tiles, so ``R`` requests
+    of ``T <= Tp`` tokens take fewer than ``Tp / rows + R`` (and ``R <= min(Tp,
+    max_reqs)``); with one row per tile, exactly ``T <= Tp``."""
+    rows = tile_rows(num_tokens_padded)
+    if rows == 1:
+        return num_tokens_padded
+    reqs = num_tokens_padded if max_reqs is None else min(max_reqs, num_tokens_padded)
+    return -(-num_tokens_padded // rows) + reqs
+
+
 @dataclass
 class TpuAttentionMetadata:
-    """One batch's attention layout (the same for every layer).
+    """One step's attention layout (the same for every layer), in query tiles.
 
-    The batch's requests form groups by their query length's power-of-two bucket (1:
-    decodes; prefill buckets within a factor :data:`GROUP_SPAN` of a group's largest
-    join it), each padded on its own, so that a long prefill pads neither the decodes
-    nor the much shorter prefills of its step to its length.  A group of ``R`` requests (a
-    power of two), ``Q`` query rows each (the bucket) and ``B`` blocks (a power of two
-    holding its longest context) is four arrays, ``groups[g] = (query_index,
-    block_table, seq_lens, query_lens)``:
+    Each request's query tokens (a ragged mix of prefills, chunks and decodes) are cut
+    into tiles of ``rows`` consecutive tokens (:func:`tile_rows`; a request's last tile
+    may be short), ``W`` tiles in all (:func:`tile_count`; unused tiles are empty).  Every
+    shape is a function of the step's padded token count ``Tp`` (and vLLM's limits), so
+    that each token bucket has one attention program, compiled at start-up, whatever
+    the batch's requests, query lengths and context lengths:
 
-    * ``query_index`` ``[R * Q]``: for request ``r`` and query row ``j``, one plus the
-      token's index in the batch, or 0 (a zero row) past the request's tokens;
-    * ``block_table`` ``[R, B]``: the requests' first ``B`` blocks (0 past their own);
-    * ``seq_lens``, ``query_lens`` ``[R]``: each request's tokens after this step and its
-      query tokens in it (0 and 0 for padding requests); query row ``j`` of request
-      ``r`` sees keys ``0 .. seq_lens[r] - query_lens[r] + j``.
+    * ``tile_req``, ``tile_start``, ``tile_len``, ``tile_pos``, ``tile_seq`` ``[W]``: the
+      tile's request (a row of ``block_table``), its first token's index in the batch,
+      its tokens (0: an empty tile), its first token's position in the request, and the
+      request's tokens after this step (keys ``0 .. tile_seq - 1`` exist; query row
+      ``j`` sees keys ``0 .. tile_pos + j``);
+    * ``block_table`` ``[min(Tp, max_reqs), B]``: the step's requests' KV-cache blocks
+      (``B``: vLLM's blocks per request, rounded up to whole key chunks; 0 past a
+      request's own);
+    * ``token_rows`` ``[max_num_batched_tokens]``: each token's row among the tiles' rows
+      (tile ``w``, row ``j`` is ``w * rows + j``); ``W * rows`` (a zero row) for padding
+      tokens.  A step reads its first ``Tp``;
+    * ``slot_block``, ``slot_offset`` ``[max_num_batched_tokens]``: each token's KV slot
+      as (block, offset in the block); block 0 (vLLM's null block, never read) for
+      padding tokens.
+
+    Every array is int32 on tpu, all of them views of one upload at offsets that
+    depend on ``Tp`` only.
 
     Attributes:
-        num_actual_tokens: tokens of the batch (``T``; the model step runs a padded
-            count ``Tp >= T``, ``model_runner``).
-        groups: the groups above, shortest queries first.
-        token_rows: ``[max_num_batched_tokens]``: each token's row in the groups' rows
-            laid end to end (group 0's ``R * Q`` rows first); one past the last row (a
-            zero row) for padding tokens.  A step reads its first ``Tp``, so every shape
-            follows the padded token count, never ``T``.
-        slot_block, slot_offset: ``[max_num_batched_tokens]``: each token's KV slot as
-            (block, offset in the block), block 0 for padding tokens; None when the
-            step's host copies were not at hand (``_host``): the KV write then computes
-            them from the slot mapping on the device.
-        num_reqs, max_query_len: the groups' padded requests in all and longest query
-            rows (for logs).
-
-    Every index array is int32 on tpu, all of them views of one upload.
+        num_actual_tokens: tokens of the batch (``T <= Tp``).
+        rows: query rows per tile.
+        chunk_blocks: KV-cache blocks per step of the attention's loop over keys
+            (:data:`CHUNK_KEYS` keys).
+        tiles: ``(tile_req, tile_start, tile_len, tile_pos, tile_seq)``.
+        block_table, token_rows, slot_block, slot_offset: as above.
+        num_reqs, max_query_len: the batch's requests and longest query (for logs).
     """
 
     num_actual_tokens: int
-    groups: tuple
+    rows: int
+    chunk_blocks: int
+    tiles: tuple
+    block_table: torch.Tensor
     token_rows: torch.Tensor
-    slot_block: torch.Tensor | None
-    slot_offset: torch.Tensor | None
+    slot_block: torch.Tensor
+    slot_offset: torch.Tensor
     num_reqs: int
     max_query_len: int
 
@@ -162,120 +190,129 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         if runner is not None:  # the runner's host copies: no device op to build them
             bt = runner.input_batch.block_table[0]
             host_table = bt.block_table.np[:R0]
-        else:  # (a dummy run or a direct call: one device read)
-            bt = None
+            host_slots = bt.slot_mapping.np
+        else:  # (a dummy run or a direct call: device reads)
             host_table = cm.block_table_tensor[:R0].cpu().numpy()
+            host_slots = cm.slot_mapping.cpu().numpy()
         M = max(self.max_tokens or 0, T)
-        rows = np.full(M, -1, dtype=np.int64)
-        parts, shapes, base, Rs, Qs = [], [], 0, 0, 1
-        # requests grouped by their query-row bucket (decodes: 1), each group padded on
-        # its own (requests, query rows and blocks to powers of two; query rows capped at
-        # the step's token budget, never at T): a long prompt pads only its own group
-        cap = max(self.max_tokens or T, 1)
-        qb = np.array([1 if q <= 1 else bucket(int(q), 1, cap) for q in qlen], np.int64)
-        # (prefill buckets within a factor GROUP_SPAN of a group's largest join it: fewer
-        # groups, so fewer distinct programs, where padding them together costs little)
-        top = 0
-        for b in sorted(set(qb.tolist()) - {1}, reverse=True):
-            if top and top // b <= GROUP_SPAN:
-                qb[qb == b] = top
-            else:
-                top = b
-        for b in np.unique(qb):
-            sel = np.nonzero(qb == b)[0]
-            n = len(sel)
-            R = bucket(n, 1, self.max_reqs)
-            ql = np.zeros(R, np.int64)
-            ql[:n] = qlen[sel]
-            sq = np.zeros(R, np.int64)
-            sq[:n] = seq[sel]
-            start = qsl[:-1][sel]
-            Q = int(b)
-            B = bucket(max(int(-(-int(sq.max()) // bs)), 1), 1, max(host_table.shape[1], 1))
-            j = np.arange(Q)
-            valid = j[None, :] < ql[:n, None]
-            qidx = np.zeros((R, Q), np.int64)
-            qidx[:n] = np.where(valid, start[:, None] + j[None, :] + 1, 0)
-            tab = np.zeros((R, B), np.int64)
-            w = min(B, host_table.shape[1])
-            tab[:n, :w] = host_table[sel, :w]
-            r_loc = np.repeat(np.arange(n), ql[:n])
-            within = np.arange(len(r_loc)) - np.repeat(np.cumsum(ql[:n]) - ql[:n], ql[:n])
-            rows[start[r_loc] + within] = base + r_loc * Q + within
-            parts += [qidx.reshape(-1), tab.reshape(-1), sq, ql]
-            shapes += [(R * Q,), (R, B), (R,), (R,)]
-            base += R * Q
-            Rs, Qs = Rs + R, max(Qs, Q)
-        rows[rows < 0] = base  # (padding tokens: a zero row past the end)
-        parts.append(rows)
-        if bt is not None:
-            slots = np.full(M, -1, np.int64)
-            k = min(M, bt.slot_mapping.np.shape[0])
-            slots[:k] = bt.slot_mapping.np[:k]
-            slots = np.maximum(slots, 0)  # (padding tokens: block 0, never read)
-            parts += [slots // bs, slots % bs]
-        # one upload of every index array (int32), the fields are views of it
+        Tp = bucket(T, MIN_TOKENS, M)
+        rows = tile_rows(Tp)
+        W = tile_count(Tp, self.max_reqs)
+        # the tiles: request r's tokens qsl[r] .. qsl[r+1]-1 in tiles of `rows`
+        ntiles = -(-qlen // rows)
+        n = int(ntiles.sum())
+        if n > W:
+            raise AssertionError(f"paged attention: {n} query tiles for {T} tokens of "
+                                 f"{R0} requests, room for {W} (padded tokens {Tp})")
+        req = np.repeat(np.arange(R0), ntiles)
+        k = np.arange(n) - np.repeat(np.cumsum(ntiles) - ntiles, ntiles)
+        tiles = np.zeros((5, W), np.int64)
+        tiles[0, :n] = req
+        tiles[1, :n] = qsl[:-1][req] + k * rows
+        tiles[2, :n] = np.minimum(rows, qlen[req] - k * rows)
+        tiles[3, :n] = seq[req] - qlen[req] + k * rows
+        tiles[4, :n] = seq[req]
+        # each token's row among the tiles' rows; padding tokens: the zero row W * rows
+        token_rows = np.full(M, W * rows, np.int64)
+        nt = int(qsl[-1])  # (the requests' tokens: T less any padding)
+        tok = np.arange(nt)
+        r_of = np.repeat(np.arange(R0), qlen)
+        within = tok - qsl[:-1][r_of]
+        first_tile = np.cumsum(ntiles) - ntiles
+        token_rows[:nt] = (first_tile[r_of] + within // rows) * rows + within % rows
+        # the requests' blocks, padded to whole key chunks (the loop reads a chunk a step)
+        chunk = max(1, CHUNK_KEYS // bs)
+        width = -(-max(host_table.shape[1], 1) // chunk) * chunk
+        table = np.zeros((min(Tp, self.max_reqs or Tp), width), np.int64)
+        table[:R0, :host_table.shape[1]] = host_table
+        slots = np.full(M, -1, np.int64)
+        m = min(M, host_slots.shape[0])
+        slots[:m] = host_slots[:m]
+        slots[nt:] = -1
+        slots = np.maximum(slots, 0)  # (padding tokens: block 0, never read)
+        # one upload of every index array (int32), the fields are views of it; offsets
+        # depend on Tp only (so do the programs that read them)
+        parts = [token_rows, slots // bs, slots % bs, tiles.reshape(-1), table.reshape(-1)]
         packed = torch.from_numpy(np.concatenate(parts).astype(np.int32)).to(self.device)
         fields, at = [], 0
         for p in parts:
             fields.append(packed[at: at + p.size])
             at += p.size
-        groups = tuple(tuple(fields[g + i].view(shapes[g + i]) for i in range(4))
-                       for g in range(0, len(shapes), 4))
-        blk, off = (fields[-2], fields[-1]) if bt is not None else (None, None)
         return TpuAttentionMetadata(
-            num_actual_tokens=T, groups=groups, token_rows=fields[len(shapes)],
-            slot_block=blk, slot_offset=off, num_reqs=Rs, max_query_len=Qs)
+            num_actual_tokens=T, rows=rows, chunk_blocks=chunk,
+            tiles=tuple(fields[3][i * W: (i + 1) * W] for i in range(5)),
+            block_table=fields[4].view(table.shape), token_rows=fields[0],
+            slot_block=fields[1], slot_offset=fields[2], num_reqs=R0,
+            max_query_len=int(qlen.max()) if R0 else 0)
 
 
-def _paged_attention(q, kv_cache, token_rows, *groups, scale):
-    """Paged attention of a ragged batch, in JAX (one XLA program per shape).
+def _paged_attention(q, kv_cache, token_rows, block_table, tile_req, tile_start,
+                     tile_len, tile_pos, tile_seq, *, scale, rows, chunk_blocks):
+    """Paged attention of a ragged batch in query tiles, in JAX (one XLA program per
+    shape, and every shape follows the step's padded token count).
 
-    ``q`` ``[Tp, H, D]``: the step's queries (``Tp`` the padded token count);
-    ``kv_cache`` ``[N, Hk, bs, 2D]``: the layer's cache (key then value per slot);
-    ``token_rows`` ``[Tp]``: each token's row in the groups' rows laid end to end;
-    ``groups``: four arrays per group of requests (``TpuAttentionMetadata``):
-    ``query_index`` ``[R * Q]``, ``block_table`` ``[R, B]``, ``seq_lens`` and
-    ``query_lens`` ``[R]``.  Returns ``[Tp, H * D]`` in ``q``'s dtype: for each token,
-    softmax(q k^T * scale) v over the keys its request holds up to its own position
-    (scores and softmax in float32; GQA by head groups); zero rows for padding tokens."""
+    ``q`` ``[Tp, H, D]``: the step's queries; ``kv_cache`` ``[N, Hk, bs, 2D]``: the
+    layer's cache (key then value per slot); ``token_rows`` ``[Tp]``, ``block_table``
+    ``[R, B]`` and the tile arrays ``[W]``: :class:`TpuAttentionMetadata`.  Returns
+    ``[Tp, H * D]`` in ``q``'s dtype: for each token, softmax(q k^T * scale) v over the
+    keys its request holds up to its own position; zero rows for padding tokens.
+
+    Each tile's queries meet its request's keys a chunk of ``chunk_blocks`` blocks at a
+    time, with an online softmax (running maximum and sum, float32): the loop runs as
+    many chunks as the step's longest request needs (a runtime count: a ``while`` loop),
+    so neither the context lengths nor the request layout reach a shape.  GQA by head
+    groups."""
     import jax
     import jax.numpy as jnp
 
     Tp, H, D = q.shape
     N, Hk, bs, _ = kv_cache.shape
     G = H // Hk
-    padded_q = jnp.concatenate([jnp.zeros((1, H, D), q.dtype), q])
-    outs = []
-    for g in range(0, len(groups), 4):
-        query_index, block_table, seq_lens, query_lens = groups[g: g + 4]
-        R, B = block_table.shape
-        Q = query_index.shape[0] // R
-        K = B * bs
-        qr = padded_q[query_index].reshape(R, Q, Hk, G, D)
-        kv = kv_cache[block_table]  # [R, B, Hk, bs, 2D]
-        kv = kv.transpose(0, 2, 1, 3, 4).reshape(R, Hk, K, 2 * D)
-        k, v = kv[..., :D].astype(q.dtype), kv[..., D:].astype(q.dtype)
-        s = jnp.einsum("rqhgd,rhkd->rhgqk", qr, k,
+    W = tile_req.shape[0]
+    ck = chunk_blocks * bs
+    j = jnp.arange(rows)
+    live = j[None, :] < tile_len[:, None]  # [W, rows]
+    qi = jnp.where(live, tile_start[:, None] + j[None, :], Tp)
+    padded_q = jnp.concatenate([q, jnp.zeros((1, H, D), q.dtype)])
+    qw = padded_q[qi].reshape(W, rows, Hk, G, D)
+    pos = tile_pos[:, None] + j[None, :]  # [W, rows]: each row's position
+    table = block_table[tile_req]  # [W, B]
+    seq = jnp.where(tile_len > 0, tile_seq, 0)
+    nchunks = (jnp.max(seq) + ck - 1) // ck
+
+    def step(c, carry):
+        mx, total, acc = carry
+        blocks = jax.lax.dynamic_slice_in_dim(table, c * chunk_blocks, chunk_blocks, 1)
+        kv = kv_cache[blocks]  # [W, cb, Hk, bs, 2D]
+        kv = kv.transpose(0, 2, 1, 3, 4).reshape(W, Hk, ck, 2 * D)
+        k, v = kv[..., :D].astype(q.dtype), kv[..., D:].astype(jnp.float32)
+        s = jnp.einsum("wqhgd,whkd->whgqk", qw, k,
                        preferred_element_type=jnp.float32) * jnp.float32(scale)
-        j = jnp.arange(Q)
-        keys = jnp.arange(K)
-        pos = (seq_lens - query_lens)[:, None] + j[None, :]  # [R, Q]: each row's position
-        valid = j[None, :] < query_lens[:, None]
+        keys = c * ck + jnp.arange(ck)
         see = (keys[None, None, :] <= pos[:, :, None]) \
-            & (keys[None, None, :] < seq_lens[:, None, None])
-        # (rows of no token see key 0 only: no all-masked softmax)
-        see = jnp.where(valid[:, :, None], see, keys[None, None, :] == 0)
+            & (keys[None, None, :] < seq[:, None, None])  # [W, rows, ck]
         s = jnp.where(see[:, None, None], s, -jnp.inf)
-        p = jax.nn.softmax(s, axis=-1)
-        o = jnp.einsum("rhgqk,rhkd->rqhgd", p, v.astype(jnp.float32))
-        outs.append(o.reshape(R * Q, H * D).astype(q.dtype))
-    outs.append(jnp.zeros((1, H * D), q.dtype))
-    return jnp.concatenate(outs)[token_rows]
+        new = jnp.maximum(mx, s.max(-1))
+        base = jnp.where(jnp.isfinite(new), new, 0.0)
+        p = jnp.exp(s - base[..., None])
+        scale_old = jnp.exp(mx - base)
+        total = total * scale_old + p.sum(-1)
+        acc = acc * scale_old[..., None] + jnp.einsum("whgqk,whkd->whgqd", p, v)
+        return new, total, acc
+
+    init = (jnp.full((W, Hk, G, rows), -jnp.inf, jnp.float32),
+            jnp.zeros((W, Hk, G, rows), jnp.float32),
+            jnp.zeros((W, Hk, G, rows, D), jnp.float32))
+    _, total, acc = jax.lax.fori_loop(0, nchunks, step, init)
+    o = acc / jnp.where(total > 0, total, 1.0)[..., None]  # (empty rows: 0)
+    o = o.transpose(0, 3, 1, 2, 4).reshape(W * rows, H * D).astype(q.dtype)
+    o = jnp.concatenate([o, jnp.zeros((1, H * D), q.dtype)])
+    return o[token_rows]
 
 
 _PAGED_ATTENTION = jax_op("torchtpu_vllm::paged_attention", _paged_attention,
-                          static_argnames=("scale",))
+                          static_argnames=("scale", "rows", "chunk_blocks"))
+
 
 
 def _layer_metadata(layer):
@@ -327,9 +364,9 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
         layer tensor (a write through a view of it would copy the whole cache)."""
         T = key.shape[0]
         m = _layer_metadata(layer)
-        if m is not None and m.slot_block is not None:
+        if m is not None:
             blk, off = m.slot_block[:T], m.slot_offset[:T]
-        else:
+        else:  # (no step: the slot mapping on the device)
             bs = kv_cache.shape[2]
             slots = slot_mapping[:T].to(torch.int64).clamp(min=0)
             blk, off = slots // bs, slots % bs
@@ -349,7 +386,8 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
             return output
         m = attn_metadata
         o = _PAGED_ATTENTION(query.reshape(query.shape[0], self.num_heads, self.head_size),
-                             kv_cache, m.token_rows[: query.shape[0]],
-                             *[t for grp in m.groups for t in grp], scale=self.scale)
+                             kv_cache, m.token_rows[: query.shape[0]], m.block_table,
+                             *m.tiles, scale=self.scale, rows=m.rows,
+                             chunk_blocks=m.chunk_blocks)
         output.copy_(o.view(output.shape))
         return output

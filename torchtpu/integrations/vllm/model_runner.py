@@ -124,6 +124,13 @@ def _copy_to_device(self, n: int | None = None) -> torch.Tensor:
     return self.gpu if n is None else self.gpu[:n]
 
 
+# vLLM's built-in logits processors and the attribute that is empty while no request
+# uses them (then they leave the logits as they are, whatever their rows)
+_IDLE_WHEN_EMPTY = {"MinPLogitsProcessor": "min_p_count",
+                    "LogitBiasLogitsProcessor": "biases",
+                    "MinTokensLogitsProcessor": "min_toks"}
+
+
 class TpuModelRunner(GPUModelRunner):
     """vLLM's ``GPUModelRunner`` on a ``tpu`` device, eager (no CUDA graphs)."""
 
@@ -174,6 +181,182 @@ class TpuModelRunner(GPUModelRunner):
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, len(buckets) + 4)
         self.model.compile(backend="tpu", fullgraph=True, dynamic=False)
+
+    @contextlib.contextmanager
+    def _bookkeeping_on_host(self, num_tokens: int):
+        """Inside: vLLM's per-step bookkeeping tensors (token positions, sequence lengths,
+        computed-token counts, and the request indices, query positions and scheduled
+        counts they are made from) are host tensors, so that vLLM's slice arithmetic on
+        them (``positions[:T] = ...``, ``seq_lens[R:].fill_(0)``: shapes of the step's
+        exact token and request counts) runs on the host; on leaving, each device tensor
+        takes its host copy whole (one transfer of a fixed shape each; positions past the
+        ``num_tokens`` tokens zero, as vLLM's padding leaves them)."""
+        names = ("positions", "seq_lens", "num_computed_tokens")
+        shadows = self.__dict__.setdefault("_host_shadows", {})
+        device = {}
+        for name in names:
+            t = getattr(self, name)
+            if name not in shadows:
+                shadows[name] = torch.zeros(t.shape, dtype=t.dtype)
+            device[name] = t
+            setattr(self, name, shadows[name])
+        bufs = (self.req_indices, self.query_pos, self.num_scheduled_tokens,
+                self.query_start_loc)
+        saved = [b.gpu for b in bufs]
+        for b in bufs:
+            b.gpu = b.cpu
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            for name in names:
+                setattr(self, name, device[name])
+            for b, g in zip(bufs, saved):
+                b.gpu = g
+        if ok:
+            shadows["positions"][num_tokens:] = 0
+            self.positions.copy_(shadows["positions"])
+            # (the others are read on the device only inside _prepare_inputs, but the
+            # query start locations also by the attention metadata)
+            self.query_start_loc.gpu.copy_(self.query_start_loc.cpu)
+            self.seq_lens.copy_(shadows["seq_lens"])
+            if getattr(self, "use_async_spec_decode", False):  # (its only device reader)
+                self.num_computed_tokens.copy_(shadows["num_computed_tokens"])
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        """vLLM's, with its bookkeeping arithmetic on the host
+        (:meth:`_bookkeeping_on_host`): on the device it made a new program for every
+        new token or request count.  The rows whose logits are sampled (each request's
+        last token) are padded to a request bucket when the batch's sampling allows it
+        (:meth:`_pads_sampling`), so that the logits, the sampler and the logprobs meet
+        a few request counts; :meth:`_sample` cuts the padding off."""
+        with self._bookkeeping_on_host(scheduler_output.total_num_scheduled_tokens):
+            logits_rows, spec, most = super()._prepare_inputs(scheduler_output,
+                                                              num_scheduled_tokens)
+        R = self.input_batch.num_reqs
+        rows = logits_rows.numpy().astype(np.int32)  # (computed on the host)
+        if self._pads_sampling(scheduler_output):
+            padded = np.zeros(bucket(R, 1, self.max_num_reqs), np.int32)
+            padded[:R] = rows
+            rows = padded  # (padding rows sample token 0's hidden state; cut off later)
+        return torch.from_numpy(rows).to(self.device), spec, most
+
+    def _pads_sampling(self, scheduler_output) -> bool:
+        """Whether this step's sampling runs on a request bucket: vLLM's sampler on
+        padded rows gives the real rows what it gives them unpadded when sampling reads
+        no per-request state beyond temperature, top-k, top-p, seeds and logprob counts
+        (no penalties, allowed or bad words, token-id logprobs, active logits processors,
+        structured output or thinking budgets: those run at the exact request count)."""
+        m = self.input_batch.sampling_metadata
+        if (not m.no_penalties or m.allowed_token_ids_mask is not None
+                or m.bad_words_token_ids or m.logprob_token_ids
+                or getattr(scheduler_output, "has_structured_output_requests", False)):
+            return False
+        h = m.thinking_budget_state_holder
+        if h is not None and h.has_tracked_requests():
+            return False
+        for proc in m.logitsprocs.all:
+            state = _IDLE_WHEN_EMPTY.get(type(proc).__name__)
+            if state is None or getattr(proc, state):
+                return False
+        return True
+
+    def _sample(self, logits, spec_decode_metadata):
+        """vLLM's, on the request bucket's rows when :meth:`_prepare_inputs` padded them:
+        padded temperature, top-k and top-p (neutral values in the padding rows: 1.0,
+        the vocabulary, 1.0), then the sampled ids and logprobs cut to the real requests
+        (views: reading them compiles nothing)."""
+        R = self.input_batch.num_reqs
+        if logits is None or spec_decode_metadata is not None or logits.shape[0] == R:
+            return super()._sample(logits, spec_decode_metadata)
+        ib = self.input_batch
+        ib.update_async_output_token_ids()
+        m = ib.sampling_metadata
+        Rb = logits.shape[0]
+
+        def pad(host, neutral):
+            h = host[:Rb].clone()
+            h[R:] = neutral
+            return h.to(self.device)
+
+        meta = dataclasses.replace(
+            m,
+            temperature=None if m.temperature is None
+            else pad(ib.temperature_cpu_tensor, 1.0),
+            top_p=None if m.top_p is None else pad(ib.top_p_cpu_tensor, 1.0),
+            top_k=None if m.top_k is None else pad(ib.top_k_cpu_tensor, ib.vocab_size))
+        out = self.sampler(logits=logits, sampling_metadata=meta)
+        lp = out.logprobs_tensors
+        if lp is not None:
+            lp = type(lp)(*(t[:R] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == Rb
+                            else t for t in lp))
+        return dataclasses.replace(out, sampled_token_ids=out.sampled_token_ids[:R],
+                                   logprobs_tensors=lp)
+
+    def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
+        """vLLM's, without its zeroing of the padding tokens' positions on the device
+        (a slice of the step's exact length; :meth:`_bookkeeping_on_host` uploaded them
+        zero)."""
+        saved = self.positions
+        self.positions = self.__dict__["_host_shadows"]["positions"]
+        try:
+            out = list(super()._preprocess(scheduler_output, num_input_tokens,
+                                           intermediate_tensors))
+        finally:
+            self.positions = saved
+        if out[2] is not None and out[2].device.type == "cpu":  # (not M-RoPE positions)
+            out[2] = saved[: out[2].shape[0]]
+        return tuple(out)
+
+    def _get_slot_mappings(self, num_tokens_padded: int, num_reqs_padded: int,
+                           num_tokens_unpadded: int, ubatch_slices=None):
+        """vLLM's, without its ``fill_(-1)`` of the padding tokens' slots on the device
+        (a slice of the step's exact length): the host slot mapping
+        (:func:`_slot_mapping`) uploaded them -1; a dummy run fills its whole mapping."""
+        return super()._get_slot_mappings(num_tokens_padded, num_reqs_padded,
+                                          num_tokens_padded, ubatch_slices)
+
+    def warm_up_sampling(self, hidden_states: torch.Tensor, done: set) -> None:
+        """Run, for a dummy step's ``hidden_states`` (``[Tp, hidden]``), what a step
+        samples with at every request bucket ``Rb <= min(Tp, max_num_seqs)``: the rows'
+        gather (``[Tp] -> [Rb]``), and once per bucket (``done`` holds those run) the
+        logits and vLLM's sampler greedy, random at a temperature, and mixed with top-k
+        and top-p (the dtypes of the real batches'), so that serving compiles none of
+        them.  Logprobs, penalties and logits processors are not warmed (their first use
+        at a request bucket compiles it)."""
+        from vllm.v1.sample.logits_processor import LogitsProcessors
+        from vllm.v1.sample.metadata import SamplingMetadata
+
+        ib = self.input_batch
+        Tp = hidden_states.shape[0]
+        Rb = 1
+        while True:
+            rows = torch.zeros(Rb, dtype=torch.int32).to(self.device)
+            h = hidden_states[rows]
+            if Rb not in done:
+                done.add(Rb)
+                logits = self.model.compute_logits(h)
+                full = lambda host, v: torch.full((Rb,), v, dtype=host.dtype).to(self.device)
+                temp = full(ib.temperature_cpu_tensor, 0.5)
+                base = SamplingMetadata(
+                    temperature=None, all_greedy=True, all_random=False, top_p=None,
+                    top_k=None, generators={}, max_num_logprobs=None,
+                    logprob_token_ids=None, no_penalties=True, prompt_token_ids=None,
+                    frequency_penalties=temp, presence_penalties=temp,
+                    repetition_penalties=temp, output_token_ids=[[] for _ in range(Rb)],
+                    spec_token_ids=[[] for _ in range(Rb)], allowed_token_ids_mask=None,
+                    bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+                self.sampler(logits=logits, sampling_metadata=base)
+                self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
+                    base, temperature=temp, all_greedy=False, all_random=True))
+                self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
+                    base, temperature=temp, all_greedy=False,
+                    top_p=full(ib.top_p_cpu_tensor, 0.9),
+                    top_k=full(ib.top_k_cpu_tensor, max(ib.vocab_size - 1, 1))))
+            if Rb >= min(Tp, self.max_num_reqs):
+                break
+            Rb = bucket(Rb + 1, 1, self.max_num_reqs)
 
     def execute_model(self, *args, **kwargs):
         """vLLM's, with this runner's host copies readable (``_host.current``) by the

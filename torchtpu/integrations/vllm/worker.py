@@ -83,8 +83,9 @@ class TpuWorker(Worker):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         """Compile the model for every token bucket before serving (unless
         ``enforce_eager``): a dummy step of each padded token count
-        (``_shapes.token_buckets``), attention included, so that no request waits for a
-        compile of the model's graph.  Logs the seconds and XLA compiles it took; returns
+        (``_shapes.token_buckets``), attention included, and the sampling of every
+        request bucket (``TpuModelRunner.warm_up_sampling``), so that no request waits
+        for a compile.  Logs the seconds and XLA compiles it took; returns
         them as vLLM's ``CompilationTimes`` (seconds)."""
         import time
 
@@ -99,10 +100,12 @@ class TpuWorker(Worker):
             m0 = torchtpu.metrics()
             t0 = time.perf_counter()
             sizes = token_buckets(runner.max_num_tokens)
+            sampled: set = set()
             for n in tqdm(sizes, desc="Compiling the model per token bucket (tpu)",
                           disable=not self.is_driver_worker):
-                runner._dummy_run(n, force_attention=True, skip_eplb=True,
-                                  remove_lora=False)
+                hidden, _ = runner._dummy_run(n, force_attention=True, skip_eplb=True,
+                                            remove_lora=False)
+                runner.warm_up_sampling(hidden, sampled)
             torch.tpu.synchronize(self.device)
             seconds = time.perf_counter() - t0
             m = torchtpu.metrics()
