@@ -167,27 +167,34 @@ def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
     assert example.check_against_cpu(model_dir, prompts, outs) == 0
 
 
-def test_after_start_up_a_new_batch_composition_compiles_no_model_graph(llm, model_dir):
-    # start-up compiled the model for every token bucket: other prompt lengths and
-    # request counts trace no new graph (Dynamo's frame compiles and graphs unchanged)
+def test_after_start_up_a_new_batch_composition_compiles_nothing(llm, model_dir):
+    # start-up compiled the model for every token bucket and the sampling for every
+    # request bucket: other prompt lengths, request counts (and so query layouts,
+    # context lengths, request buckets) and sampling settings compile nothing, neither
+    # a Dynamo graph nor an XLA program (per-op executables, fused segments)
     import torch._dynamo.utils as dynamo_utils
 
     import torchtpu
 
-    def graphs():
+    def counts():
+        m = torchtpu.metrics()
         return (dynamo_utils.counters["stats"]["unique_graphs"],
-                dynamo_utils.counters["stats"]["calls_captured"])
+                dynamo_utils.counters["stats"]["calls_captured"],
+                m["compiles"], m["cache_misses"], m["segment_cache_misses"])
 
     assert torchtpu.metrics()["compile"]["executables"] > 0  # (the compiled model ran)
-    before = graphs()
+    before = counts()
     prompts = [[1] + [(5 * i + k) % 250 + 3 for i in range(n)]
-               for k, n in enumerate([3, 40, 11, 27, 6])]
-    # (no logprobs: vLLM's logprob helpers are compiled graphs of their own, with
-    # dynamic=True, built per request count)
+               for k, n in enumerate([3, 40, 11, 27, 6, 70, 2])]
+    # (no logprobs: their first use at a request bucket compiles it)
     sps = [vllm.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-           for n in (5, 9, 3, 7, 6)]
+           for n in (5, 9, 3, 7, 6, 4, 8)]
     res = llm.generate(_token_ids(prompts), sps)
-    assert graphs() == before
+    sampled = [vllm.SamplingParams(temperature=0.7, top_k=k, top_p=p, max_tokens=5,
+                                   ignore_eos=True)
+               for k, p in ((20, 1.0), (0, 0.8), (30, 0.9))]
+    llm.generate(_token_ids(prompts[:3]), sampled)
+    assert counts() == before
     outs = [[(t, None) for t in r.outputs[0].token_ids] for r in res]
     assert example.check_against_cpu(model_dir, prompts, outs) == 0
 

@@ -125,7 +125,7 @@ def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
             # (host-side checks read such values without a sync: ops.indexing's bounds)
             _st.remember_host_copy(dev_arr, arr)
         return _st.wrap(dev_arr, index, src.dtype)
-    dev_arr = runtime.jax().device_put(arr, runtime.jax_device(index))
+    dev_arr = runtime.put_host(arr, index)
     return _st.wrap(dev_arr, index, src.dtype)
 
 
@@ -162,7 +162,7 @@ def copy_(self, src, non_blocking=False):
         ):
             arr = host_array(src)
             M.transfers_to_device_bytes += arr.nbytes
-            sd.arr = runtime.jax().device_put(arr, runtime.jax_device(sd.index))
+            sd.arr = runtime.put_host(arr, sd.index)
             return self
         src = to_device(src, self.device.index)
         src_tpu = True

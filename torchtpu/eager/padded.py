@@ -80,6 +80,8 @@ Counters: ``torchtpu.metrics()["padded"]``.  ``TORCHTPU_PADDED=0`` switches it o
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 
@@ -133,6 +135,19 @@ def forget() -> None:
 
 def enabled() -> bool:
     return ON[0] and not CONFIG.defer and not CONFIG.debug_sync
+
+
+@contextlib.contextmanager
+def exact_transfers():
+    """Inside: host-to-tpu transfers are exact tensors, never padded ones (for callers
+    that choose their shapes themselves, such as the vLLM plugin's buckets: a padded
+    transfer's storage would make their ops' programs depend on this module's state)."""
+    saved = _ACTIVE[0]
+    _ACTIVE[0] = True
+    try:
+        yield
+    finally:
+        _ACTIVE[0] = saved
 
 
 # --------------------------------------------------------------------------- transfers

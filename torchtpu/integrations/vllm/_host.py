@@ -29,3 +29,17 @@ def stepping(runner):
         yield
     finally:
         _CURRENT[0] = saved
+
+
+def upload(host, device):
+    """``host`` (a numpy array or CPU tensor) as a new tensor on ``device``, transferred
+    exactly as it is (never one of the eager executor's padded sequences: the plugin
+    picks its own shapes, and the programs reading them must be the ones compiled at
+    start-up)."""
+    import torch
+
+    from torchtpu.eager import padded
+
+    t = torch.from_numpy(host) if not isinstance(host, torch.Tensor) else host
+    with padded.exact_transfers():
+        return t.to(device)

@@ -233,7 +233,7 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         # one upload of every index array (int32), the fields are views of it; offsets
         # depend on Tp only (so do the programs that read them)
         parts = [token_rows, slots // bs, slots % bs, tiles.reshape(-1), table.reshape(-1)]
-        packed = torch.from_numpy(np.concatenate(parts).astype(np.int32)).to(self.device)
+        packed = _host.upload(np.concatenate(parts).astype(np.int32), self.device)
         fields, at = [], 0
         for p in parts:
             fields.append(packed[at: at + p.size])

@@ -12,6 +12,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
+from vllm.v1.worker import gpu_input_batch as _input_batch
 from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
@@ -131,6 +132,20 @@ _IDLE_WHEN_EMPTY = {"MinPLogitsProcessor": "min_p_count",
                     "MinTokensLogitsProcessor": "min_toks"}
 
 
+def _copy_slice(from_tensor: torch.Tensor, to_tensor: torch.Tensor,
+                length: int) -> torch.Tensor:
+    """vLLM's ``copy_slice`` (the first ``length`` rows of a host tensor into a device
+    tensor, returning the device tensor's first ``length`` rows) as one upload of the
+    whole tensor where it is small (1 MiB or less; what lies past ``length`` on the
+    device is never read): a slice write of the batch's request count is a new program
+    for every new count.  Larger tensors (an allowed-token mask) copy the slice."""
+    if from_tensor.numel() * from_tensor.element_size() <= 1 << 20 \
+            and from_tensor.shape == to_tensor.shape and from_tensor.dtype == to_tensor.dtype:
+        to_tensor.copy_(from_tensor)
+        return to_tensor[:length]
+    return to_tensor[:length].copy_(from_tensor[:length], non_blocking=True)
+
+
 class TpuModelRunner(GPUModelRunner):
     """vLLM's ``GPUModelRunner`` on a ``tpu`` device, eager (no CUDA graphs)."""
 
@@ -141,6 +156,7 @@ class TpuModelRunner(GPUModelRunner):
         # (every BlockTable of this process is ours: one platform per process)
         BlockTable.compute_slot_mapping = _slot_mapping
         CpuGpuBuffer.copy_to_gpu = _copy_to_device
+        _input_batch.copy_slice = _copy_slice
 
     def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes,
                                     kv_cache_allocation_context=None):
@@ -185,8 +201,8 @@ class TpuModelRunner(GPUModelRunner):
     @contextlib.contextmanager
     def _bookkeeping_on_host(self, num_tokens: int):
         """Inside: vLLM's per-step bookkeeping tensors (token positions, sequence lengths,
-        computed-token counts, and the request indices, query positions and scheduled
-        counts they are made from) are host tensors, so that vLLM's slice arithmetic on
+        computed-token counts, and the request indices, query positions, scheduled and
+        accepted counts they are made from) are host tensors, so that vLLM's slice arithmetic on
         them (``positions[:T] = ...``, ``seq_lens[R:].fill_(0)``: shapes of the step's
         exact token and request counts) runs on the host; on leaving, each device tensor
         takes its host copy whole (one transfer of a fixed shape each; positions past the
@@ -201,7 +217,7 @@ class TpuModelRunner(GPUModelRunner):
             device[name] = t
             setattr(self, name, shadows[name])
         bufs = (self.req_indices, self.query_pos, self.num_scheduled_tokens,
-                self.query_start_loc)
+                self.query_start_loc, self.num_accepted_tokens)
         saved = [b.gpu for b in bufs]
         for b in bufs:
             b.gpu = b.cpu
@@ -218,8 +234,10 @@ class TpuModelRunner(GPUModelRunner):
             shadows["positions"][num_tokens:] = 0
             self.positions.copy_(shadows["positions"])
             # (the others are read on the device only inside _prepare_inputs, but the
-            # query start locations also by the attention metadata)
+            # query start locations also by the attention metadata, and the accepted
+            # token counts by hybrid models)
             self.query_start_loc.gpu.copy_(self.query_start_loc.cpu)
+            self.num_accepted_tokens.gpu.copy_(self.num_accepted_tokens.cpu)
             self.seq_lens.copy_(shadows["seq_lens"])
             if getattr(self, "use_async_spec_decode", False):  # (its only device reader)
                 self.num_computed_tokens.copy_(shadows["num_computed_tokens"])
@@ -235,12 +253,13 @@ class TpuModelRunner(GPUModelRunner):
             logits_rows, spec, most = super()._prepare_inputs(scheduler_output,
                                                               num_scheduled_tokens)
         R = self.input_batch.num_reqs
-        rows = logits_rows.numpy().astype(np.int32)  # (computed on the host)
-        if self._pads_sampling(scheduler_output):
-            padded = np.zeros(bucket(R, 1, self.max_num_reqs), np.int32)
-            padded[:R] = rows
-            rows = padded  # (padding rows sample token 0's hidden state; cut off later)
-        return torch.from_numpy(rows).to(self.device), spec, most
+        # (computed on the host; uploaded as a [max_num_seqs] buffer, of which a view:
+        # one storage shape whatever the count)
+        rows = np.zeros(max(self.max_num_reqs, R), np.int32)
+        rows[:R] = logits_rows.numpy()
+        n = bucket(R, 1, self.max_num_reqs) if self._pads_sampling(scheduler_output) else R
+        # (padding rows sample token 0's hidden state; _sample cuts them off)
+        return _host.upload(rows, self.device)[:n], spec, most
 
     def _pads_sampling(self, scheduler_output) -> bool:
         """Whether this step's sampling runs on a request bucket: vLLM's sampler on
@@ -275,10 +294,10 @@ class TpuModelRunner(GPUModelRunner):
         m = ib.sampling_metadata
         Rb = logits.shape[0]
 
-        def pad(host, neutral):
-            h = host[:Rb].clone()
+        def pad(host, neutral):  # (a [max_num_seqs] upload and a view, as at start-up)
+            h = host.clone()
             h[R:] = neutral
-            return h.to(self.device)
+            return _host.upload(h, self.device)[:Rb]
 
         meta = dataclasses.replace(
             m,
@@ -321,9 +340,9 @@ class TpuModelRunner(GPUModelRunner):
         """Run, for a dummy step's ``hidden_states`` (``[Tp, hidden]``), what a step
         samples with at every request bucket ``Rb <= min(Tp, max_num_seqs)``: the rows'
         gather (``[Tp] -> [Rb]``), and once per bucket (``done`` holds those run) the
-        logits and vLLM's sampler greedy, random at a temperature, and mixed with top-k
-        and top-p (the dtypes of the real batches'), so that serving compiles none of
-        them.  Logprobs, penalties and logits processors are not warmed (their first use
+        logits and vLLM's sampler: greedy, and at a temperature (all requests or some)
+        with neither, either or both of top-k and top-p (the dtypes of the real
+        batches'), so that serving compiles none of them.  Logprobs, penalties and logits processors are not warmed (their first use
         at a request bucket compiles it)."""
         from vllm.v1.sample.logits_processor import LogitsProcessors
         from vllm.v1.sample.metadata import SamplingMetadata
@@ -332,12 +351,13 @@ class TpuModelRunner(GPUModelRunner):
         Tp = hidden_states.shape[0]
         Rb = 1
         while True:
-            rows = torch.zeros(Rb, dtype=torch.int32).to(self.device)
+            rows = _host.upload(np.zeros(self.max_num_reqs, np.int32), self.device)[:Rb]
             h = hidden_states[rows]
             if Rb not in done:
                 done.add(Rb)
                 logits = self.model.compute_logits(h)
-                full = lambda host, v: torch.full((Rb,), v, dtype=host.dtype).to(self.device)
+                full = lambda host, v: _host.upload(  # noqa: E731 (as _sample's)
+                    torch.full(host.shape, v, dtype=host.dtype), self.device)[:Rb]
                 temp = full(ib.temperature_cpu_tensor, 0.5)
                 base = SamplingMetadata(
                     temperature=None, all_greedy=True, all_random=False, top_p=None,
@@ -348,12 +368,14 @@ class TpuModelRunner(GPUModelRunner):
                     spec_token_ids=[[] for _ in range(Rb)], allowed_token_ids_mask=None,
                     bad_words_token_ids={}, logitsprocs=LogitsProcessors())
                 self.sampler(logits=logits, sampling_metadata=base)
-                self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
-                    base, temperature=temp, all_greedy=False, all_random=True))
-                self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
-                    base, temperature=temp, all_greedy=False,
-                    top_p=full(ib.top_p_cpu_tensor, 0.9),
-                    top_k=full(ib.top_k_cpu_tensor, max(ib.vocab_size - 1, 1))))
+                top_p = full(ib.top_p_cpu_tensor, 0.9)
+                top_k = full(ib.top_k_cpu_tensor, max(ib.vocab_size - 1, 1))
+                for all_random in (True, False):  # (False: some requests greedy)
+                    for k, p in ((None, None), (top_k, None), (None, top_p),
+                                 (top_k, top_p)):
+                        self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
+                            base, temperature=temp, all_greedy=False,
+                            all_random=all_random, top_k=k, top_p=p))
             if Rb >= min(Tp, self.max_num_reqs):
                 break
             Rb = bucket(Rb + 1, 1, self.max_num_reqs)
@@ -370,7 +392,7 @@ class TpuModelRunner(GPUModelRunner):
         tokens) built on the host and uploaded whole: vLLM fills two slices of a device
         buffer at the exact token count, a new program for every new count."""
         mask = np.arange(num_tokens_padded) >= num_tokens_unpadded
-        return torch.from_numpy(mask).to(self.device)
+        return _host.upload(mask, self.device)
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)
