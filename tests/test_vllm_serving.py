@@ -106,6 +106,42 @@ def test_mixture_of_experts_models_are_served_and_match_cpu(kind, tmp_path):
     assert example.check_against_cpu(str(tmp_path), prompts, outs) == 0
 
 
+@pytest.mark.parametrize("window", [4096, 64])
+def test_sliding_window_longer_than_max_model_len_is_full_attention(window, tmp_path):
+    # a window no shorter than max_model_len never binds (Mistral's 4096 at 128): served
+    # as full causal attention and equal to CPU; a shorter one is refused by name
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.MistralForCausalLM(tf.MistralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        sliding_window=window, bos_token_id=1, eos_token_id=2))
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        def serve():
+            llm = vllm.LLM(model=str(tmp_path), dtype="float32", max_model_len=128,
+                           max_num_seqs=4, max_num_batched_tokens=128, enforce_eager=True,
+                           kv_cache_memory_bytes=8 << 20, seed=0, skip_tokenizer_init=True)
+            sp = vllm.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                                     logprobs=1, detokenize=False)
+            return llm.generate(_token_ids(prompts), sp)
+
+        prompts = [[1, 5, 9, 33, 70], [1] + list(range(7, 90))]
+        if window < 128:
+            with pytest.raises(NotImplementedError, match="sliding_window=64"):
+                serve()
+            return
+        res = serve()
+    finally:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    outs = [[(t, r.outputs[0].logprobs[i][t].logprob)
+             for i, t in enumerate(r.outputs[0].token_ids)] for r in res]
+    assert [len(o) for o in outs] == [8, 8]
+    assert example.check_against_cpu(str(tmp_path), prompts, outs) == 0
+
+
 def test_moe_experts_equal_each_tokens_chosen_experts():
     from torchtpu.integrations.vllm.moe import experts
 

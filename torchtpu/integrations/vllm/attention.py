@@ -51,8 +51,9 @@ from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket
 
 class TpuAttentionBackend(AttentionBackend):
     """vLLM attention backend ``TPU_PAGED``: decoder self-attention over a paged KV
-    cache in float32/bfloat16/float16, any head size, causal, no sliding window, ALiBi,
-    soft cap or sinks (those raise ``NotImplementedError`` when a layer asks)."""
+    cache in float32/bfloat16/float16, any head size, causal, no sliding window shorter
+    than ``max_model_len``, ALiBi, soft cap or sinks (those raise ``NotImplementedError``
+    when a layer asks)."""
 
     forward_includes_kv_cache_update: bool = False
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float32, torch.bfloat16,
@@ -315,6 +316,15 @@ _PAGED_ATTENTION = jax_op("torchtpu_vllm::paged_attention", _paged_attention,
 
 
 
+def _max_model_len() -> int:
+    """The engine's ``max_model_len`` (vLLM's current config), or 0 outside one."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    mc = getattr(cfg, "model_config", None) if cfg is not None else None
+    return int(getattr(mc, "max_model_len", 0) or 0)
+
+
 def _layer_metadata(layer):
     """The step's :class:`TpuAttentionMetadata` for attention layer ``layer`` (vLLM's
     forward context), or None outside a step."""
@@ -338,6 +348,10 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
                  kv_cache_dtype: str = "auto", logits_soft_cap=None,
                  attn_type: str = AttentionType.DECODER,
                  kv_sharing_target_layer_name: str | None = None, sinks=None) -> None:
+        if sliding_window not in (None, 0, -1) and sliding_window >= _max_model_len():
+            # (a window no shorter than the longest sequence never leaves a key out:
+            # full causal attention, as a model whose window exceeds max_model_len has)
+            sliding_window = None
         unsupported = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
                        "logits_soft_cap": logits_soft_cap, "sinks": sinks,
                        "kv_sharing_target_layer_name": kv_sharing_target_layer_name}
