@@ -358,19 +358,33 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
 _VARIANTS: dict = {}  # (structure, donated inputs) -> [returned (node, out) tuples]
 # Likewise which inputs are free to donate (referenced by nothing but the segment) can
 # differ between calls of the same structure (a serving step's inputs held by its caller
-# or not: a warm-up step and a real one), and donating fewer is always allowed: so a
-# program compiled for a subset of the donatable inputs serves too.
+# or not: a warm-up step and a real one), and donating fewer is always allowed: with
+# partial donation on (reuse_partial_donation), a program compiled for a subset of the
+# donatable inputs serves too, so such a call compiles nothing.  Off by default: a
+# training loop's later steps then compile their own program once, which donates (and
+# updates in place) every buffer it can, where the subset's program would allocate.
 _DONATIONS: dict = {}  # structure -> {donated-input tuples compiled}
+_PARTIAL_DONATION = [False]
+
+
+def reuse_partial_donation(on: bool) -> None:
+    """Let a segment of compiled graphs run a cached program of its structure that
+    donates a subset of its free inputs instead of compiling one for exactly them (the
+    vLLM plugin: nothing may compile after start-up; the cost is memory the extra
+    donations would have reused).  Process-wide."""
+    _PARTIAL_DONATION[0] = bool(on)
 
 
 def _graph_variant(skey, live_keys, donate):
     """``(program, returned values, donated inputs)`` of a cached program for segment
     structure ``skey`` that returns every value of ``live_keys`` and donates ``donate``
-    or a subset of it (the exact set first); else ``(None, values to compile for,
+    (or, with :func:`reuse_partial_donation`, a subset of it; the exact set first); else ``(None, values to compile for,
     donate)``: ``live_keys`` united with the last program's for ``donate``."""
     need = set(live_keys)
     free = set(donate)
-    cands = [donate] + [d for d in _DONATIONS.get(skey, ()) if d != donate and set(d) <= free]
+    cands = [donate]
+    if _PARTIAL_DONATION[0]:
+        cands += [d for d in _DONATIONS.get(skey, ()) if d != donate and set(d) <= free]
     for d in cands:
         for outs in reversed(_VARIANTS.get((skey, d), ())):
             if need <= set(outs):

@@ -192,6 +192,11 @@ class TpuModelRunner(GPUModelRunner):
         super().load_model(*args, **kwargs)
         if self.model_config.enforce_eager:
             return
+        from torchtpu.eager import defer
+
+        # (a step's compiled stretches may free an input the dummy run held: run the
+        # start-up program donating less rather than compile one while serving)
+        defer.reuse_partial_donation(True)
         buckets = token_buckets(self.max_num_tokens)
         # one Dynamo entry per bucket (Dynamo's default keeps 8 per code object)
         cfg = torch._dynamo.config
