@@ -378,8 +378,9 @@ def reuse_partial_donation(on: bool) -> None:
 def _graph_variant(skey, live_keys, donate):
     """``(program, returned values, donated inputs)`` of a cached program for segment
     structure ``skey`` that returns every value of ``live_keys`` and donates ``donate``
-    (or, with :func:`reuse_partial_donation`, a subset of it; the exact set first); else ``(None, values to compile for,
-    donate)``: ``live_keys`` united with the last program's for ``donate``."""
+    (or, with :func:`reuse_partial_donation`, a subset of it; the exact set first);
+    else ``(None, values to compile for, donate)``: ``live_keys`` united with the last
+    program's for ``donate``."""
     need = set(live_keys)
     free = set(donate)
     cands = [donate]

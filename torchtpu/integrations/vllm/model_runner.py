@@ -313,8 +313,8 @@ class TpuModelRunner(GPUModelRunner):
         out = self.sampler(logits=logits, sampling_metadata=meta)
         lp = out.logprobs_tensors
         if lp is not None:
-            lp = type(lp)(*(t[:R] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == Rb
-                            else t for t in lp))
+            lp = type(lp)(*(t[:R] if isinstance(t, torch.Tensor) and t.dim()
+                            and t.shape[0] == Rb else t for t in lp))
         return dataclasses.replace(out, sampled_token_ids=out.sampled_token_ids[:R],
                                    logprobs_tensors=lp)
 
@@ -322,8 +322,12 @@ class TpuModelRunner(GPUModelRunner):
         """vLLM's, without its zeroing of the padding tokens' positions on the device
         (a slice of the step's exact length; :meth:`_bookkeeping_on_host` uploaded them
         zero)."""
+        shadow = self.__dict__.get("_host_shadows", {}).get("positions")
+        if shadow is None:  # (no step prepared on the host yet)
+            return super()._preprocess(scheduler_output, num_input_tokens,
+                                       intermediate_tensors)
         saved = self.positions
-        self.positions = self.__dict__["_host_shadows"]["positions"]
+        self.positions = shadow
         try:
             out = list(super()._preprocess(scheduler_output, num_input_tokens,
                                            intermediate_tensors))
@@ -347,8 +351,9 @@ class TpuModelRunner(GPUModelRunner):
         gather (``[Tp] -> [Rb]``), and once per bucket (``done`` holds those run) the
         logits and vLLM's sampler: greedy, and at a temperature (all requests or some)
         with neither, either or both of top-k and top-p (the dtypes of the real
-        batches'), so that serving compiles none of them.  Logprobs, penalties and logits processors are not warmed (their first use
-        at a request bucket compiles it)."""
+        batches'), so that serving compiles none of them.  Logprobs, penalties and
+        logits processors are not warmed (their first use at a request bucket compiles
+        it)."""
         from vllm.v1.sample.logits_processor import LogitsProcessors
         from vllm.v1.sample.metadata import SamplingMetadata
 
