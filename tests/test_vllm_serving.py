@@ -7,6 +7,7 @@ checked teacher-forced against the CPU model (``check_against_cpu``).
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -206,8 +207,9 @@ def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
 def test_after_start_up_a_new_batch_composition_compiles_nothing(llm, model_dir):
     # start-up compiled the model for every token bucket and the sampling for every
     # request bucket: other prompt lengths, request counts (and so query layouts,
-    # context lengths, request buckets) and sampling settings compile nothing, neither
-    # a Dynamo graph nor an XLA program (per-op executables, fused segments)
+    # context lengths, request buckets) and sampling settings (a seeded request too)
+    # compile nothing, neither a Dynamo graph nor an XLA program (per-op executables,
+    # their donating variants, fused segments)
     import torch._dynamo.utils as dynamo_utils
 
     import torchtpu
@@ -216,7 +218,8 @@ def test_after_start_up_a_new_batch_composition_compiles_nothing(llm, model_dir)
         m = torchtpu.metrics()
         return (dynamo_utils.counters["stats"]["unique_graphs"],
                 dynamo_utils.counters["stats"]["calls_captured"],
-                m["compiles"], m["cache_misses"], m["segment_cache_misses"])
+                m["compiles"], m["cache_misses"], m["segment_cache_misses"],
+                m["xla"]["compiled"] + m["xla"]["loaded"])  # (donating variants too)
 
     assert torchtpu.metrics()["compile"]["executables"] > 0  # (the compiled model ran)
     before = counts()
@@ -227,12 +230,42 @@ def test_after_start_up_a_new_batch_composition_compiles_nothing(llm, model_dir)
            for n in (5, 9, 3, 7, 6, 4, 8)]
     res = llm.generate(_token_ids(prompts), sps)
     sampled = [vllm.SamplingParams(temperature=0.7, top_k=k, top_p=p, max_tokens=5,
-                                   ignore_eos=True)
-               for k, p in ((20, 1.0), (0, 0.8), (30, 0.9))]
+                                   ignore_eos=True, seed=seed)
+               for k, p, seed in ((20, 1.0, None), (0, 0.8, 3), (30, 0.9, None))]
     llm.generate(_token_ids(prompts[:3]), sampled)
     assert counts() == before
     outs = [[(t, None) for t in r.outputs[0].token_ids] for r in res]
     assert example.check_against_cpu(model_dir, prompts, outs) == 0
+
+
+_TWO_ENGINES = """
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import vllm
+from vllm.inputs import TokensPrompt
+engines = [vllm.LLM(model=sys.argv[1], dtype=dtype, max_model_len=128, max_num_seqs=4,
+                    max_num_batched_tokens=256, kv_cache_memory_bytes=8 << 20, seed=0)
+           for dtype in ("float32", "bfloat16")]  # (both alive: vLLM's groups are global)
+outs = []
+for engine in engines:
+    res = engine.generate([TokensPrompt(prompt_token_ids=[1, 5, 9, 33])],
+                          vllm.SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    outs.append(list(res[0].outputs[0].token_ids))
+print("OUTS", json.dumps(outs))
+"""
+
+
+def test_a_second_engine_of_other_graphs_in_the_same_process_starts(model_dir):
+    # (before: Dynamo's "hit config.recompile_limit" with fullgraph=True at the second
+    # engine's start-up: both engines' models share their classes' code objects; in a
+    # process of its own: an in-process engine's teardown ends vLLM's process groups)
+    p = subprocess.run([sys.executable, "-c", _TWO_ENGINES, model_dir], capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    outs = json.loads(p.stdout.split("OUTS", 1)[1])
+    assert example.check_against_cpu(model_dir, [[1, 5, 9, 33]],
+                                     [[(t, None) for t in outs[0]]]) == 0
+    assert len(outs[1]) == 4
 
 
 def test_seeded_sampling_is_reproducible(llm):

@@ -125,6 +125,9 @@ def _copy_to_device(self, n: int | None = None) -> torch.Tensor:
     return self.gpu if n is None else self.gpu[:n]
 
 
+# engines (compiled models) made in this process: each adds its buckets to Dynamo's limit
+_ENGINES = [0]
+
 # vLLM's built-in logits processors and the attribute that is empty while no request
 # uses them (then they leave the logits as they are, whatever their rows)
 _IDLE_WHEN_EMPTY = {"MinPLogitsProcessor": "min_p_count",
@@ -144,6 +147,14 @@ def _copy_slice(from_tensor: torch.Tensor, to_tensor: torch.Tensor,
         to_tensor.copy_(from_tensor)
         return to_tensor[:length]
     return to_tensor[:length].copy_(from_tensor[:length], non_blocking=True)
+
+
+def _executables_made() -> int:
+    """XLA executables this process has compiled or loaded (``metrics()["xla"]``)."""
+    import torchtpu
+
+    x = torchtpu.metrics()["xla"]
+    return x["compiled"] + x["loaded"]
 
 
 class TpuModelRunner(GPUModelRunner):
@@ -198,9 +209,14 @@ class TpuModelRunner(GPUModelRunner):
         # start-up program donating less rather than compile one while serving)
         defer.reuse_partial_donation(True)
         buckets = token_buckets(self.max_num_tokens)
-        # one Dynamo entry per bucket (Dynamo's default keeps 8 per code object)
+        # one Dynamo entry per bucket, per engine of this process (the engines' models
+        # share their classes' code objects; Dynamo's default keeps 8 per code object)
         cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, len(buckets) + 4)
+        _ENGINES[0] += 1
+        cfg.recompile_limit = max(cfg.recompile_limit,
+                                  _ENGINES[0] * (len(buckets) + 4))
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit,
+                                              4 * cfg.recompile_limit)
         self.model.compile(backend="tpu", fullgraph=True, dynamic=False)
 
     @contextlib.contextmanager
@@ -345,13 +361,15 @@ class TpuModelRunner(GPUModelRunner):
         return super()._get_slot_mappings(num_tokens_padded, num_reqs_padded,
                                           num_tokens_padded, ubatch_slices)
 
-    def warm_up_sampling(self, hidden_states: torch.Tensor, done: set) -> None:
+    def warm_up_sampling(self, hidden_states: torch.Tensor, done: dict) -> None:
         """Run, for a dummy step's ``hidden_states`` (``[Tp, hidden]``), what a step
         samples with at every request bucket ``Rb <= min(Tp, max_num_seqs)``: the rows'
-        gather (``[Tp] -> [Rb]``), and once per bucket (``done`` holds those run) the
+        gather (``[Tp] -> [Rb]``), and per bucket until a pass makes no new XLA executable
+        (``done[Rb]`` is True then; in-place ops get their donating variants after a few
+        calls) the
         logits and vLLM's sampler: greedy, and at a temperature (all requests or some)
-        with neither, either or both of top-k and top-p (the dtypes of the real
-        batches'), so that serving compiles none of them.  Logprobs, penalties and
+        with neither, either or both of top-k and top-p, and a seeded request (the
+        dtypes of the real batches'), so that serving compiles none of them.  Logprobs, penalties and
         logits processors are not warmed (their first use at a request bucket compiles
         it)."""
         from vllm.v1.sample.logits_processor import LogitsProcessors
@@ -363,8 +381,8 @@ class TpuModelRunner(GPUModelRunner):
         while True:
             rows = _host.upload(np.zeros(self.max_num_reqs, np.int32), self.device)[:Rb]
             h = hidden_states[rows]
-            if Rb not in done:
-                done.add(Rb)
+            if done.get(Rb) is not True:  # (until a pass over it makes nothing new)
+                made = _executables_made()
                 logits = self.model.compute_logits(h)
                 full = lambda host, v: _host.upload(  # noqa: E731 (as _sample's)
                     torch.full(host.shape, v, dtype=host.dtype), self.device)[:Rb]
@@ -386,6 +404,12 @@ class TpuModelRunner(GPUModelRunner):
                         self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
                             base, temperature=temp, all_greedy=False,
                             all_random=all_random, top_k=k, top_p=p))
+                # a seeded request draws its row with its own generator
+                gen = torch.Generator(device=self.device).manual_seed(0)
+                self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
+                    base, temperature=temp, all_greedy=False, all_random=True,
+                    generators={0: gen}))
+                done[Rb] = _executables_made() == made
             if Rb >= min(Tp, self.max_num_reqs):
                 break
             Rb = bucket(Rb + 1, 1, self.max_num_reqs)

@@ -18,6 +18,11 @@ logger = init_logger(f"vllm.{__name__}")  # (under "vllm": its log configuration
 CPU_KV_CACHE_BYTES = 4 << 30
 
 
+# dummy steps per token bucket at most (start-up stops a bucket at one making nothing new,
+# after executables.DONATE_AFTER + 1 of them)
+_WARM_UP_STEPS = 10
+
+
 class TpuWorker(Worker):
     """One ``tpu`` device serving one model replica (``tpu:<local_rank>``)."""
 
@@ -91,6 +96,8 @@ class TpuWorker(Worker):
 
         import torchtpu
         from torchtpu.integrations.vllm._shapes import token_buckets
+        from torchtpu.eager.executables import DONATE_AFTER
+        from torchtpu.integrations.vllm.model_runner import _executables_made
 
         runner = self.model_runner
         seconds = 0.0
@@ -100,12 +107,19 @@ class TpuWorker(Worker):
             m0 = torchtpu.metrics()
             t0 = time.perf_counter()
             sizes = token_buckets(runner.max_num_tokens)
-            sampled: set = set()
+            sampled: dict = {}
             for n in tqdm(sizes, desc="Compiling the model per token bucket (tpu)",
                           disable=not self.is_driver_worker):
-                hidden, _ = runner._dummy_run(n, force_attention=True, skip_eplb=True,
-                                            remove_lora=False)
-                runner.warm_up_sampling(hidden, sampled)
+                # dummy steps until one makes no new XLA executable, and at least as
+                # many as an in-place op (a layer's KV-cache write: once a step in a
+                # one-layer model) needs for its donating variant
+                for i in range(_WARM_UP_STEPS):
+                    made = _executables_made()
+                    hidden, _ = runner._dummy_run(n, force_attention=True,
+                                                  skip_eplb=True, remove_lora=False)
+                    runner.warm_up_sampling(hidden, sampled)
+                    if i > DONATE_AFTER and _executables_made() == made:
+                        break
             torch.tpu.synchronize(self.device)
             seconds = time.perf_counter() - t0
             m = torchtpu.metrics()
