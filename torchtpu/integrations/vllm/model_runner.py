@@ -369,9 +369,9 @@ class TpuModelRunner(GPUModelRunner):
         calls) the
         logits and vLLM's sampler: greedy, and at a temperature (all requests or some)
         with neither, either or both of top-k and top-p, and a seeded request (the
-        dtypes of the real batches'), so that serving compiles none of them.  Logprobs, penalties and
-        logits processors are not warmed (their first use at a request bucket compiles
-        it)."""
+        dtypes of the real batches'), so that serving compiles none of them.  Logprobs,
+        penalties and logits processors are not warmed (their first use at a request
+        bucket compiles it)."""
         from vllm.v1.sample.logits_processor import LogitsProcessors
         from vllm.v1.sample.metadata import SamplingMetadata
 
