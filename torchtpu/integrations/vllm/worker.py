@@ -95,8 +95,8 @@ class TpuWorker(Worker):
         import time
 
         import torchtpu
-        from torchtpu.integrations.vllm._shapes import token_buckets
         from torchtpu.eager.executables import DONATE_AFTER
+        from torchtpu.integrations.vllm._shapes import token_buckets
         from torchtpu.integrations.vllm.model_runner import _executables_made
 
         runner = self.model_runner
