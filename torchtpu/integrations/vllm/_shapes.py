@@ -19,8 +19,14 @@ def bucket(n: int, least: int = 1, most: int | None = None) -> int:
     return max(b, n)
 
 
+def padded_tokens(n: int, most: int) -> int:
+    """The token count a model step of ``n`` tokens runs at (vLLM's
+    ``max_num_batched_tokens`` ``most``): :func:`bucket` from :data:`MIN_TOKENS`."""
+    return bucket(n, MIN_TOKENS, most)
+
+
 def token_buckets(most: int) -> list[int]:
-    """Every padded token count a model step can take: the powers of two from
+    """Every count :func:`padded_tokens` can return: the powers of two from
     :data:`MIN_TOKENS` below ``most``, then ``most`` (``bucket``'s cap)."""
     out, b = [], MIN_TOKENS
     while b < most:

@@ -46,7 +46,7 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from torchtpu import jax_op
 from torchtpu.integrations.vllm import _host
-from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket
+from torchtpu.integrations.vllm._shapes import padded_tokens
 
 
 class TpuAttentionBackend(AttentionBackend):
@@ -150,7 +150,6 @@ class TpuAttentionMetadata:
             (:data:`CHUNK_KEYS` keys).
         tiles: ``(tile_req, tile_start, tile_len, tile_pos, tile_seq)``.
         block_table, token_rows, slot_block, slot_offset: as above.
-        num_reqs, max_query_len: the batch's requests and longest query (for logs).
     """
 
     num_actual_tokens: int
@@ -161,8 +160,6 @@ class TpuAttentionMetadata:
     token_rows: torch.Tensor
     slot_block: torch.Tensor
     slot_offset: torch.Tensor
-    num_reqs: int
-    max_query_len: int
 
 
 class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
@@ -196,7 +193,7 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
             host_table = cm.block_table_tensor[:R0].cpu().numpy()
             host_slots = cm.slot_mapping.cpu().numpy()
         M = max(self.max_tokens or 0, T)
-        Tp = bucket(T, MIN_TOKENS, M)
+        Tp = padded_tokens(T, M)  # (the model step's token count: model_runner)
         rows = tile_rows(Tp)
         W = tile_count(Tp, self.max_reqs)
         # the tiles: request r's tokens qsl[r] .. qsl[r+1]-1 in tiles of `rows`
@@ -243,8 +240,7 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
             num_actual_tokens=T, rows=rows, chunk_blocks=chunk,
             tiles=tuple(fields[3][i * W: (i + 1) * W] for i in range(5)),
             block_table=fields[4].view(table.shape), token_rows=fields[0],
-            slot_block=fields[1], slot_offset=fields[2], num_reqs=R0,
-            max_query_len=int(qlen.max()) if R0 else 0)
+            slot_block=fields[1], slot_offset=fields[2])
 
 
 def _paged_attention(q, kv_cache, token_rows, block_table, tile_req, tile_start,

@@ -18,7 +18,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
 from torchtpu.integrations.vllm import _host
-from torchtpu.integrations.vllm._shapes import MIN_TOKENS, bucket, token_buckets
+from torchtpu.integrations.vllm._shapes import bucket, padded_tokens, token_buckets
 
 logger = init_logger(f"vllm.{__name__}")  # (under "vllm": its log configuration)
 
@@ -188,7 +188,7 @@ class TpuModelRunner(GPUModelRunner):
         CUDA graphs; padding tokens write to block 0 and are never read)."""
         out = super()._determine_batch_execution_and_padding(num_tokens, *args, **kwargs)
         mode, desc, *rest = out
-        padded = bucket(desc.num_tokens, MIN_TOKENS, self.max_num_tokens)
+        padded = padded_tokens(desc.num_tokens, self.max_num_tokens)
         if padded != desc.num_tokens:
             desc = dataclasses.replace(desc, num_tokens=padded)
         return (mode, desc, *rest)
