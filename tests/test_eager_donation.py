@@ -21,7 +21,8 @@ CALLS = executables.DONATE_AFTER + 6  # well past the point where a signature do
 def donate_small_storages(monkeypatch, request):
     """These tests use small storages: let them donate (the default needs 64 KiB), and
     forget earlier decisions not to donate for signatures other tests met first."""
-    if request.node.name == "test_small_storages_copy_and_large_ones_donate":
+    if request.node.name in ("test_small_storages_copy_and_large_ones_donate",
+                             "test_defer_donates_large_written_storages_the_same_way_every_time"):
         yield
         return
     monkeypatch.setattr(executables, "DONATE_MIN_BYTES", 0)
@@ -135,3 +136,32 @@ def test_autograd_still_sees_an_in_place_change_of_a_saved_tensor():
     x.add_(1)  # x was saved for backward
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def test_defer_donates_large_written_storages_the_same_way_every_time():
+    # DEFER_AND_FUSE: a segment's in-place write of a large storage (a KV cache's
+    # index_put_) donates its old array whether or not something else still holds it
+    # (then copied first), so the fused program's donations, part of its key, do not
+    # depend on reference counts at the flush; what the user holds keeps its values
+    n = 65536  # float32 elements: 256 KiB, above the threshold
+    assert n * 4 >= executables.DONATE_MIN_BYTES
+    ref = torch.zeros(n)
+    idx_c = torch.tensor([0, 5, n - 1])
+    with torch.tpu.set_eager_mode("defer_and_fuse"):
+        t = ref.to("tpu")
+        idx = idx_c.to("tpu")
+        held = []
+        for step in range(3):
+            if step == 1:
+                held.append((torchtpu.to_jax(t), ref.clone()))
+            before = torchtpu.metrics()
+            t.index_put_((idx,), torch.full((3,), float(step + 1), device="tpu"))
+            ref.index_put_((idx_c,), torch.full((3,), float(step + 1)))
+            torch.tpu.synchronize()
+            after = torchtpu.metrics()
+            assert after["donated_buffers"] > before["donated_buffers"], step
+            copies = after["compile"]["donation_copies"] - before["compile"]["donation_copies"]
+            assert copies == (1 if step == 1 else 0), (step, copies)
+        assert torch.equal(t.cpu(), ref)
+    for h, r in held:
+        np.testing.assert_array_equal(np.asarray(h), r.numpy())

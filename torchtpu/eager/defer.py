@@ -33,6 +33,7 @@ from torchtpu import _metrics
 from torchtpu._device import executable_limit as _executable_limit
 from torchtpu._device import runtime
 from torchtpu._tensor import storage as _st
+from torchtpu.eager import executables as _ex
 from torchtpu.eager import inflight
 
 M = _metrics.METRICS
@@ -77,7 +78,9 @@ class Segment:
         self.key = []  # structure, for the compiled-segment cache
         self.lazies = []  # weakref to each node output's Lazy, with (node, out)
         self.graphs = set()  # serials of the compiled-graph nodes recorded (record_graph)
-        self.written = set()  # positions in inputs of arrays whose storage a graph rewrote
+        # positions in inputs of arrays whose storage a graph rewrote, or an in-place op
+        # wrote when large (DONATE_MIN_BYTES): donated whatever else holds them then
+        self.written = set()
         # (storage, its new Lazy, its old value: an input position or an earlier Lazy of
         # this segment) per storage a graph rewrote: put back if the segment fails
         self.restores = []
@@ -152,6 +155,11 @@ def record_arrays(ex, arrays, dyn, index=None):
                 inputs.append(a)
             refs.append(k)
         refs = tuple(refs)
+        if ex.writes:  # an in-place op: its large written inputs are donated (see flush)
+            for j in ex.writes:
+                k = refs[j]
+                if k.__class__ is int and inputs[k].nbytes >= _ex.DONATE_MIN_BYTES:
+                    seg.written.add(k)
         if dyn:
             seg.dyn.extend(dyn)
         nodes = seg.nodes
