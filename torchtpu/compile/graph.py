@@ -640,7 +640,7 @@ class GraphExecutable:
         if self.arg_error is not None:  # a constant argument that eager also rejects
             e = self.arg_error
             raise type(e)(*e.args)
-        stitch = STITCH and self.stitchable
+        stitch = STITCH and self.stitchable and not _UNSTITCHED[0]
         if not stitch and defer.pending_ops():
             # the pending segment is dispatched (asynchronously) so the graph reads
             # concrete inputs; not a host sync
@@ -1640,6 +1640,24 @@ def _native_ready(mod) -> None:
 # already in it is called again (the next step).  TORCHTPU_STITCH_GRAPHS=0: each call
 # launches its own executable.
 STITCH = os.environ.get("TORCHTPU_STITCH_GRAPHS", "1") != "0"
+_UNSTITCHED = [0]  # depth of the open unstitched() blocks (process-wide)
+
+
+@contextlib.contextmanager
+def unstitched():
+    """Within the block, each compiled graph call launches its own executable (as with
+    ``TORCHTPU_STITCH_GRAPHS=0``) instead of joining the pending segment: for a graph
+    that is a whole step by itself (a serving forward) and rewrites large inputs (KV
+    caches) under its own device checks.  Stitched, such a graph keeps the old values of
+    what it rewrote when a check fails by a select after it, which makes XLA copy every
+    rewritten buffer (a 16 MiB cache per layer per step); launched alone, its writes land
+    in the donated buffers and a failed check raises at the next sync point, as an eager
+    op's does.  Process-wide (not per thread); blocks nest."""
+    _UNSTITCHED[0] += 1
+    try:
+        yield
+    finally:
+        _UNSTITCHED[0] -= 1
 _Lazy = _st.Lazy
 _CPU_KEY = ("c",)
 # the C++ helper's graph_gather once the helper is loaded and set up (_native_ready)

@@ -157,23 +157,26 @@ def _executables_made() -> int:
     return x["compiled"] + x["loaded"]
 
 
-def _fuse_calls(model: torch.nn.Module) -> None:
-    """Make each call of ``model`` (a step's forward, a dummy run's) record in
-    ``DEFER_AND_FUSE`` mode: the graph's compiled stretches and the attention ops run
-    eagerly between them become one fused program per token bucket, dispatched when the
-    call returns, where op by op each paid a host round trip of its own.  (A subclass
-    of the model's class with its own ``__call__``, outside what Dynamo compiles: the
-    model stays vLLM's object, its other methods untouched.)"""
+def _launch_alone(model: torch.nn.Module) -> None:
+    """Make each call of ``model`` (a step's forward, a dummy run's) launch its compiled
+    graph's executable by itself (``torchtpu.compile.graph.unstitched``) rather than
+    record it into a pending segment: the graph is the whole forward, attention and KV
+    cache writes included, and stitched it would copy every layer's cache once a step to
+    keep the old values should a device check fail (see ``unstitched``).  (A subclass of
+    the model's class with its own ``__call__``, outside what Dynamo compiles: the model
+    stays vLLM's object, its other methods untouched.)"""
+    from torchtpu.compile.graph import unstitched
+
     cls = type(model)
 
     def __call__(self, *args, **kwargs):
-        with torch.tpu.set_eager_mode("defer_and_fuse"):
-            return super(fused, self).__call__(*args, **kwargs)
+        with unstitched():
+            return super(alone, self).__call__(*args, **kwargs)
 
-    fused = type(cls.__name__, (cls,), {"__call__": __call__,
+    alone = type(cls.__name__, (cls,), {"__call__": __call__,
                                         "__module__": cls.__module__,
                                         "__qualname__": cls.__qualname__})
-    model.__class__ = fused
+    model.__class__ = alone
 
 
 class TpuModelRunner(GPUModelRunner):
@@ -216,17 +219,14 @@ class TpuModelRunner(GPUModelRunner):
         """vLLM's, then the model's forward compiled with ``torch.compile(backend="tpu",
         fullgraph=True, dynamic=False)`` unless ``enforce_eager``: one graph per token
         bucket (the token count is padded, :meth:`_determine_batch_execution_and_padding`),
-        with the attention layers' custom ops (``opaque_attention_op``) run eagerly between
-        its compiled stretches, so that the request layout (requests, query rows, blocks)
-        never reaches the graph and its guards."""
+        the attention layers traced into it (``TpuPlatform.opaque_attention_op`` is
+        False): each layer's KV cache is a graph input the graph rewrites (donated), and
+        the step's attention metadata are inputs whose shapes follow the token bucket
+        only, so the request layout (requests, query rows, blocks) never reaches the
+        graph's shapes or its guards."""
         super().load_model(*args, **kwargs)
         if self.model_config.enforce_eager:
             return
-        from torchtpu.eager import defer
-
-        # (a step's compiled stretches may free an input the dummy run held: run the
-        # start-up program donating less rather than compile one while serving)
-        defer.reuse_partial_donation(True)
         buckets = token_buckets(self.max_num_tokens)
         # one Dynamo entry per bucket, per engine of this process (the engines' models
         # share their classes' code objects; Dynamo's default keeps 8 per code object)
@@ -237,7 +237,7 @@ class TpuModelRunner(GPUModelRunner):
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit,
                                               4 * cfg.recompile_limit)
         self.model.compile(backend="tpu", fullgraph=True, dynamic=False)
-        _fuse_calls(self.model)
+        _launch_alone(self.model)
 
     @contextlib.contextmanager
     def _bookkeeping_on_host(self, num_tokens: int):
