@@ -283,7 +283,7 @@ def flush(cause: str = "flush", sync: bool = True) -> None:
         fn = _CACHE.get(key)
         outs = live_keys  # the values the program returns (a superset of the live ones)
         if fn is None and seg.graphs:
-            fn, outs, donate = _graph_variant(skey, live_keys, donate)
+            fn, outs = _graph_variant(skey, live_keys, donate)
         M.segments_run += 1
         M.segment_ops += len(seg.nodes)
         M.donated_buffers += len(donate)
@@ -331,9 +331,6 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
                         _build(seg, list(outs), donate, len(donated) + len(kept)))
         if seg.graphs:
             _VARIANTS.setdefault((skey, donate), []).append(outs)
-            if len(_DONATIONS) > 4096:
-                _DONATIONS.clear()
-            _DONATIONS.setdefault(skey, set()).add(donate)
         t0 = time.perf_counter()
         with _metrics.compile_kind("segment"):
             results = fn(donated, kept, _pack(seg.dyn, fn.groups), *extra)
@@ -364,48 +361,24 @@ def _run(seg, key, skey, outs, live, live_keys, inputs, donate, fn) -> None:
 # values serves a segment too, and a new pattern is compiled returning the union of its
 # values and those of the last program of the same structure: at most a few compiles.
 _VARIANTS: dict = {}  # (structure, donated inputs) -> [returned (node, out) tuples]
-# Likewise which inputs are free to donate (referenced by nothing but the segment) can
-# differ between calls of the same structure (a serving step's inputs held by its caller
-# or not: a warm-up step and a real one), and donating fewer is always allowed: with
-# partial donation on (reuse_partial_donation), a program compiled for a subset of the
-# donatable inputs serves too, so such a call compiles nothing.  Off by default: a
-# training loop's later steps then compile their own program once, which donates (and
-# updates in place) every buffer it can, where the subset's program would allocate.
-_DONATIONS: dict = {}  # structure -> {donated-input tuples compiled}
-_PARTIAL_DONATION = [False]
-
-
-def reuse_partial_donation(on: bool) -> None:
-    """Let a segment of compiled graphs run a cached program of its structure that
-    donates a subset of its free inputs instead of compiling one for exactly them (the
-    vLLM plugin: nothing may compile after start-up; the cost is memory the extra
-    donations would have reused).  Process-wide."""
-    _PARTIAL_DONATION[0] = bool(on)
 
 
 def _graph_variant(skey, live_keys, donate):
-    """``(program, returned values, donated inputs)`` of a cached program for segment
-    structure ``skey`` that returns every value of ``live_keys`` and donates ``donate``
-    (or, with :func:`reuse_partial_donation`, a subset of it; the exact set first);
-    else ``(None, values to compile for, donate)``: ``live_keys`` united with the last
-    program's for ``donate``."""
-    need = set(live_keys)
-    free = set(donate)
-    cands = [donate]
-    if _PARTIAL_DONATION[0]:
-        cands += [d for d in _DONATIONS.get(skey, ()) if d != donate and set(d) <= free]
-    for d in cands:
-        for outs in reversed(_VARIANTS.get((skey, d), ())):
-            if need <= set(outs):
-                fn = _CACHE.get((skey, outs, d))
-                if fn is not None:
-                    return fn, outs, d
+    """``(program, returned values)`` of a cached program for segment structure ``skey``
+    with donated inputs ``donate`` that returns every value of ``live_keys``; else
+    ``(None, values to compile for)``: ``live_keys`` united with the last program's."""
     variants = _VARIANTS.get((skey, donate))
     if not variants:
-        return None, live_keys, donate
+        return None, live_keys
+    need = set(live_keys)
+    for outs in reversed(variants):
+        if need <= set(outs):
+            fn = _CACHE.get((skey, outs, donate))
+            if fn is not None:
+                return fn, outs
     if len(variants) > 8:
         del variants[0]
-    return None, tuple(sorted(need | set(variants[-1]))), donate
+    return None, tuple(sorted(need | set(variants[-1])))
 
 
 def _failed(seg, inputs, live, error) -> None:

@@ -2,9 +2,12 @@
 
 The KV cache of a layer is vLLM's paged cache, ``[num_blocks, num_kv_heads, block_size,
 2 * head_size]`` (layout ``LBHNC``; one tensor per layer, ``model_runner``): per block,
-head and position, the key then the value.  The platform makes the attention an opaque
-op (``opaque_attention_op``): in the compiled model it runs eagerly between the graph's
-compiled stretches, so the request layout never reaches the graph.  Per layer and step:
+head and position, the key then the value.  The attention is not an opaque op
+(``TpuPlatform.opaque_attention_op`` is False): Dynamo traces vLLM's attention functions
+and these methods into the model's graph, the layer's KV cache and the step's metadata
+tensors becoming graph inputs (the cache rewritten in place, its buffer donated), so a
+step is one executable; the request layout reaches only the metadata's values, never a
+shape or a guard.  Per layer and step:
 
 * :meth:`TpuAttentionImpl.do_kv_cache_update`: the new tokens' keys and values into
   their slots, one in-place ``index_put`` of the whole layer tensor at the scheduler's
