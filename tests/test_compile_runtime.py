@@ -2,6 +2,7 @@
 graph writes (optimizer state), executables launched and host syncs per training step,
 against CPU."""
 
+import contextlib
 import copy
 
 import numpy as np
@@ -705,3 +706,42 @@ def test_failed_checks_update_nothing_when_batch_sizes_change():
                 torch.testing.assert_close(p.detach().cpu(), q, rtol=0, atol=0)
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         _close(p, q, 1e-4)
+
+
+def test_graphs_launched_alone_rewrite_their_large_inputs_in_place():
+    # compile.graph.unstitched (the vLLM forward): each call launches its own
+    # executable, the rewritten cache's old buffer donated, values equal CPU; a bad
+    # index raises at the next sync point, as the eager op's device check does
+    from torchtpu.compile.graph import unstitched
+
+    def write(cache, idx, rows):
+        cache.index_put_((idx,), rows)
+        return cache.sum(0)
+
+    f = torch.compile(write, backend="tpu", fullgraph=True, dynamic=False)
+    ref = torch.zeros(1024, 64)
+    cache = ref.to("tpu")
+    for launched_alone in (True, False):
+        before = torchtpu.metrics()
+        for step in range(3):
+            idx = torch.tensor([step, 2 * step + 7, 1023])
+            rows = torch.full((3, 64), float(step + 1))
+            ctx = unstitched() if launched_alone else contextlib.nullcontext()
+            with ctx:
+                got = f(cache, idx.to("tpu"), rows.to("tpu"))
+            want = write(ref, idx, rows)
+            _close(got, want)
+        _close(cache, ref)
+        c = torchtpu.metrics()["compile"]
+        b = before["compile"]
+        launches = c["graph_launches"] - b["graph_launches"]
+        stitched = c["stitched_calls"] - b["stitched_calls"]
+        if launched_alone:
+            assert launches == 3 and stitched == 0, (launches, stitched)
+            assert c["donated_buffers"] - b["donated_buffers"] >= 2, c  # (from call 2)
+        else:
+            assert stitched == 3, (launches, stitched)
+    with pytest.raises(IndexError, match="out of bounds"):
+        with unstitched():
+            f(cache, torch.tensor([5000]).to("tpu"), torch.ones(1, 64).to("tpu"))
+        torch.tpu.synchronize()
