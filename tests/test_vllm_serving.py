@@ -207,7 +207,7 @@ def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
 def test_after_start_up_a_new_batch_composition_compiles_nothing(llm, model_dir):
     # start-up compiled the model for every token bucket and the sampling for every
     # request bucket: other prompt lengths, request counts (and so query layouts,
-    # context lengths, request buckets) and sampling settings (a seeded request too)
+    # context lengths, request buckets) and sampling settings (seeded requests too)
     # compile nothing, neither a Dynamo graph nor an XLA program (per-op executables,
     # their donating variants, fused segments)
     import torch._dynamo.utils as dynamo_utils
@@ -233,6 +233,11 @@ def test_after_start_up_a_new_batch_composition_compiles_nothing(llm, model_dir)
                                    ignore_eos=True, seed=seed)
                for k, p, seed in ((20, 1.0, None), (0, 0.8, 3), (30, 0.9, None))]
     llm.generate(_token_ids(prompts[:3]), sampled)
+    # every request seeded (vLLM then skips the batch's unseeded draw)
+    seeded = [vllm.SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True, seed=s)
+              for s in (5, 6)]
+    llm.generate(_token_ids(prompts[3:5]), seeded)
+    llm.generate(_token_ids(prompts[5:6]), seeded[:1])
     assert counts() == before
     outs = [[(t, None) for t in r.outputs[0].token_ids] for r in res]
     assert example.check_against_cpu(model_dir, prompts, outs) == 0

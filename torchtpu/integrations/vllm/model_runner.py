@@ -388,8 +388,9 @@ class TpuModelRunner(GPUModelRunner):
         (``done[Rb]`` is True then; in-place ops get their donating variants after a few
         calls) the
         logits and vLLM's sampler: greedy, and at a temperature (all requests or some)
-        with neither, either or both of top-k and top-p, and a seeded request (the
-        dtypes of the real batches'), so that serving compiles none of them.  Logprobs,
+        with neither, either or both of top-k and top-p, a seeded request, and every
+        request seeded (the dtypes of the real batches'), so that serving compiles none
+        of them.  Logprobs,
         penalties and logits processors are not warmed (their first use at a request
         bucket compiles it)."""
         from vllm.v1.sample.logits_processor import LogitsProcessors
@@ -424,11 +425,14 @@ class TpuModelRunner(GPUModelRunner):
                         self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
                             base, temperature=temp, all_greedy=False,
                             all_random=all_random, top_k=k, top_p=p))
-                # a seeded request draws its row with its own generator
+                # a seeded request draws its row with its own generator; when every row
+                # is seeded, the first draw writes the noise tensor still uninitialized
+                # (vLLM skips the batch draw): another signature
                 gen = torch.Generator(device=self.device).manual_seed(0)
-                self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
-                    base, temperature=temp, all_greedy=False, all_random=True,
-                    generators={0: gen}))
+                for seeded in ({0: gen}, dict.fromkeys(range(Rb), gen)):
+                    self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
+                        base, temperature=temp, all_greedy=False, all_random=True,
+                        generators=seeded))
                 done[Rb] = _executables_made() == made
             if Rb >= min(Tp, self.max_num_reqs):
                 break
