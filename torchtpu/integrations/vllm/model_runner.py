@@ -150,11 +150,15 @@ def _copy_slice(from_tensor: torch.Tensor, to_tensor: torch.Tensor,
 
 
 def _executables_made() -> int:
-    """XLA executables this process has compiled or loaded (``metrics()["xla"]``)."""
+    """XLA executables this process has compiled or loaded: ``metrics()["xla"]`` (XLA's
+    compiles and JAX's persistent cache) and torchtpu's own stores, which ``xla`` does
+    not count (per-op signatures, compiled graphs' executables)."""
     import torchtpu
 
-    x = torchtpu.metrics()["xla"]
-    return x["compiled"] + x["loaded"]
+    m = torchtpu.metrics()
+    x = m["xla"]
+    return x["compiled"] + x["loaded"] + m["signature_cache"]["hits"] \
+        + m["compile"]["executable_cache_hits"]
 
 
 def _launch_alone(model: torch.nn.Module) -> None:
