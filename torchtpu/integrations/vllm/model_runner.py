@@ -161,6 +161,22 @@ def _executables_made() -> int:
         + m["compile"]["executable_cache_hits"]
 
 
+def _trace_moe_layers(model: torch.nn.Module) -> None:
+    """Make vLLM's MoE layers call their forward directly (``_moe_forward``), as vLLM does
+    on its CPU and TPU platforms, instead of through the ``vllm::moe_forward`` custom op,
+    which the compiled graph could only run eagerly between compiled stretches (about 16
+    eager ops per MoE layer a step): Dynamo then traces the routing and the experts
+    (``moe.TpuUnquantizedFusedMoEMethod``) into the model's graph."""
+    try:
+        from vllm.model_executor.layers.fused_moe.runner import moe_runner
+    except ImportError:  # (no MoE runner in this vLLM)
+        return
+    for m in model.modules():
+        if isinstance(m, moe_runner.MoERunner) and hasattr(m, "_forward_entry"):
+            m._forward_entry = (moe_runner._moe_forward if m._shared_experts is None
+                                else moe_runner._moe_forward_shared)
+
+
 def _launch_alone(model: torch.nn.Module) -> None:
     """Make each call of ``model`` (a step's forward, a dummy run's) launch its compiled
     graph's executable by itself (``torchtpu.compile.graph.unstitched``) rather than
@@ -240,6 +256,7 @@ class TpuModelRunner(GPUModelRunner):
                                   _ENGINES[0] * (len(buckets) + 4))
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit,
                                               4 * cfg.recompile_limit)
+        _trace_moe_layers(self.model)
         self.model.compile(backend="tpu", fullgraph=True, dynamic=False)
         _launch_alone(self.model)
 
