@@ -1658,6 +1658,8 @@ def unstitched():
         yield
     finally:
         _UNSTITCHED[0] -= 1
+
+
 _Lazy = _st.Lazy
 _CPU_KEY = ("c",)
 # the C++ helper's graph_gather once the helper is loaded and set up (_native_ready)

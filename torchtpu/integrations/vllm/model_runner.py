@@ -407,13 +407,11 @@ class TpuModelRunner(GPUModelRunner):
         samples with at every request bucket ``Rb <= min(Tp, max_num_seqs)``: the rows'
         gather (``[Tp] -> [Rb]``), and per bucket until a pass makes no new XLA executable
         (``done[Rb]`` is True then; in-place ops get their donating variants after a few
-        calls) the
-        logits and vLLM's sampler: greedy, and at a temperature (all requests or some)
-        with neither, either or both of top-k and top-p, a seeded request, and every
-        request seeded (the dtypes of the real batches'), so that serving compiles none
-        of them.  Logprobs,
-        penalties and logits processors are not warmed (their first use at a request
-        bucket compiles it)."""
+        calls) the logits and vLLM's sampler: greedy, and at a temperature (all requests
+        or some) with neither, either or both of top-k and top-p, a seeded request, and
+        every request seeded (the dtypes of the real batches'), so that serving compiles
+        none of them.  Logprobs, penalties and logits processors are not warmed (their
+        first use at a request bucket compiles it)."""
         from vllm.v1.sample.logits_processor import LogitsProcessors
         from vllm.v1.sample.metadata import SamplingMetadata
 
