@@ -111,8 +111,8 @@ class TpuWorker(Worker):
             for n in tqdm(sizes, desc="Compiling the model per token bucket (tpu)",
                           disable=not self.is_driver_worker):
                 # dummy steps until one makes no new XLA executable, and at least as
-                # many as an in-place op (a layer's KV-cache write: once a step in a
-                # one-layer model) needs for its donating variant
+                # many as a hot eager in-place op needs for its donating variant (the
+                # KV-cache writes are inside the compiled graph now, donated there)
                 for i in range(_WARM_UP_STEPS):
                     made = _executables_made()
                     hidden, _ = runner._dummy_run(n, force_attention=True,
