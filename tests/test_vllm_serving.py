@@ -422,3 +422,36 @@ def test_example_serves_offline_and_through_the_openai_server():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "offline greedy outputs match CPU" in p.stdout
     assert "server greedy completion matches CPU" in p.stdout
+
+
+def test_a_warmed_up_model_picks_its_graph_by_shape_and_compiles_a_new_one():
+    # after start-up the plugin's compiled model checks only the guards that told its
+    # graphs apart (model_runner.serve_warmed_up); each shape must still run its own
+    # graph, and a shape never compiled (which Dynamo refuses under that stance) must
+    # compile with every guard instead of failing the request
+    from torchtpu.integrations.vllm import model_runner as mr
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x)) * x.shape[0]  # (a per-shape constant)
+
+    torch.manual_seed(0)
+    cpu = Net()
+    model = Net()
+    model.load_state_dict(cpu.state_dict())
+    model = model.to("tpu")
+    torch._dynamo.reset()
+    model.compile(backend="tpu", fullgraph=True, dynamic=False)
+    mr._launch_alone(model)
+    with torch.no_grad():
+        for n in (4, 8):  # (start-up: one graph per shape)
+            model(torch.randn(n, 8, device="tpu"))
+        mr.serve_warmed_up(model)
+        for n, warm in ((8, True), (4, True), (8, True), (16, False), (4, False)):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(model(x.to("tpu")).cpu(), cpu(x))
+            assert model.__dict__["_warmed_up"] is warm, n

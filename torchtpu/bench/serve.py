@@ -16,7 +16,11 @@ that one process:
   prompts, batch 3 has new ones: a new batch composition), submitted together (vLLM's
   continuous batching);
 * ``HF CPU 1x1`` / ``HF tpu 1x1``: Hugging Face ``generate`` of the same requests one by
-  one on the CPU and (STRICT eager) on tpu, after one warm-up call.
+  one on the CPU and (STRICT eager) on tpu, after one warm-up call;
+* ``round k``: ``--rounds`` more pairs, each a vLLM batch of new prompts then HF
+  ``generate`` on the CPU of the same prompts one by one, right after it: the ratio of
+  each pair, and their median, which a slow moment of a noisy host moves less than a
+  single batch row.
 
 Each row: wall seconds, generated tokens per second, XLA compiles in the row, and the
 ratio of its tokens/s to HF on the CPU.  vLLM sets torch's threads to 1 for serving;
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,9 +66,11 @@ def _tiny_model(kind: str, out_dir: str) -> str:
     return out_dir
 
 
-def run(requests: int, tokens: int, hf_tpu: bool = True, kind: str = "llama") -> list:
+def run(requests: int, tokens: int, hf_tpu: bool = True, kind: str = "llama",
+        rounds: int = 5) -> list:
     """The rows of the module docstring, as dicts (``row``, ``seconds``, ``tokens``,
-    ``tok_s``, ``compiles``, ``compile_seconds``)."""
+    ``tok_s``, ``compiles``, ``compile_seconds``; a round's also ``hf_cpu_seconds`` and
+    ``vs_hf_cpu``, its own pair's ratio)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in-process
     import torch
     from vllm import LLM, SamplingParams
@@ -126,9 +133,30 @@ def run(requests: int, tokens: int, hf_tpu: bool = True, kind: str = "llama") ->
                 dt = time.perf_counter() - t0
             row(f"HF {dev} 1x1", dt, requests * tokens, m0 if dev == "tpu" else None)
             rows[-1]["same_ids_as_vllm"] = f"{same}/{requests}"
-    base = next(r["tok_s"] for r in rows if r["row"] == "HF cpu 1x1")
-    for r in rows:
-        r["vs_hf_cpu"] = r["tok_s"] / base if r["tokens"] else None
+        hf.to("cpu")
+        base = next(r["tok_s"] for r in rows if r["row"] == "HF cpu 1x1")
+        for r in rows:
+            r["vs_hf_cpu"] = r["tok_s"] / base if r["tokens"] else None
+        for k in range(1, rounds + 1):
+            ps = prompts()
+            m0 = torchtpu.metrics()
+            t0 = time.perf_counter()
+            out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sp,
+                               use_tqdm=False)
+            row(f"round {k}", time.perf_counter() - t0,
+                sum(len(o.outputs[0].token_ids) for o in out), m0)
+            same = 0
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                for p, o in zip(ps, out):
+                    got = hf.generate(torch.tensor([p]), max_new_tokens=tokens,
+                                      do_sample=False)[0, len(p):].tolist()
+                    same += got == list(o.outputs[0].token_ids)
+                dt = time.perf_counter() - t0
+            r = rows[-1]
+            r["hf_cpu_seconds"] = dt
+            r["vs_hf_cpu"] = r["tok_s"] / (requests * tokens / dt)
+            r["same_ids_as_vllm"] = f"{same}/{requests}"
     return rows
 
 
@@ -138,6 +166,8 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--no-hf-tpu", action="store_true", help="skip HF generate on tpu")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="paired rounds (a vLLM batch, then HF on the CPU) after the rows")
     p.add_argument("--json")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -149,13 +179,15 @@ def main(argv=None) -> int:
               ".venv-vllm/bin/python -m torchtpu.bench serve")
         return 2
     if a.child:  # (the measuring process: an empty compile cache set by its parent)
-        print(json.dumps(run(a.requests, a.tokens, hf_tpu=not a.no_hf_tpu, kind=a.model)))
+        print(json.dumps(run(a.requests, a.tokens, hf_tpu=not a.no_hf_tpu, kind=a.model,
+                             rounds=a.rounds)))
         return 0
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
         cmd = [sys.executable, "-m", "torchtpu.bench.serve", "--child", "--model", a.model,
-               "--requests", str(a.requests), "--tokens", str(a.tokens)]
+               "--requests", str(a.requests), "--tokens", str(a.tokens),
+               "--rounds", str(a.rounds)]
         p = subprocess.run(cmd + (["--no-hf-tpu"] if a.no_hf_tpu else []), env=env,
                            capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
@@ -174,6 +206,10 @@ def main(argv=None) -> int:
         print(f"{r['row']:24} {r['seconds']:7.2f} {r['tokens']:7d} "
               f"{r['tok_s'] if r['tokens'] else 0:8.0f} {ratio:>8} {comp:>9} {cs:>9}  "
               f"{r.get('same_ids_as_vllm', '')}")
+    paired = sorted(r["vs_hf_cpu"] for r in rows if r["row"].startswith("round "))
+    if paired:
+        print(f"rounds (each vLLM batch / HF cpu on its prompts right after): median "
+              f"{statistics.median(paired):.2f}x, range {paired[0]:.2f}-{paired[-1]:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "loadavg": [load0, load1]}, f, indent=1)

@@ -38,8 +38,11 @@ def upload(host, device):
     start-up)."""
     import torch
 
-    from torchtpu.eager import padded
+    from torchtpu.eager import handlers, padded
 
     t = torch.from_numpy(host) if not isinstance(host, torch.Tensor) else host
     with padded.exact_transfers():
+        if device.index is not None and type(t) is torch.Tensor \
+                and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad:
+            return handlers.to_device(t, device.index)  # (what .to(device) runs)
         return t.to(device)

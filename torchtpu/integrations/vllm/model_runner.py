@@ -17,6 +17,7 @@ from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
+from torchtpu.eager.handlers import upload_into
 from torchtpu.integrations.vllm import _host
 from torchtpu.integrations.vllm._shapes import bucket, padded_tokens, token_buckets
 
@@ -87,7 +88,8 @@ def _slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor,
     out[len(req):] = -1
     if len(req) != n:
         raise AssertionError(f"slot mapping: {len(req)} tokens on the host, {n} on tpu")
-    self.slot_mapping.gpu.copy_(self.slot_mapping.cpu)
+    if id(self.slot_mapping) not in runner._host_only:  # (a step reads the host copy)
+        upload_into(self.slot_mapping.gpu, self.slot_mapping.cpu)
 
 
 def _allocate_per_layer(kv_cache_config, device, layout, kernel_block_sizes=None):
@@ -120,8 +122,12 @@ def _copy_to_device(self, n: int | None = None) -> torch.Tensor:
     elements, a write into a slice of the device buffer whose length is the step's
     exact token or request count: a new program for every new count.  The elements past
     ``n`` take the host buffer's values (what vLLM's device buffers hold there is never
-    read: no asynchronous scheduling or speculative decoding on this platform)."""
-    self.gpu.copy_(self.cpu)
+    read: no asynchronous scheduling or speculative decoding on this platform).  In a
+    step, a buffer only ever read on the host (``TpuModelRunner._host_only``) is not
+    uploaded."""
+    runner = _host.current()
+    if runner is None or id(self) not in runner._host_only:
+        upload_into(self.gpu, self.cpu)
     return self.gpu if n is None else self.gpu[:n]
 
 
@@ -177,6 +183,28 @@ def _trace_moe_layers(model: torch.nn.Module) -> None:
                                 else moe_runner._moe_forward_shared)
 
 
+def _differentiating_guards():
+    """PyTorch's ``torch.compiler.set_stance(..., skip_guard_eval_unsafe=True)`` over the
+    present stance: Dynamo picks among a frame's compiled graphs by the guards that told
+    them apart when they were compiled (here: the token bucket's input shapes) instead
+    of evaluating every guard (about 1,200 per bucket graph: 0.2-0.4 ms a step on this
+    host).  Safe for a model that start-up compiled at every shape it will meet and
+    that nothing changes afterwards (vLLM's, once loaded; vLLM drops every guard of
+    its own compiled models).  A call that matches no graph compiles as usual."""
+    from torch._dynamo import eval_frame
+
+    stance = getattr(eval_frame, "_stance", None)
+    return torch.compiler.set_stance(getattr(stance, "stance", "default"),
+                                     skip_guard_eval_unsafe=True)
+
+
+def serve_warmed_up(model: torch.nn.Module) -> None:
+    """After start-up compiled ``model`` (made by :func:`_launch_alone`) at every token
+    bucket: its calls choose their graph by the differentiating guards only
+    (:func:`_differentiating_guards`)."""
+    model.__dict__["_warmed_up"] = True
+
+
 def _launch_alone(model: torch.nn.Module) -> None:
     """Make each call of ``model`` (a step's forward, a dummy run's) launch its compiled
     graph's executable by itself (``torchtpu.compile.graph.unstitched``) rather than
@@ -191,6 +219,20 @@ def _launch_alone(model: torch.nn.Module) -> None:
 
     def __call__(self, *args, **kwargs):
         with unstitched():
+            if self.__dict__.get("_warmed_up"):
+                try:
+                    with _differentiating_guards():
+                        return super(alone, self).__call__(*args, **kwargs)
+                except RuntimeError as e:
+                    # (raised by Dynamo's cache lookup, before the forward runs, when
+                    # no graph passes the differentiating guards: here under a Python
+                    # profiler hook, where every guard still passes)
+                    if "skip_guard_eval_unsafe" not in str(e):
+                        raise
+                    logger.warning("tpu: the compiled model met a call its differentiating "
+                                   "guards do not match (%s); every guard is evaluated "
+                                   "from now on", str(e).splitlines()[0])
+                    self.__dict__["_warmed_up"] = False
             return super(alone, self).__call__(*args, **kwargs)
 
     alone = type(cls.__name__, (cls,), {"__call__": __call__,
@@ -210,6 +252,23 @@ class TpuModelRunner(GPUModelRunner):
         BlockTable.compute_slot_mapping = _slot_mapping
         CpuGpuBuffer.copy_to_gpu = _copy_to_device
         _input_batch.copy_slice = _copy_slice
+
+    @property
+    def _host_only(self) -> set:
+        """The ids of the ``CpuGpuBuffer`` s a step never reads on the device, so never
+        uploads (:func:`_copy_to_device`, :func:`_slot_mapping`): the block tables and slot
+        mappings (the attention metadata builder and the slot mapping read their host
+        copies) and the discard mask (read on the device by speculative decoding only,
+        which the platform refuses).  (Per input batch: vLLM may make a new one when the
+        KV cache is set up.)"""
+        ib = self.input_batch
+        held = self.__dict__.get("_host_only_of")
+        if held is None or held[0] is not ib:
+            ids = {id(b) for bt in ib.block_table.block_tables
+                   for b in (bt.block_table, bt.slot_mapping)}
+            ids.add(id(self.discard_request_mask))
+            held = self.__dict__["_host_only_of"] = (ib, ids)
+        return held[1]
 
     def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes,
                                     kv_cache_allocation_context=None):
@@ -294,15 +353,15 @@ class TpuModelRunner(GPUModelRunner):
                 b.gpu = g
         if ok:
             shadows["positions"][num_tokens:] = 0
-            self.positions.copy_(shadows["positions"])
+            upload_into(self.positions, shadows["positions"])
             # (the others are read on the device only inside _prepare_inputs, but the
             # query start locations also by the attention metadata, and the accepted
             # token counts by hybrid models)
-            self.query_start_loc.gpu.copy_(self.query_start_loc.cpu)
-            self.num_accepted_tokens.gpu.copy_(self.num_accepted_tokens.cpu)
-            self.seq_lens.copy_(shadows["seq_lens"])
+            upload_into(self.query_start_loc.gpu, self.query_start_loc.cpu)
+            upload_into(self.num_accepted_tokens.gpu, self.num_accepted_tokens.cpu)
+            upload_into(self.seq_lens, shadows["seq_lens"])
             if getattr(self, "use_async_spec_decode", False):  # (its only device reader)
-                self.num_computed_tokens.copy_(shadows["num_computed_tokens"])
+                upload_into(self.num_computed_tokens, shadows["num_computed_tokens"])
 
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         """vLLM's, with its bookkeeping arithmetic on the host
@@ -397,10 +456,20 @@ class TpuModelRunner(GPUModelRunner):
     def _get_slot_mappings(self, num_tokens_padded: int, num_reqs_padded: int,
                            num_tokens_unpadded: int, ubatch_slices=None):
         """vLLM's, without its ``fill_(-1)`` of the padding tokens' slots on the device
-        (a slice of the step's exact length): the host slot mapping
-        (:func:`_slot_mapping`) uploaded them -1; a dummy run fills its whole mapping."""
-        return super()._get_slot_mappings(num_tokens_padded, num_reqs_padded,
-                                          num_tokens_padded, ubatch_slices)
+        (a slice of the step's exact length; a dummy run fills its whole mapping).  In
+        a step the device slot mappings are not even read (:attr:`_host_only`): each KV
+        cache group's is its buffer's first ``num_tokens_padded`` slots as they are, and
+        every layer of the group gets it (as vLLM's)."""
+        groups = getattr(getattr(self, "kv_cache_config", None), "kv_cache_groups", None)
+        if _host.current() is not self or ubatch_slices is not None or not groups or any(
+                type(g.kv_cache_spec).__name__ == "EncoderOnlyAttentionSpec"
+                for g in groups):
+            return super()._get_slot_mappings(num_tokens_padded, num_reqs_padded,
+                                              num_tokens_padded, ubatch_slices)
+        by_gid = {gid: self.input_batch.block_table[gid].slot_mapping.gpu[:num_tokens_padded]
+                  for gid in range(len(groups))}
+        return by_gid, {name: by_gid[gid] for gid, g in enumerate(groups)
+                        for name in g.layer_names}
 
     def warm_up_sampling(self, hidden_states: torch.Tensor, done: dict) -> None:
         """Run, for a dummy step's ``hidden_states`` (``[Tp, hidden]``), what a step

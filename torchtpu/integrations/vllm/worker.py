@@ -122,6 +122,9 @@ class TpuWorker(Worker):
                         break
             torch.tpu.synchronize(self.device)
             seconds = time.perf_counter() - t0
+            from torchtpu.integrations.vllm.model_runner import serve_warmed_up
+
+            serve_warmed_up(runner.model)
             m = torchtpu.metrics()
             logger.info("Compiled the model for %d token buckets (%s) in %.1f s: %d XLA "
                         "compiles, %.1f s of them", len(sizes),
