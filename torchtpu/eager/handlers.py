@@ -180,6 +180,28 @@ def upload_into(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return dst.copy_(src)
 
 
+def upload_changed(dst: torch.Tensor, src: torch.Tensor, held: dict) -> torch.Tensor:
+    """:func:`upload_into` ``(dst, src)``, skipped when ``dst``'s storage still holds the
+    very device array that the last call uploaded into it and ``src`` (a CPU tensor of a
+    numpy dtype) has the values uploaded then: for a buffer re-sent every step whose
+    values rarely change (a batch's query start locations while it decodes).  ``held``:
+    the caller's record of those uploads, a dict this function fills (one entry per
+    destination storage, holding it and a host copy of its values: for a few
+    long-lived buffers).  Any other write into ``dst`` (an op, a ``copy_``) gives its
+    storage another array, so the next call uploads.  Returns ``dst``."""
+    if type(dst) is torch.Tensor and type(src) is torch.Tensor and src.device.type == "cpu" \
+            and dst.device.type == "tpu" and not dst.requires_grad and src.dtype not in _BITS_AS:
+        sd = _st.data(dst)
+        host = src.detach().numpy()
+        last = held.get(id(sd))
+        if last is not None and sd.arr is last[1] and np.array_equal(last[2], host):
+            return dst
+        if _upload_whole(dst, src):
+            held[id(sd)] = (sd, sd.arr, host.copy())
+            return dst
+    return dst.copy_(src)
+
+
 @handles(aten.copy_.default)
 def copy_(self, src, non_blocking=False):
     dst_tpu = self.device.type == "tpu"

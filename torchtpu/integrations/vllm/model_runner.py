@@ -17,7 +17,7 @@ from vllm.v1.worker import gpu_model_runner as _gmr
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
-from torchtpu.eager.handlers import upload_into
+from torchtpu.eager.handlers import upload_changed, upload_into
 from torchtpu.integrations.vllm import _host
 from torchtpu.integrations.vllm._shapes import bucket, padded_tokens, token_buckets
 
@@ -124,10 +124,12 @@ def _copy_to_device(self, n: int | None = None) -> torch.Tensor:
     ``n`` take the host buffer's values (what vLLM's device buffers hold there is never
     read: no asynchronous scheduling or speculative decoding on this platform).  In a
     step, a buffer only ever read on the host (``TpuModelRunner._host_only``) is not
-    uploaded."""
+    uploaded, nor one whose device copy still holds these values (``upload_changed``)."""
     runner = _host.current()
-    if runner is None or id(self) not in runner._host_only:
+    if runner is None:
         upload_into(self.gpu, self.cpu)
+    elif id(self) not in runner._host_only:
+        upload_changed(self.gpu, self.cpu, runner._uploaded)
     return self.gpu if n is None else self.gpu[:n]
 
 
@@ -248,6 +250,8 @@ class TpuModelRunner(GPUModelRunner):
         with _no_cuda_streams():
             super().__init__(vllm_config, device)
         self.use_cuda_graph = False
+        self._uploaded: dict = {}  # the record of upload_changed (the runner's buffers)
+        self._padding_masks: dict = {}  # (tokens, padded tokens) -> the mask on tpu
         # (every BlockTable of this process is ours: one platform per process)
         BlockTable.compute_slot_mapping = _slot_mapping
         CpuGpuBuffer.copy_to_gpu = _copy_to_device
@@ -357,8 +361,10 @@ class TpuModelRunner(GPUModelRunner):
             # (the others are read on the device only inside _prepare_inputs, but the
             # query start locations also by the attention metadata, and the accepted
             # token counts by hybrid models)
-            upload_into(self.query_start_loc.gpu, self.query_start_loc.cpu)
-            upload_into(self.num_accepted_tokens.gpu, self.num_accepted_tokens.cpu)
+            upload_changed(self.query_start_loc.gpu, self.query_start_loc.cpu,
+                           self._uploaded)
+            upload_changed(self.num_accepted_tokens.gpu, self.num_accepted_tokens.cpu,
+                           self._uploaded)
             upload_into(self.seq_lens, shadows["seq_lens"])
             if getattr(self, "use_async_spec_decode", False):  # (its only device reader)
                 upload_into(self.num_computed_tokens, shadows["num_computed_tokens"])
@@ -536,9 +542,16 @@ class TpuModelRunner(GPUModelRunner):
                               num_tokens_padded: int) -> torch.Tensor:
         """vLLM's padding mask (bool ``[num_tokens_padded]``, True past the step's
         tokens) built on the host and uploaded whole: vLLM fills two slices of a device
-        buffer at the exact token count, a new program for every new count."""
-        mask = np.arange(num_tokens_padded) >= num_tokens_unpadded
-        return _host.upload(mask, self.device)
+        buffer at the exact token count, a new program for every new count.  One
+        tensor per token count, kept (read only, by the model's MoE routers)."""
+        key = (num_tokens_unpadded, num_tokens_padded)
+        mask = self._padding_masks.get(key)
+        if mask is None:
+            if len(self._padding_masks) >= 256:
+                self._padding_masks.clear()
+            mask = self._padding_masks[key] = _host.upload(
+                np.arange(num_tokens_padded) >= num_tokens_unpadded, self.device)
+        return mask
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)
