@@ -97,7 +97,8 @@ class TpuWorker(Worker):
         import torchtpu
         from torchtpu.eager.executables import DONATE_AFTER
         from torchtpu.integrations.vllm._shapes import token_buckets
-        from torchtpu.integrations.vllm.model_runner import _executables_made
+        from torchtpu.integrations.vllm.model_runner import (_executables_made,
+                                                             serve_warmed_up)
 
         runner = self.model_runner
         seconds = 0.0
@@ -122,8 +123,6 @@ class TpuWorker(Worker):
                         break
             torch.tpu.synchronize(self.device)
             seconds = time.perf_counter() - t0
-            from torchtpu.integrations.vllm.model_runner import serve_warmed_up
-
             serve_warmed_up(runner.model)
             m = torchtpu.metrics()
             logger.info("Compiled the model for %d token buckets (%s) in %.1f s: %d XLA "
