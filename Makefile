@@ -97,6 +97,8 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 	$(VLPY) -m pip install -q vllm==0.33.0
 	echo torch==2.14.0 > $(VLLM_VENV)/torch-pin.txt
 	$(VLPY) -m pip install -q -c $(VLLM_VENV)/torch-pin.txt -e . pytest tokenizers
+	# the C++ helper for this torch (the worker would build it at its first start-up)
+	$(VLPY) -c "from torchtpu._tensor import native; native.install_device_guard()"
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
