@@ -193,6 +193,9 @@ def test_greedy_batch_matches_cpu_teacher_forced(llm, model_dir):
     lengths = [16, 9, 12, 16]
     sps = [vllm.SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=1)
            for n in lengths]
+    # (vLLM's default, asynchronous scheduling: each step's sampled ids go into the
+    # next step's input ids on the device, model_runner._prepare_input_ids)
+    assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling
     first = llm.generate(_token_ids(prompts), sps)
     again = llm.generate(_token_ids(prompts), sps)
     outs = []
@@ -286,15 +289,22 @@ def test_seeded_sampling_is_reproducible(llm):
     assert a == b and a != c
 
 
-def test_prompts_longer_than_a_batch_step_are_chunked_and_match_cpu(model_dir):
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_prompts_longer_than_a_batch_step_are_chunked_and_match_cpu(model_dir,
+                                                                    async_scheduling):
     # max_num_batched_tokens 32 < a 70-token prompt: its prefill spans several steps;
-    # enforce_eager: the model op by op (no compiled graph), the same values
+    # enforce_eager: the model op by op (no compiled graph), the same values.  With
+    # asynchronous scheduling (vLLM's default) the partial steps' sampled ids, discarded,
+    # still reach the device merge of the next input ids; synchronous scheduling: the
+    # ids come back to the host each step
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         small = vllm.LLM(model=model_dir, dtype="float32", max_model_len=128,
                          max_num_seqs=4, max_num_batched_tokens=32,
                          kv_cache_memory_bytes=8 << 20, seed=0, enable_prefix_caching=False,
-                         enforce_eager=True)
+                         enforce_eager=True, async_scheduling=async_scheduling)
+        assert small.llm_engine.vllm_config.scheduler_config.async_scheduling \
+            is async_scheduling
         prompts = [[1] + [(7 * i) % 250 + 3 for i in range(70)], [1, 2, 3]]
         sp = vllm.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
         res = small.generate(_token_ids(prompts), sp)

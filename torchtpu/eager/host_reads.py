@@ -56,12 +56,16 @@ def report_device_checks(flags, info, where) -> None:
         check_pending()
 
 
-def check_pending() -> None:
+def check_pending(upto=None) -> None:
     """Verify the device-side checks of every op run so far (a sync on their flags);
-    raise the first failure as PyTorch's CPU kernel would have (``ops._checks``)."""
+    raise the first failure as PyTorch's CPU kernel would have (``ops._checks``).  With
+    ``upto`` (an ``inflight.mark()``): only the checks queued up to that mark (work
+    dispatched before it), later ones stay queued for the next sync point."""
     if not _PENDING:
         return
-    pending = _inflight.take_checks()
+    pending = _inflight.take_checks(upto)
+    if not pending:
+        return
     flags = []
     for flag, info, op in pending:
         if flag.__class__ is _st.Lazy:
@@ -79,7 +83,8 @@ def check_pending() -> None:
             if start is not None:
                 start()
     allbad = np.concatenate([np.asarray(f) for f in flags])
-    _defer.checks_verified()
+    if not _PENDING:
+        _defer.checks_verified()
     if not allbad.any():
         return
     pos = 0
@@ -113,8 +118,11 @@ def retype(arr, dtype: torch.dtype, shape: tuple):
     return f(arr)
 
 
-def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
-    """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause)."""
+def to_numpy(t: torch.Tensor, cause: str, checks_upto=None) -> np.ndarray:
+    """Copy ``tpu`` tensor ``t`` to a host numpy array (a sync point, counted by cause).
+    ``checks_upto``: an ``inflight.mark()`` taken when ``t``'s producer was dispatched:
+    only the device-side checks queued up to it are verified (:func:`check_pending`), so
+    the read does not wait for work dispatched after ``t``'s (by default: all)."""
     if _defer.pending_ops():
         # A host read ends the segment even when ``t`` is already computed: the pending
         # ops (e.g. an optimizer step after the forward that produced a logged loss) are
@@ -123,7 +131,7 @@ def to_numpy(t: torch.Tensor, cause: str) -> np.ndarray:
         _defer.flush(cause)  # counts the sync
     else:
         M.sync(cause)
-    check_pending()
+    check_pending(checks_upto)
     p = _st.data(t).arr
     if p.__class__ is _st.Padded and _buckets.whole(t):  # the front of a bucketed array
         arr = p.host(tuple(t.shape))

@@ -83,12 +83,34 @@ def add_check(flags, info, op) -> bool:
     return len(PENDING_CHECKS) > CHECK_LIMIT
 
 
-def take_checks() -> list:
+def take_checks(upto=None) -> list:
     """The pending checks, ``[(flags, info, op)]`` oldest first, removed from the queue
-    (the caller verifies them)."""
-    pending = PENDING_CHECKS[:]
-    PENDING_CHECKS.clear()
-    return pending
+    (the caller verifies them).  With ``upto`` (a :func:`mark`): only those queued up to
+    that mark, the later ones staying queued; none when the mark's check is no longer
+    queued (a sync verified it and everything before it)."""
+    if upto is None:
+        pending = PENDING_CHECKS[:]
+        PENDING_CHECKS.clear()
+        return pending
+    if upto is _NOTHING:
+        return []
+    for i in range(len(PENDING_CHECKS) - 1, -1, -1):
+        if PENDING_CHECKS[i] is upto:
+            pending = PENDING_CHECKS[:i + 1]
+            del PENDING_CHECKS[:i + 1]
+            return pending
+    return []
+
+
+_NOTHING = ("nothing pending",)
+
+
+def mark():
+    """A mark of the checks queued so far (the latest entry itself, or a token for an
+    empty queue), for ``take_checks(upto=...)``: a sync point that covers only the work
+    dispatched before the mark (an asynchronous host copy of a step's results) verifies
+    those checks and leaves later work's checks queued."""
+    return PENDING_CHECKS[-1] if PENDING_CHECKS else _NOTHING
 
 
 def drop_check(flags) -> bool:

@@ -14,9 +14,11 @@ from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 from vllm.v1.worker import gpu_input_batch as _input_batch
 from vllm.v1.worker import gpu_model_runner as _gmr
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.outputs import AsyncModelRunnerOutput
+from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
+from torchtpu import jax_op
 from torchtpu.eager.handlers import upload_changed, upload_into
 from torchtpu.integrations.vllm import _host
 from torchtpu.integrations.vllm._shapes import bucket, padded_tokens, token_buckets
@@ -131,6 +133,146 @@ def _copy_to_device(self, n: int | None = None) -> torch.Tensor:
         upload_changed(self.gpu, self.cpu, runner._uploaded)
     return self.gpu if n is None else self.gpu[:n]
 
+
+def _merge_sampled(packed, prev):
+    """The step's input ids under asynchronous scheduling, in JAX: ``packed`` int32
+    ``[2, M]`` is the host's input ids (row 0, the whole ``input_ids`` buffer) and, per
+    token, the row of ``prev`` (``[Rp, 1]``, the previous step's sampled ids, still on
+    the device) whose id it takes, or -1 to keep the host's (row 1).  Returns int32
+    ``[M]``.  One program per ``(M, Rp)``: ``Rp`` is a request bucket when the previous
+    step's sampling was padded (``TpuModelRunner._sample``)."""
+    import jax.numpy as jnp
+
+    host_ids, src = packed[0], packed[1]
+    flat = prev.reshape(-1)
+    take = flat[jnp.clip(src, 0, flat.shape[0] - 1)].astype(host_ids.dtype)
+    return jnp.where(src >= 0, take, host_ids)
+
+
+_MERGE_SAMPLED = jax_op("torchtpu_vllm::merge_sampled", _merge_sampled)
+_MERGE_JIT: list = []  # jax.jit(_merge_sampled), made at the first call
+
+
+def _merge_into(dst: torch.Tensor, packed: np.ndarray, prev: torch.Tensor) -> None:
+    """``dst`` (int32 ``[M]`` on ``tpu``, the runner's ``input_ids`` buffer) takes
+    :func:`_merge_sampled` of host array ``packed`` and ``tpu`` tensor ``prev``.  Where
+    ``prev`` and ``dst`` are their storages' whole arrays (a sampler's result, the
+    buffer), the jitted function is called on those arrays directly and ``dst``'s
+    storage takes the result (about 30 us here; the op's dispatch, upload and copy take
+    about 100): ``dst`` stays the same tensor, which the compiled model's guards saw at
+    start-up (a new tensor made in the step's inference mode would not pass them).
+    Otherwise through the op and ``copy_``."""
+    from torchtpu._device import runtime
+    from torchtpu._tensor import storage as _st
+
+    sd, dd = _st.data(prev), _st.data(dst)
+    arr = sd.arr
+    if type(prev) is torch.Tensor and type(dst) is torch.Tensor \
+            and hasattr(arr, "copy_to_host_async") and hasattr(dd.arr, "copy_to_host_async") \
+            and dst.dtype == torch.int32 and tuple(dst.shape) == (packed.shape[1],) \
+            and len(_st.view_spec(prev, sd)) == 2 and len(_st.view_spec(dst, dd)) == 2 \
+            and sd.index == dd.index:
+        if not _MERGE_JIT:
+            _MERGE_JIT.append(runtime.jax().jit(_merge_sampled))
+        dd.arr = _MERGE_JIT[0](runtime.put_host(packed, dd.index), arr)
+        return
+    dst.copy_(_MERGE_SAMPLED(_host.upload(packed, dst.device), prev))
+
+
+class _CopyDone:
+    """The event of :class:`_AsyncOutput`: ``synchronize()`` waits for the device's
+    results and writes them into the output's host tensors (once); ``record`` and
+    ``wait`` do nothing (one device queue)."""
+
+    def __init__(self, fill):
+        self._fill = fill
+
+    def synchronize(self) -> None:
+        fill, self._fill = self._fill, None
+        if fill is not None:
+            fill()
+
+    def query(self) -> bool:
+        return self._fill is None
+
+    def record(self, *args, **kwargs) -> None:
+        pass
+
+    def wait(self, *args, **kwargs) -> None:
+        pass
+
+
+def _start_host_copy(t: torch.Tensor) -> None:
+    """Start moving the device array behind ``tpu`` tensor ``t`` (its whole storage) to
+    the host, without waiting (JAX's ``copy_to_host_async``); a later host read of ``t``
+    finds it there."""
+    from torchtpu._tensor import storage as _st
+
+    arr = getattr(_st.data(t), "arr", None)
+    start = getattr(arr, "copy_to_host_async", None)
+    if start is not None:
+        start()
+
+
+# dtypes whose host copy is a plain numpy array (the others are read with .cpu())
+_NUMPY_DTYPES = (torch.int32, torch.int64, torch.float32, torch.bool)
+
+
+class _AsyncOutput(AsyncGPUModelRunnerOutput):
+    """vLLM's ``AsyncGPUModelRunnerOutput`` on ``tpu`` (asynchronous scheduling): made
+    when a step's sampling has been launched, it starts the sampled ids' (and
+    logprobs', NaN counts') transfer to the host; :meth:`get_output`, called by the
+    engine after it launched the next step, waits for them (vLLM's CUDA copy stream
+    and event become a host copy started now and finished by the event's
+    ``synchronize``).  Same arguments as vLLM's (the stream is ignored; expert
+    parallelism, whose fault check it would read, is refused by the platform)."""
+
+    def __init__(self, model_runner_output, sampled_token_ids, logprobs_tensors,
+                 invalid_req_indices, async_output_copy_stream, vocab_size,
+                 check_ep_fault=False, num_nans=None):
+        self._model_runner_output = model_runner_output
+        self._invalid_req_indices = invalid_req_indices
+        self._sampled_token_ids = sampled_token_ids
+        self.vocab_size = vocab_size
+        self._logprobs_tensors = logprobs_tensors
+        self._num_nans = num_nans
+        self._has_fault = None
+        self._logprobs_tensors_cpu = None
+        self._num_nans_cpu = None
+        from torchtpu.eager import inflight
+
+        # (the device-side checks of the work dispatched so far: the host read waits for
+        # those only, not for the next step's, dispatched before get_output)
+        self._mark = inflight.mark()
+        for t in (sampled_token_ids, num_nans, *(logprobs_tensors or ())):
+            if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                _start_host_copy(t)
+        self.sampled_token_ids_cpu = torch.empty(sampled_token_ids.shape,
+                                                 dtype=sampled_token_ids.dtype)
+        self.async_copy_ready_event = _CopyDone(self._fill)
+
+    def _read(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.cpu()``, waiting only for the work dispatched before this output was made
+        (``host_reads.to_numpy``'s ``checks_upto``)."""
+        if t.device.type != "tpu" or t.dtype not in _NUMPY_DTYPES:
+            return t.cpu()
+        from torchtpu.eager import host_reads
+
+        return torch.from_numpy(np.array(host_reads.to_numpy(t, "vllm_async_output",
+                                                             self._mark)))
+
+    def _fill(self) -> None:
+        with torch.inference_mode():  # (its host tensor was made in the step's)
+            self.sampled_token_ids_cpu.copy_(self._read(self._sampled_token_ids))
+        if self._logprobs_tensors is not None:
+            self._logprobs_tensors_cpu = type(self._logprobs_tensors)(
+                *(self._read(t) if isinstance(t, torch.Tensor) else t
+                  for t in self._logprobs_tensors))
+        if self._num_nans is not None:
+            self._num_nans_cpu = self._read(self._num_nans)
+
+
+assert issubclass(_AsyncOutput, AsyncModelRunnerOutput)
 
 # engines (compiled models) made in this process: each adds its buckets to Dynamo's limit
 _ENGINES = [0]
@@ -255,6 +397,10 @@ class TpuModelRunner(GPUModelRunner):
         BlockTable.compute_slot_mapping = _slot_mapping
         CpuGpuBuffer.copy_to_gpu = _copy_to_device
         _input_batch.copy_slice = _copy_slice
+        _gmr.AsyncGPUModelRunnerOutput = _AsyncOutput
+        # (the previous step's sampled ids: as vLLM cut them to the batch's requests,
+        # and the request bucket's tensor they are the first rows of)
+        self._sampled_rows: tuple | None = None
 
     @property
     def _host_only(self) -> set:
@@ -387,6 +533,38 @@ class TpuModelRunner(GPUModelRunner):
         # (padding rows sample token 0's hidden state; _sample cuts them off)
         return _host.upload(rows, self.device)[:n], spec, most
 
+    def _prepare_input_ids(self, scheduler_output, num_reqs: int,
+                           total_num_scheduled_tokens: int, cu_num_tokens) -> None:
+        """vLLM's, with asynchronous scheduling's ids of the previous step on the device
+        taken in one program of fixed shapes (:func:`_merge_sampled`): vLLM copies them
+        into a slice of the step's exact request count, or scatters them at indices of
+        that length, a new program for every new count.  The host computes, for every
+        slot of the ``input_ids`` buffer, the previous step's row it takes (each
+        continuing request's last token) or -1 (the host's id); the buffer's device copy
+        takes the merge's result (:func:`_merge_into`).  Without ids on the device (synchronous scheduling,
+        a step after an empty one): vLLM's, one upload of the whole buffer
+        (:func:`_copy_to_device`)."""
+        # (past the step's tokens, the padding tokens': asynchronous scheduling leaves
+        # its -1 placeholders of earlier steps' sampled ids there, out of the
+        # embedding's range; vLLM's device buffer holds the real ids there)
+        self.input_ids.np[total_num_scheduled_tokens:] = 0
+        prev = self.input_batch.prev_sampled_token_ids
+        if (prev is None or self._pp_recv_work is not None or self.enable_prompt_embeds
+                or scheduler_output.scheduled_spec_decode_tokens or prev.dim() != 2
+                or prev.shape[1] != 1):
+            return super()._prepare_input_ids(scheduler_output, num_reqs,
+                                              total_num_scheduled_tokens, cu_num_tokens)
+        prev_rows = self.prev_positions.np[:num_reqs].astype(np.int64)
+        cur = np.nonzero(prev_rows >= 0)[0]
+        held = self._sampled_rows
+        full = held[1] if held is not None and held[0] is prev else prev
+        ids = self.input_ids.np
+        packed = np.empty((2, ids.shape[0]), np.int32)
+        packed[0] = ids
+        packed[1] = -1
+        packed[1, np.asarray(cu_num_tokens, np.int64)[cur] - 1] = prev_rows[cur]
+        _merge_into(self.input_ids.gpu, packed, full)
+
     def _pads_sampling(self, scheduler_output) -> bool:
         """Whether this step's sampling runs on a request bucket: vLLM's sampler on
         padded rows gives the real rows what it gives them unpadded when sampling reads
@@ -413,6 +591,7 @@ class TpuModelRunner(GPUModelRunner):
         the vocabulary, 1.0), then the sampled ids and logprobs cut to the real requests
         (views: reading them compiles nothing)."""
         R = self.input_batch.num_reqs
+        self._sampled_rows = None
         if logits is None or spec_decode_metadata is not None or logits.shape[0] == R:
             return super()._sample(logits, spec_decode_metadata)
         ib = self.input_batch
@@ -436,8 +615,9 @@ class TpuModelRunner(GPUModelRunner):
         if lp is not None:
             lp = type(lp)(*(t[:R] if isinstance(t, torch.Tensor) and t.dim()
                             and t.shape[0] == Rb else t for t in lp))
-        return dataclasses.replace(out, sampled_token_ids=out.sampled_token_ids[:R],
-                                   logprobs_tensors=lp)
+        cut = out.sampled_token_ids[:R]
+        self._sampled_rows = (cut, out.sampled_token_ids)  # (_prepare_input_ids)
+        return dataclasses.replace(out, sampled_token_ids=cut, logprobs_tensors=lp)
 
     def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
         """vLLM's, without its zeroing of the padding tokens' positions on the device
@@ -509,7 +689,7 @@ class TpuModelRunner(GPUModelRunner):
                     repetition_penalties=temp, output_token_ids=[[] for _ in range(Rb)],
                     spec_token_ids=[[] for _ in range(Rb)], allowed_token_ids_mask=None,
                     bad_words_token_ids={}, logitsprocs=LogitsProcessors())
-                self.sampler(logits=logits, sampling_metadata=base)
+                greedy = self.sampler(logits=logits, sampling_metadata=base)
                 top_p = full(ib.top_p_cpu_tensor, 0.9)
                 top_k = full(ib.top_k_cpu_tensor, max(ib.vocab_size - 1, 1))
                 for all_random in (True, False):  # (False: some requests greedy)
@@ -526,6 +706,11 @@ class TpuModelRunner(GPUModelRunner):
                     self.sampler(logits=logits, sampling_metadata=dataclasses.replace(
                         base, temperature=temp, all_greedy=False, all_random=True,
                         generators=seeded))
+                # asynchronous scheduling's merge of this bucket's sampled ids into
+                # the next step's input ids (_prepare_input_ids)
+                _merge_into(self.input_ids.gpu,
+                            np.zeros((2, self.input_ids.np.shape[0]), np.int32),
+                            greedy.sampled_token_ids)
                 done[Rb] = _executables_made() == made
             if Rb >= min(Tp, self.max_num_reqs):
                 break

@@ -3,7 +3,7 @@
 What it decides for vLLM: the device (``tpu``, PyTorch's PrivateUse1 key), the worker
 class (``worker.TpuWorker``), the attention backend (``attention.TpuAttentionBackend``),
 memory figures (``torch.tpu.mem_get_info``), and the configuration it refuses or changes:
-no CUDA graphs, no asynchronous scheduling, none of vLLM's own compilation (it targets
+no CUDA graphs, none of vLLM's own compilation (it targets
 Inductor: the model runner compiles the model with ``torch.compile(backend="tpu")``
 itself, the attention layers traced into its graph), one device
 (tensor parallelism is refused with a clear error for now).
@@ -158,7 +158,6 @@ class TpuPlatform(Platform):
             parallel.worker_cls = f"{_PKG}.worker.TpuWorker"
         if parallel.distributed_executor_backend in (None, "mp"):
             parallel.distributed_executor_backend = "uni"
-        vllm_config.scheduler_config.async_scheduling = False
         comp = vllm_config.compilation_config
         comp.mode = CompilationMode.NONE
         comp.cudagraph_mode = CUDAGraphMode.NONE
