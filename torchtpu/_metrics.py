@@ -318,8 +318,17 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _internal(fn: str) -> bool:
-    """Whether a frame's file is torch's, this package's, jax's or numpy's own."""
-    return fn.startswith(_PACKAGE_DIR) or any(p in fn for p in _INTERNAL)
+    """Whether a frame's file is torch's, this package's, jax's or numpy's own (kept per
+    file name: every counted sync point walks a few frames)."""
+    hit = _INTERNAL_FILES.get(fn)
+    if hit is None:
+        if len(_INTERNAL_FILES) > 10_000:
+            _INTERNAL_FILES.clear()
+        hit = _INTERNAL_FILES[fn] = fn.startswith(_PACKAGE_DIR) or any(p in fn for p in _INTERNAL)
+    return hit
+
+
+_INTERNAL_FILES: dict = {}
 
 
 def user_stacklevel() -> int:

@@ -5,6 +5,7 @@ CUDA streams, events and graphs are not used."""
 from __future__ import annotations
 
 import contextlib
+import math
 import dataclasses
 
 import numpy as np
@@ -93,6 +94,21 @@ def _slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor,
     # (not uploaded: a step reads only this host copy, TpuModelRunner._host_only)
 
 
+_VLLM_BLOCK_TABLE_TENSOR = BlockTable.get_device_tensor
+
+
+def _block_table_tensor(self, num_reqs: int) -> torch.Tensor:
+    """``BlockTable.get_device_tensor`` in a step of ``TpuModelRunner``: the host copy's
+    first ``num_reqs`` rows.  A step never uploads the block table
+    (``TpuModelRunner._host_only``) and the attention metadata reads the host copy, so
+    vLLM's fill of the padding rows (``[num_reqs:num_reqs_padded].fill_(0)``, empty
+    when no row is padding) costs a host write instead of a device program.  Outside a
+    step (a dummy run): vLLM's device rows."""
+    if _host.current() is not None:
+        return self.block_table.cpu[:num_reqs]
+    return _VLLM_BLOCK_TABLE_TENSOR(self, num_reqs)
+
+
 def _allocate_per_layer(kv_cache_config, device, layout, kernel_block_sizes=None):
     """vLLM's ``allocate_kv_cache`` with one tensor per layer instead of typed views into
     one shared int8 buffer.  The layers' shapes, dtypes and sharing are vLLM's (its own
@@ -156,8 +172,8 @@ _MERGE_JIT: list = []  # jax.jit(_merge_sampled), made at the first call
 def _merge_into(dst: torch.Tensor, packed: np.ndarray, prev: torch.Tensor) -> None:
     """``dst`` (int32 ``[M]`` on ``tpu``, the runner's ``input_ids`` buffer) takes
     :func:`_merge_sampled` of host array ``packed`` and ``tpu`` tensor ``prev``.  Where
-    ``prev`` and ``dst`` are their storages' whole arrays (a sampler's result, the
-    buffer), the jitted function is called on those arrays directly and ``dst``'s
+    ``prev`` holds its storage's elements in order (a sampler's ``[R, 1]`` result, a
+    view of its ``[R]`` storage) and ``dst`` is its storage's whole array, the jitted function is called on those arrays directly and ``dst``'s
     storage takes the result (about 30 us here; the op's dispatch, upload and copy take
     about 100): ``dst`` stays the same tensor, which the compiled model's guards saw at
     start-up (a new tensor made in the step's inference mode would not pass them).
@@ -170,8 +186,9 @@ def _merge_into(dst: torch.Tensor, packed: np.ndarray, prev: torch.Tensor) -> No
     if type(prev) is torch.Tensor and type(dst) is torch.Tensor \
             and hasattr(arr, "copy_to_host_async") and hasattr(dd.arr, "copy_to_host_async") \
             and dst.dtype == torch.int32 and tuple(dst.shape) == (packed.shape[1],) \
-            and len(_st.view_spec(prev, sd)) == 2 and len(_st.view_spec(dst, dd)) == 2 \
-            and sd.index == dd.index:
+            and prev.is_contiguous() and prev.storage_offset() == 0 \
+            and sd.dtype == prev.dtype and prev.numel() == math.prod(sd.shape) \
+            and len(_st.view_spec(dst, dd)) == 2 and sd.index == dd.index:
         if not _MERGE_JIT:
             _MERGE_JIT.append(runtime.jax().jit(_merge_sampled))
         dd.arr = _MERGE_JIT[0](runtime.put_host(packed, dd.index), arr)
@@ -395,6 +412,7 @@ class TpuModelRunner(GPUModelRunner):
         self._padding_masks: dict = {}  # (tokens, padded tokens) -> the mask on tpu
         # (every BlockTable of this process is ours: one platform per process)
         BlockTable.compute_slot_mapping = _slot_mapping
+        BlockTable.get_device_tensor = _block_table_tensor
         CpuGpuBuffer.copy_to_gpu = _copy_to_device
         _input_batch.copy_slice = _copy_slice
         _gmr.AsyncGPUModelRunnerOutput = _AsyncOutput
