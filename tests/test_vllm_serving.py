@@ -465,3 +465,22 @@ def test_a_warmed_up_model_picks_its_graph_by_shape_and_compiles_a_new_one():
             x = torch.randn(n, 8)
             torch.testing.assert_close(model(x.to("tpu")).cpu(), cpu(x))
             assert model.__dict__["_warmed_up"] is warm, n
+
+
+def test_an_async_output_whose_host_read_failed_raises_again():
+    # asynchronous scheduling's output event fills the host tensors once; when that read
+    # raised (a failed device-side check of the step), a later wait must raise again,
+    # not hand back the unwritten host tensors (helper-38's finding)
+    from torchtpu.integrations.vllm.model_runner import _CopyDone
+
+    calls = []
+
+    def fill():
+        calls.append(1)
+        raise IndexError("index out of range in self")
+
+    event = _CopyDone(fill)
+    for _ in range(2):
+        with pytest.raises(IndexError):
+            event.synchronize()
+    assert len(calls) == 1

@@ -203,11 +203,21 @@ class _CopyDone:
 
     def __init__(self, fill):
         self._fill = fill
+        self._error = None
 
     def synchronize(self) -> None:
+        """Fill the output's host tensors (the first call); a fill that raised (a
+        device-side check of the step failed) raises again at every later call rather
+        than leave the host tensors unwritten."""
+        if self._error is not None:
+            raise self._error
         fill, self._fill = self._fill, None
         if fill is not None:
-            fill()
+            try:
+                fill()
+            except BaseException as e:
+                self._error = e
+                raise
 
     def query(self) -> bool:
         return self._fill is None
