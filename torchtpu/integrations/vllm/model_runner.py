@@ -15,7 +15,6 @@ from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.block_table import BlockTable, SlotMappingMode
 from vllm.v1.worker import gpu_input_batch as _input_batch
 from vllm.v1.worker import gpu_model_runner as _gmr
-from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput, GPUModelRunner
 from vllm.v1.worker.utils import allocate_kv_cache as _vllm_allocate_kv_cache
 
@@ -298,8 +297,6 @@ class _AsyncOutput(AsyncGPUModelRunnerOutput):
         if self._num_nans is not None:
             self._num_nans_cpu = self._read(self._num_nans)
 
-
-assert issubclass(_AsyncOutput, AsyncModelRunnerOutput)
 
 # engines (compiled models) made in this process: each adds its buckets to Dynamo's limit
 _ENGINES = [0]
