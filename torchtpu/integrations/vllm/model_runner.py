@@ -5,8 +5,8 @@ CUDA streams, events and graphs are not used."""
 from __future__ import annotations
 
 import contextlib
-import math
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -172,11 +172,12 @@ def _merge_into(dst: torch.Tensor, packed: np.ndarray, prev: torch.Tensor) -> No
     """``dst`` (int32 ``[M]`` on ``tpu``, the runner's ``input_ids`` buffer) takes
     :func:`_merge_sampled` of host array ``packed`` and ``tpu`` tensor ``prev``.  Where
     ``prev`` holds its storage's elements in order (a sampler's ``[R, 1]`` result, a
-    view of its ``[R]`` storage) and ``dst`` is its storage's whole array, the jitted function is called on those arrays directly and ``dst``'s
-    storage takes the result (about 30 us here; the op's dispatch, upload and copy take
-    about 100): ``dst`` stays the same tensor, which the compiled model's guards saw at
-    start-up (a new tensor made in the step's inference mode would not pass them).
-    Otherwise through the op and ``copy_``."""
+    view of its ``[R]`` storage) and ``dst`` is its storage's whole array, the jitted
+    function is called on those arrays directly and ``dst``'s storage takes the result
+    (about 30 us here; the op's dispatch, upload and copy take about 100): ``dst`` stays
+    the same tensor, which the compiled model's guards saw at start-up (a new tensor
+    made in the step's inference mode would not pass them).  Otherwise through the op
+    and ``copy_``."""
     from torchtpu._device import runtime
     from torchtpu._tensor import storage as _st
 
@@ -566,9 +567,9 @@ class TpuModelRunner(GPUModelRunner):
         that length, a new program for every new count.  The host computes, for every
         slot of the ``input_ids`` buffer, the previous step's row it takes (each
         continuing request's last token) or -1 (the host's id); the buffer's device copy
-        takes the merge's result (:func:`_merge_into`).  Without ids on the device (synchronous scheduling,
-        a step after an empty one): vLLM's, one upload of the whole buffer
-        (:func:`_copy_to_device`)."""
+        takes the merge's result (:func:`_merge_into`).  Without ids on the device
+        (synchronous scheduling, a step after an empty one): vLLM's, one upload of the
+        whole buffer (:func:`_copy_to_device`)."""
         # (past the step's tokens, the padding tokens': asynchronous scheduling leaves
         # its -1 placeholders of earlier steps' sampled ids there, out of the
         # embedding's range; vLLM's device buffer holds the real ids there)
