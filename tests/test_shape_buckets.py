@@ -419,9 +419,11 @@ def test_training_with_varying_batch_matches_cpu(bucketed):
             opt.step()
         return [p.detach().cpu() for p in m.parameters()]
 
-    r0 = _runs()
+    # the batch's intermediates are computed, not padded: their churning ops run exact
+    # (padding them would cost a host sync or a compile per length)
+    n0, s0 = _sb("not_padded"), _bucket_syncs()
     got = run("tpu")
-    assert _runs() > r0
+    assert _sb("not_padded") > n0 and _bucket_syncs() == s0
     for g, w in zip(got, run("cpu")):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
@@ -520,3 +522,117 @@ def test_out_tensors_to_resize_run_exact_and_match_cpu(bucketed, out_shape):
             outs.append(o.cpu())
         assert outs[0].shape == outs[1].shape == (n, 5)
         torch.testing.assert_close(outs[1], outs[0])
+
+
+def _syncs_total():
+    return sum(torchtpu.metrics()["host_syncs"].values())
+
+
+@pytest.mark.parametrize("n", [5, 37, 300])
+def test_bucketed_chains_make_no_host_sync(bucketed, n):
+    """Padding and cutting never go through the host: an upload is padded from the host
+    values it was made from, a factory is made padded, a computed (exact) tensor meeting a
+    padded one is padded on the device, and an exact op reading a padded result gets it
+    cut on the device.  No host sync happens before the final reads; values equal CPU."""
+    torch.manual_seed(n)
+    x = torch.randn(n, dtype=torch.float64)
+    y = torch.linspace(-1, 1, n, dtype=torch.float64)
+    s0, r0 = _syncs_total(), _runs()
+    p0, c0, h0 = _sb("device_pads"), _sb("device_cuts"), _sb("host_pads")
+    xt = x.to("tpu")  # host values known: padded on the host
+    ones = torch.ones(n, device="tpu", dtype=torch.float64)  # made padded
+    yt = y.to("tpu").flip(0)  # computed, exact (flip has no rule)
+    z = (xt * ones + yt).exp()  # yt padded on the device
+    col = torch.full((n, 1), 0.5, dtype=torch.float64, device="tpu")
+    w = z.reshape(1, n) @ col  # mm has no rule: z and col are cut on the device
+    assert _syncs_total() == s0, torchtpu.metrics()["host_syncs"]
+    assert _runs() > r0
+    assert _sb("host_pads") > h0 and _sb("device_pads") > p0 and _sb("device_cuts") >= c0 + 2
+    want = (x + y.flip(0)).exp()
+    torch.testing.assert_close(z.cpu(), want)
+    torch.testing.assert_close(w.cpu(), want.reshape(1, n) @ torch.full((n, 1), 0.5,
+                                                                         dtype=torch.float64))
+
+
+def test_bucketed_chain_values_equal_the_exact_path(bucketed):
+    """The device-padded and device-cut chain gives the exact executables' bits."""
+    x = torch.randn(77, dtype=torch.float32)
+
+    def fn(xt):
+        computed = xt.flip(0)
+        return (torch.ones(77, device=xt.device) * xt - computed).sigmoid().flip(0)
+
+    got = fn(x.to("tpu")).cpu()
+    exact = _exact(fn, x)
+    assert _same_bits(got, exact)
+    torch.testing.assert_close(got, fn(x))
+
+
+def test_device_padded_index_is_range_checked(bucketed):
+    """An index computed on the device (not known to the host) is padded and wrapped on the
+    device; an out-of-range one raises CPU's IndexError at the next sync point."""
+    x = torch.zeros(6, dtype=torch.float64, device="tpu")  # padded (a factory)
+    v = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64).to("tpu")
+    idx = torch.tensor([0, -1, 2]).to("tpu").flip(0)  # computed: padded on the device
+    p0 = _sb("device_pads")
+    x.index_put_((idx,), v, accumulate=True)
+    assert _sb("device_pads") > p0
+    want = torch.zeros(6, dtype=torch.float64).index_put_(
+        (torch.tensor([2, -1, 0]),), torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
+        accumulate=True)
+    torch.testing.assert_close(x.cpu(), want)
+    y = torch.zeros(6, dtype=torch.float64, device="tpu")
+    bad = torch.tensor([0, 7, 2]).to("tpu").flip(0)
+    with pytest.raises(IndexError, match="out of bounds"):
+        y.index_put_((bad,), v, accumulate=True)
+        y.cpu()
+
+
+@pytest.mark.parametrize("make", [
+    lambda n, d: torch.zeros(n, device=d),
+    lambda n, d: torch.ones(n, 2, dtype=torch.int32, device=d),
+    lambda n, d: torch.full((n,), 7, device=d),  # int64, as CPU infers
+    lambda n, d: torch.full((n,), True, device=d),
+    lambda n, d: torch.full((2, n), 1.1, dtype=torch.bfloat16, device=d),
+    lambda n, d: torch.full((n,), -0.0, dtype=torch.float64, device=d),
+])
+def test_factories_are_made_padded_and_match_cpu(bucketed, make):
+    for n in (3, 40, 513):
+        f0 = _sb("factory_runs")
+        got = make(n, "tpu")
+        want = make(n, "cpu")
+        assert _sb("factory_runs") == f0 + 1
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.stride() == want.stride()
+        assert _same_bits(got.cpu(), want)
+        assert _same_bits((got + got).cpu(), want + want)
+
+
+def test_factory_overflow_raises_as_cpu(bucketed):
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.full((5,), 2 ** 40, dtype=torch.int32)
+    with pytest.raises(RuntimeError) as tpu_err:
+        torch.full((5,), 2 ** 40, dtype=torch.int32, device="tpu").cpu()
+    assert "overflow" in str(cpu_err.value) and "overflow" in str(tpu_err.value)
+
+
+def test_host_copies_of_uploads_do_not_keep_device_arrays():
+    """The host values kept beside an upload (for sync-free padding and index checks) go
+    with its device array and never keep it alive."""
+    import gc
+    import weakref
+
+    from torchtpu._tensor import storage
+
+    t = torch.arange(1000, dtype=torch.float32).to("tpu")
+    arr = t.untyped_storage()._tpu.arr
+    assert storage.host_copy(arr) is not None
+    np.testing.assert_array_equal(storage.host_copy(arr), np.arange(1000, dtype=np.float32))
+    ref = weakref.ref(arr)
+    del t, arr
+    gc.collect()
+    assert ref() is None
+    t2 = torch.arange(5.0).to("tpu")
+    t2.add_(1)  # a write gives the storage a new array: no stale host values
+    assert storage.host_copy(t2.untyped_storage()._tpu.arr) is None
+    torch.testing.assert_close(t2.cpu(), torch.arange(5.0) + 1)

@@ -232,7 +232,8 @@ class Metrics:
         self.sdpa = {"pallas": 0, "cudnn": 0, "xla_blockwise": 0, "math": 0,
                      "fused_failures": 0}
         self.shape_buckets = {"runs": 0, "hot_signatures": 0, "recurring_signatures": 0,
-                              "churning_ops": 0}
+                              "churning_ops": 0, "host_pads": 0, "device_pads": 0,
+                              "device_cuts": 0, "not_padded": 0, "factory_runs": 0}
         self.growth = {"started": 0, "appends": 0, "regrows": 0, "attention_calls": 0,
                        "cuts": 0}
         self.padded = {"transfers": 0, "runs": 0, "masks": 0, "appends": 0, "cuts": 0,

@@ -128,11 +128,11 @@ class StorageData:
             return self.arr
         if a is None:
             self.arr = zeros(self.shape, self.dtype, self.index)
-        elif a.__class__ is Padded:  # cut the bucket padding off, through the host
+        elif a.__class__ is Padded:  # cut the bucket padding off, on the device
             from torchtpu import _metrics
 
-            _metrics.METRICS.sync("shape_bucket_unpad")
-            self.arr = runtime.put_host(a.host(self.shape), self.index)
+            _metrics.METRICS.shape_buckets["device_cuts"] += 1
+            self.arr = a.exact(self.shape, self.dtype, self.index)
         elif a.__class__ is Grown:  # cut the spare capacity off, on the device
             from torchtpu import _metrics
 
@@ -269,7 +269,8 @@ class Padded:
             arbitrary values).
 
     Bucketed ops read and write such arrays directly; anything else gets the storage's
-    own array from :meth:`StorageData.get`, which cuts the padding off (a sync point).
+    own array from :meth:`StorageData.get`, which cuts the padding off on the device (no
+    host sync; one small executable per bucket length, length and shape).
     """
 
     __slots__ = ("arr", "n", "edge")
@@ -282,6 +283,21 @@ class Padded:
     def host(self, shape: tuple) -> np.ndarray:
         """The storage's elements on the host, in ``shape`` (a sync point)."""
         return np.array(np.asarray(self.arr)[: self.n]).reshape(shape)
+
+    def exact(self, shape: tuple, dtype: torch.dtype, index: int):
+        """The storage's own array (of ``shape``, ``n`` elements): the padding cut off on
+        the device (one executable per bucket length and shape; no host sync)."""
+        key = ("padded", tuple(self.arr.shape), shape, dtype, index)
+        f = _CUTTERS.get(key)
+        if f is None:
+            jax = runtime.jax()
+            from jax.sharding import SingleDeviceSharding
+
+            n = self.n
+            f = _CUTTERS.put(key, jax.jit(
+                lambda a: a[:n].reshape(shape),
+                out_shardings=SingleDeviceSharding(runtime.jax_device(index))))
+        return f(self.arr)
 
 
 class Grown:
@@ -504,18 +520,57 @@ def empty(size, dtype: torch.dtype, index: int, stride=None) -> torch.Tensor:
     return tensor_on(st, size, tuple(stride), 0, dtype)
 
 
-# id(device array) -> (device array, its values on the host): small arrays made by a host
-# transfer (``torch.tensor([3], device="tpu")``, a Python list index moved over), whose
-# values host-side checks may read without a sync while a storage still holds that array
+# id(device array) -> (weak reference to it, its values on the host): arrays made by a
+# host transfer (``torch.tensor([3], device="tpu")``, a Python list index moved over, a
+# small CPU tensor's ``.to("tpu")``), whose values host-side checks and shape buckets'
+# padding (``eager.buckets``) read without a sync while a storage still holds that array.
+# An entry goes when its array is freed; at most HOST_COPY_BYTES bytes of host values
+# are kept (the oldest entries go first).
 _HOST_COPIES: dict = {}
 _HOST_COPIES_LIMIT = 4096
+HOST_COPY_BYTES = 64 << 20
+_host_copy_bytes = [0]
 
 
 def remember_host_copy(dev_arr, host: np.ndarray) -> None:
-    """Record that the device array ``dev_arr`` holds ``host``'s values (a host transfer)."""
-    if len(_HOST_COPIES) >= _HOST_COPIES_LIMIT:
-        _HOST_COPIES.clear()
-    _HOST_COPIES[id(dev_arr)] = (dev_arr, host)
+    """Record that the device array ``dev_arr`` holds ``host``'s values (a host transfer;
+    ``host`` must not be written afterwards).  Keeps no reference to ``dev_arr``."""
+    key = id(dev_arr)
+    if key in _HOST_COPIES:
+        return
+    nbytes = host.nbytes
+    while _HOST_COPIES and (len(_HOST_COPIES) >= _HOST_COPIES_LIMIT
+                            or _host_copy_bytes[0] + nbytes > HOST_COPY_BYTES):
+        _pop_oldest()
+    try:
+        ref = weakref.ref(dev_arr, lambda r, k=key: _forget_host_copy(k, r))
+    except TypeError:  # an array type without weak references: not remembered
+        return
+    _HOST_COPIES[key] = (ref, host)
+    _host_copy_bytes[0] += nbytes
+
+
+def _pop_oldest():
+    k = next(iter(_HOST_COPIES))
+    e = _HOST_COPIES.pop(k)
+    _host_copy_bytes[0] -= e[1].nbytes
+    return k, e
+
+
+def _forget_host_copy(key, ref) -> None:
+    e = _HOST_COPIES.get(key)
+    if e is not None and e[0] is ref:
+        del _HOST_COPIES[key]
+        _host_copy_bytes[0] -= e[1].nbytes
+
+
+def host_copy(arr) -> np.ndarray | None:
+    """The host values of device array ``arr`` when a host transfer made it
+    (:func:`remember_host_copy`), else None.  The result must not be written."""
+    e = _HOST_COPIES.get(id(arr))
+    if e is None or e[0]() is not arr:
+        return None
+    return e[1]
 
 
 def host_values(t: torch.Tensor) -> np.ndarray | None:
@@ -530,10 +585,9 @@ def host_values(t: torch.Tensor) -> np.ndarray | None:
     if a.__class__ is Grown and a.host_copy is not None:  # a padded host transfer
         host = a.host_copy
     else:
-        e = _HOST_COPIES.get(id(a))
-        if e is None or e[0] is not a:
+        host = host_copy(a)
+        if host is None:
             return None
-        host = e[1]
     if t.dtype is not sd.dtype or t.is_neg():
         return None
     flat = host.reshape(-1)

@@ -95,8 +95,8 @@ def _varlen_child(compiled: bool) -> dict:
                 mt = torchtpu.metrics()
                 row.update(compiles=mt["compiles"], compile_seconds=mt["compile_seconds"],
                            host_syncs=mt["host_syncs_total"],
-                           shape_syncs=mt["host_syncs"].get("shape_bucket", 0)
-                           + mt["host_syncs"].get("shape_bucket_unpad", 0))
+                           shape_syncs=sum(v for k, v in mt["host_syncs"].items()
+                                           if k.startswith("shape_bucket")))
             rows.append(row)
         return rows
 

@@ -11,11 +11,20 @@ What: once an op overload has compiled ``after`` exact signatures (default 4,
 to a bucket length (the next power of two, at least 512 elements), and the op runs through
 the ordinary executable cache on the padded arrays (one executable per bucket, reused by
 every length in it).  Results stay padded on the device (``storage.Padded``), so a chain
-of bucketed ops never goes through the host; a tensor that is not padded yet is padded
-through the host (a sync point, ``host_syncs["shape_bucket"]``), and anything else that
-reads a padded storage gets its exact array through the host
-(``host_syncs["shape_bucket_unpad"]``; ``.cpu()``/``.tolist()`` read the padded array's
-front directly).
+of bucketed ops never goes through the host.  No padding or cutting goes through the host
+either (no host sync):
+
+* an input that is not padded yet is padded on the host when the host knows its values
+  (it came from a host transfer, ``storage.host_copy``, or is uninitialized):
+  ``host_pads``; else on the device when another input of the call is padded already (one
+  small executable per length): ``device_pads``; else the call runs exact
+  (``not_padded``): padding it would cost a sync or a compile per length, as the exact
+  executable does;
+* ``zeros`` / ``ones`` / ``full`` of a churning size are made padded on the host
+  (``factory_runs``), so loops over ``torch.ones(n, device="tpu")`` start padded chains;
+* anything else that reads a padded storage gets its exact array cut on the device
+  (``device_cuts``: one small executable per bucket, length and shape);
+  ``.cpu()``/``.tolist()`` read the padded array's front directly.
 
 When a bucketed signature gets its exact executable: a signature that *recurs* is not
 churn.  While an op has run at most ``recur`` (default 32,
@@ -39,9 +48,11 @@ path and CPU):
   element does not;
 * ``all()`` / ``any()`` and integer ``max()`` / ``min()`` of a whole tensor: the same
   padding leaves the set of values as it was;
-* ``index_put(..., accumulate=True)`` of a 1-D tensor with one 1-D integer index: the index
-  is range-checked and wrapped on the host (an out-of-range index takes the exact path and
-  its error), the padding adds ``-0.0`` (``0``/``False``), IEEE's exact additive identity;
+* ``index_put(..., accumulate=True)`` (and ``index_put_``) of a 1-D tensor with one 1-D
+  integer index: the index is range-checked and wrapped where it is padded (on the host:
+  an out-of-range index takes the exact path and its error; on the device: the exact
+  lowering's device-side check, raised at the next sync point), the padding adds ``-0.0``
+  (``0``/``False``), IEEE's exact additive identity;
 * on platforms where a prefix of a longer draw was checked to equal the shorter draw
   (``_PREFIX_PLATFORMS``: ``cpu``): ``uniform_``, ``normal_`` and 1-D ``cumsum``.  Random
   ops reuse the generator offset the exact call would have used, so a seeded program gives
@@ -58,7 +69,8 @@ Counters (``torchtpu.metrics()["shape_buckets"]``): ``runs`` (calls run bucketed
 call of a bucket's existing executable also counts as a cache hit),
 ``hot_signatures`` (signatures that got their exact executable after ``HOT`` bucketed
 runs), ``recurring_signatures`` (signatures that got it on their second call, by the
-``recur`` rule), ``churning_ops``.  ``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
+``recur`` rule), ``churning_ops``, and the pads and cuts above (``host_pads``,
+``device_pads``, ``not_padded``, ``factory_runs``, ``device_cuts``).  ``TORCHTPU_SHAPE_BUCKETS=0`` switches buckets off.
 """
 
 from __future__ import annotations
@@ -252,6 +264,53 @@ def _index_put_accumulate(plan, vals):
     return [(x, _ANY), (idx, _INDEX), (values, _NEG0)]
 
 
+_FACTORY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                             torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                             torch.float64})
+
+
+def _factory(plan, vals):
+    """``zeros`` / ``ones`` / ``full`` of a small strided size: no tensor to pad, the result
+    is made padded on the host (no compile, no sync)."""
+    args = dict(zip(plan.sig.names, vals))
+    size = args.get("size")
+    if plan.sig.out_args or not isinstance(size, (list, tuple)) or not all(
+            isinstance(k, int) for k in size):
+        return None
+    if args.get("layout") not in (None, torch.strided) or args.get("pin_memory"):
+        return None
+    if not 1 <= math.prod(size) <= MAX_NUMEL:
+        return None
+    v = args.get("fill_value", 1 if plan.op is aten.ones.default else 0)
+    if not isinstance(v, (bool, int, float)):
+        return None
+    return []
+
+
+def _run_factory(plan, vals, index):
+    """The factory call's result, padded to its bucket length on the host (edge padding),
+    or :data:`NO` (a dtype or value CPU PyTorch refuses: the exact path raises as CPU)."""
+    args = dict(zip(plan.sig.names, vals))
+    size = tuple(args["size"])
+    v = args.get("fill_value", 1 if plan.op is aten.ones.default else 0)
+    dtype = args.get("dtype")
+    if dtype is None and plan.op is not aten.full.default:
+        dtype = torch.get_default_dtype()
+    try:  # PyTorch's own dtype inference and rounding of the fill value
+        one = torch.full((1,), v, dtype=dtype)
+    except (RuntimeError, TypeError):
+        return NO
+    if one.dtype not in _FACTORY_DTYPES:
+        return NO
+    from torchtpu.eager import handlers  # (handlers imports the executor, which imports us)
+
+    host = handlers.host_array(one)
+    n = math.prod(size)
+    arr = runtime.put_host(np.repeat(host, bucket(n)), index)
+    M.shape_buckets["factory_runs"] += 1
+    return _padded_tensor(arr, size, n, True, index, one.dtype)
+
+
 def _consistent(plan, vals, pads) -> bool:
     """Every storage the call reads is padded one way only, and no other tensor of the
     call (a 0-d view ``x[0]`` in ``x / x[0]``, ``x`` passed as both ``index_put``'s self
@@ -286,8 +345,11 @@ def rule_for(op):
             r = _cumsum_1d
         elif op in (aten.max.default, aten.min.default, aten.all.default, aten.any.default):
             r = _full_reduction
-        elif op in (aten.index_put.default, aten.index_put_.default):
+        elif op in (aten.index_put.default, aten.index_put_.default,
+                    aten._index_put_impl_.default):
             r = _index_put_accumulate
+        elif op in (aten.zeros.default, aten.ones.default, aten.full.default):
+            r = _factory
         elif op is aten._to_copy.default:
             r = _pointwise
         elif (torch.Tag.pointwise in op.tags
@@ -300,13 +362,6 @@ def rule_for(op):
 
 
 # ------------------------------------------------------------------ running
-
-
-def _host(sd) -> np.ndarray:
-    """The storage's elements on the host, flat (a sync point unless uninitialized)."""
-    if sd.arr is None:  # uninitialized (torch.empty): the exact executable reads zeros
-        return np.zeros(math.prod(sd.shape), runtime.to_np_dtype(sd.dtype))
-    return np.asarray(sd.arr).reshape(-1)
 
 
 def _fill_value(dt):
@@ -352,6 +407,42 @@ def _repad(p, mode: str, index: int, n_x: int, op):
             bad, [(IndexError, f"index out of bounds for dimension 0 with size {n_x}")], op)
         return out
     return f(arr, np.int64(p.n))
+
+
+def _device_pad(a, mode: str, index: int, n_x: int, op):
+    """The exact array ``a`` flattened and padded to its bucket length as ``mode`` asks,
+    on the device (no sync): one executable per length, bucket and dtype."""
+    n = math.prod(a.shape)
+    key = ("pad", mode, tuple(a.shape), a.dtype, index)
+    f = _REPADS.get(key)
+    if f is None:
+        f = _REPADS.put(key, _pad_fn(mode, a.dtype, n, bucket(n)))
+    if mode == _INDEX:
+        out, bad = f(a, np.int64(n_x))
+        inflight.add_check(
+            bad, [(IndexError, f"index out of bounds for dimension 0 with size {n_x}")], op)
+        return out
+    return f(a)
+
+
+def _pad_fn(mode, dtype, n, b):
+    jax = runtime.jax()
+    jnp = jax.numpy
+    extra = b - n
+    if mode == _NEG0:
+        fill = _fill_value(np.dtype(dtype))
+        return jax.jit(lambda x: jnp.concatenate(
+            [x.reshape(-1), jnp.full((extra,), fill, x.dtype)]))
+    if mode != _INDEX:
+        return jax.jit(lambda x: jnp.pad(x.reshape(-1), (0, extra), mode="edge"))
+
+    def index(x, m):  # in range, negatives wrapped, padding repeats the last index
+        x = x.reshape(-1)
+        bad = jnp.any((x < -m) | (x >= m))
+        x = jnp.where(x < 0, x + m, x).astype(x.dtype)
+        return jnp.pad(x, (0, extra), mode="edge"), bad.reshape(1)
+
+    return jax.jit(index)
 
 
 def _repad_fn(mode, dtype):
@@ -423,8 +514,12 @@ def run(plan, vals, c):
         _uses[key] = HOT
         M.shape_buckets["recurring_signatures"] += 1
         return NO
-    # padded arrays, one per storage (x.add_(x) stays aliased); arrays that are not
-    # padded yet are padded through the host (a sync point)
+    if rule is _factory:
+        res = _run_factory(plan, vals, index)
+        if res is not NO:
+            _counted_run(key, used, seen, plan.op)
+        return res
+    # padded arrays, one per storage (x.add_(x) stays aliased)
     n_x = pads[0][0].numel()
     # out= storages no input reads (x.mul_(y) arrives as mul.out(x, y, out=x): read)
     outs = plan.sig.out_args
@@ -434,19 +529,33 @@ def run(plan, vals, c):
         writeonly -= {v.untyped_storage()._cdata for i, v in enumerate(vals)
                       if i not in outs and isinstance(v, torch.Tensor)
                       and v.device.type == "tpu"}
-    by_storage = {}
-    by_sd = {}  # id(StorageData) -> padded array
-    synced = False
+    # an input that is not padded yet is padded without a host sync: on the host from
+    # values the host knows (the host transfer that made its array, an uninitialized
+    # storage's zeros), else on the device when another input of the call is padded
+    # already (one small executable per length); a call none of whose inputs is padded
+    # or known runs exact (padding it would cost a sync or a compile per length anyway)
     _async.settle_list(c.arrays)  # pending first calls' values (eager.async_compile)
+    plan_in = []
+    any_padded = False
     for t, mode in pads:
-        st = t.untyped_storage()
-        cid = st._cdata
-        if cid in by_storage:
-            continue
-        sd = st._tpu
+        sd = t.untyped_storage()._tpu
         a = sd.arr
         if a.__class__ is _st.Lazy:
             a = sd.get()
+        if a.__class__ is _st.Padded:
+            any_padded = True
+            host = None
+        elif a is None:
+            host = np.zeros(math.prod(sd.shape), runtime.to_np_dtype(sd.dtype))
+        else:
+            host = _st.host_copy(a)
+        plan_in.append((t, mode, sd, a, host))
+    by_storage = {}
+    by_sd = {}  # id(StorageData) -> padded array
+    for t, mode, sd, a, host in plan_in:
+        cid = t.untyped_storage()._cdata
+        if cid in by_storage:
+            continue
         if a.__class__ is _st.Padded:
             if mode == _ANY or cid in writeonly or (mode == _EDGE and a.edge):
                 arr = a.arr
@@ -455,26 +564,21 @@ def run(plan, vals, c):
         elif cid in writeonly:  # an out= tensor: its old values are never read
             arr = runtime.put_host(np.zeros(bucket(t.numel()), runtime.to_np_dtype(t.dtype)),
                                    index)
-        else:
-            if a is not None and not synced:
-                M.sync("shape_bucket")
-                synced = True
-            h = _pad_host(_host(sd), mode, n_x)
+        elif host is not None:
+            h = _pad_host(host.reshape(-1), mode, n_x)
             if h is None:
                 return NO
             arr = runtime.put_host(h, index)
+            M.shape_buckets["host_pads"] += 1
+        elif any_padded:
+            arr = _device_pad(a, mode, index, n_x, plan.op)
+            M.shape_buckets["device_pads"] += 1
+        else:
+            M.shape_buckets["not_padded"] += 1
+            return NO
         by_storage[cid] = (t, arr)
         by_sd[id(sd)] = arr
-    if len(_uses) > 100_000:
-        _uses.clear()
-    _uses[key] = used + 1
-    if not used:
-        _distinct[plan.op] = _distinct.get(plan.op, 0) + 1
-    if used + 1 == HOT:
-        M.shape_buckets["hot_signatures"] += 1
-    if seen == _after:
-        M.shape_buckets["churning_ops"] += 1
-    M.shape_buckets["runs"] += 1
+    _counted_run(key, used, seen, plan.op)
     edge = rule is _pointwise  # edge-padded inputs give edge-padded results
     shape = tuple(pads[0][0].shape)  # every rule's results: this shape, or 0-d
     ex = _executables.CACHE.get(_padded_key(plan, vals, c, by_sd))
@@ -518,6 +622,21 @@ def run(plan, vals, c):
             r = _padded_tensor(_st.data(r).get(), shape, n_x, edge, index, r.dtype)
         cut.append(r)
     return cut[0] if plan.sig.nret == 1 else tuple(cut)
+
+
+def _counted_run(key, used, seen, op):
+    """Record a bucketed run of signature ``key`` (``used`` runs before) of ``op``
+    (``seen`` churning misses before)."""
+    if len(_uses) > 100_000:
+        _uses.clear()
+    _uses[key] = used + 1
+    if not used:
+        _distinct[op] = _distinct.get(op, 0) + 1
+    if used + 1 == HOT:
+        M.shape_buckets["hot_signatures"] += 1
+    if seen == _after:
+        M.shape_buckets["churning_ops"] += 1
+    M.shape_buckets["runs"] += 1
 
 
 def _padded_tensor(arr, shape, n, edge, index, dtype):

@@ -106,6 +106,10 @@ def host_array(src: torch.Tensor) -> np.ndarray:
 # the extra reference also keeps them from being donated.
 _SMALL_BYTES = 64
 _SMALL: dict = {}
+# Host transfers up to this size keep their host values beside the device array while it
+# lives (storage.remember_host_copy, at most storage.HOST_COPY_BYTES in all): host-side
+# index checks and shape buckets' padding (eager.buckets) read them without a sync.
+_KNOWN_BYTES = 64 << 10
 
 
 def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
@@ -126,6 +130,8 @@ def to_device(src: torch.Tensor, index: int) -> torch.Tensor:
             _st.remember_host_copy(dev_arr, arr)
         return _st.wrap(dev_arr, index, src.dtype)
     dev_arr = runtime.put_host(arr, index)
+    if arr.nbytes <= _KNOWN_BYTES:  # (arr is private: host_array made it for this copy)
+        _st.remember_host_copy(dev_arr, arr)
     return _st.wrap(dev_arr, index, src.dtype)
 
 
