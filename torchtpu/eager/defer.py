@@ -623,7 +623,9 @@ def _replay(seg, inputs, live):
         for r in refs:
             if r.__class__ is tuple and last.get(r) == n and r not in keep:
                 vals.pop(r, None)
-    return tuple(vals[k] for k in live)
+    # (a first call compiled on a worker left pending values: the segment's live values
+    # are arrays, as the fused program's are)
+    return executables.concrete_outputs(tuple(vals[k] for k in live))
 
 
 def _dyn_layout(dyn):

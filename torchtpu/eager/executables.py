@@ -117,10 +117,19 @@ def run_executable(ex, arrays, dyn):
     (DeferAndFuse replays a segment's ops through this): its results, as a tuple."""
     if not ex.compiled:
         return first_call(ex, arrays, dyn)
+    # (an earlier node's first call may still compile on a worker, eager.async_compile:
+    # its pending values are waited for here, as a built executable takes arrays only)
+    _async.settle_list(arrays)
     try:
         return ex.call(arrays, dyn)
     except TypeError:
         return through_jit(ex, arrays, dyn)
+
+
+def concrete_outputs(outs) -> tuple:
+    """``outs`` with the pending values of first calls compiling on a worker
+    (``eager.async_compile``) waited for: arrays only."""
+    return _async.concrete(outs)
 
 
 def through_jit(ex, arrays, dyn):
