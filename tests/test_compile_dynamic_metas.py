@@ -73,36 +73,65 @@ def test_views_slices_and_cats_of_symbolic_sizes_match_cpu(checked_substitution)
     assert checked_substitution, "no call took the substitution"
 
 
-def test_llama_training_step_over_lengths_matches_cpu(checked_substitution):
+def _tiny_llama():
     tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=64)
+    return tf.LlamaForCausalLM(cfg)
 
-    def model():
-        torch.manual_seed(0)
-        cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                             num_hidden_layers=1, num_attention_heads=2,
-                             num_key_value_heads=1, max_position_embeddings=64)
-        return tf.LlamaForCausalLM(cfg)
 
-    def run(device, compiled):
-        m = model().to(device)
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+def _train_over_lengths(device, lengths, compiled, optimizer, read_each_step):
+    """A tiny Llama trained one step per sequence length (forward, backward, the
+    optimizer's step and ``zero_grad`` in one function, compiled with ``dynamic=True`` on
+    tpu); ``read_each_step=False``: no host read between the steps.  Returns the losses
+    and the final parameters (on the CPU)."""
+    m = _tiny_llama().to(device)
+    opt = optimizer(m.parameters())
 
-        def step(ids):
-            loss = m(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
+    def step(ids):
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
 
-        if compiled:
-            step = torch.compile(step, backend="tpu", dynamic=True)
-        out = []
-        for n in (9, 13, 17):
-            ids = torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(n))
-            out.append(float(step(ids.to(device))))
-        return out
+    if compiled:
+        step = torch.compile(step, backend="tpu", dynamic=True)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(n))
+        loss = step(ids.to(device))
+        out.append(float(loss) if read_each_step else loss)
+    return [float(x) for x in out], [p.detach().cpu() for p in m.parameters()]
 
-    got = run(TPU, True)
-    want = run("cpu", False)
+
+def test_llama_training_step_over_lengths_matches_cpu(checked_substitution):
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1)
+
+    got, _ = _train_over_lengths(TPU, (9, 13, 17), True, sgd, True)
+    want, _ = _train_over_lengths("cpu", (9, 13, 17), False, sgd, True)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
     assert checked_substitution, "no call took the substitution"
+
+
+@pytest.mark.usefixtures("strict_mode", "no_stored_executables")
+def test_adamw_steps_over_lengths_without_reads_match_cpu():
+    """Regression (with no stored executables, as in a fresh cache): the optimizer
+    graph's stitched segment meets a new shape each length, so it runs op by op
+    (``defer._replay``); a first call there compiled on a worker
+    (``eager.async_compile``) and the next op, whose executable was built, got the
+    pending value instead of an array (``TypeError: ... Lazy ... is not a valid JAX
+    type``)."""
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-2)
+
+    torch._dynamo.reset()
+    lengths = (9, 13, 17, 22, 27, 9, 30, 35)
+    got, got_p = _train_over_lengths(TPU, lengths, True, adamw, False)
+    want, want_p = _train_over_lengths("cpu", lengths, False, adamw, False)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    for g, w in zip(got_p, want_p):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
