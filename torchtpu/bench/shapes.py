@@ -21,12 +21,22 @@ buckets' among them); the losses are compared with CPU's.
 Decoding with growing shapes (a first ``generate()``, a new prompt length, the same call
 again, each against CPU in the same process) is ``python -m torchtpu.bench generate
 --models llama128 --modes strict --tokens 64 --prompts 12,17,17``.
+
+``--table [--runs 3]`` runs all of issue 29's rows (those generate calls in STRICT and
+compiled, the variable-length epochs in STRICT and compiled, ``make demo`` from an empty
+cache against the filled one), each run in fresh processes, and prints one markdown
+table with every run's seconds, ratio, compiles, the load average and which targets
+every run met.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -103,15 +113,9 @@ def _varlen_child(compiled: bool) -> dict:
     return {"cpu": epochs("cpu"), "tpu": epochs("tpu")}
 
 
-def varlen(compiled: bool) -> dict:
-    """Run :func:`_varlen_child` in a fresh process with an empty persistent cache and
-    print its table."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    load0 = os.getloadavg()
+def _varlen_run(compiled: bool) -> dict:
+    """:func:`_varlen_child`'s result, from a fresh process with an empty persistent
+    cache; each tpu epoch row gets ``max_loss_rel_diff`` against CPU's losses."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
         env.pop("TORCHTPU_EAGER_MODE", None)
@@ -121,6 +125,17 @@ def varlen(compiled: bool) -> dict:
     if p.returncode != 0:
         raise RuntimeError(f"varlen child failed:\n{p.stderr[-3000:]}")
     res = json.loads(p.stdout.strip().splitlines()[-1])
+    for c, t in zip(res["cpu"], res["tpu"]):
+        t["max_loss_rel_diff"] = max(abs(a - b) / max(abs(b), 1e-12)
+                                     for a, b in zip(t["losses"], c["losses"]))
+    return res
+
+
+def varlen(compiled: bool) -> dict:
+    """Run :func:`_varlen_child` in a fresh process with an empty persistent cache and
+    print its table."""
+    load0 = os.getloadavg()
+    res = _varlen_run(compiled)
     load1 = os.getloadavg()
     print(f"variable-length training, lengths {list(VARLEN_LENGTHS)}, batch 4, "
           f"{'torch.compile(dynamic=True)' if compiled else 'strict eager'}; fresh process, "
@@ -128,13 +143,109 @@ def varlen(compiled: bool) -> dict:
     print(f"{'epoch':>5} {'cpu s':>7} {'tpu s':>7} {'/cpu':>7} {'compiles':>8} "
           f"{'compile s':>9} {'syncs':>5} {'shape syncs':>11} {'max loss rel diff':>17}")
     for c, t in zip(res["cpu"], res["tpu"]):
-        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(t["losses"], c["losses"]))
-        t["max_loss_rel_diff"] = diff
+        diff = t["max_loss_rel_diff"]
         print(f"{t['epoch']:>5} {c['seconds']:>7.2f} {t['seconds']:>7.2f} "
               f"{t['seconds'] / c['seconds']:>6.1f}x {t['compiles']:>8} "
               f"{t['compile_seconds']:>9.2f} {t['host_syncs']:>5} {t['shape_syncs']:>11} "
               f"{diff:>17.2e}")
     return res
+
+
+def _demo_run() -> dict:
+    """``python -m torchtpu.demo`` twice in fresh processes sharing a new, empty
+    persistent cache (cold, then warm): each process's wall seconds and XLA compiles."""
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCHTPU_CACHE_DIR=cache)
+        env.pop("TORCHTPU_EAGER_MODE", None)
+        for which in ("cold", "warm"):
+            path = os.path.join(cache, f"demo-{which}.json")
+            t0 = time.perf_counter()
+            p = subprocess.run([sys.executable, "-m", "torchtpu.demo", "--json", path],
+                               capture_output=True, text=True, env=env, timeout=3600)
+            wall = time.perf_counter() - t0
+            if p.returncode != 0:
+                raise RuntimeError(f"demo ({which}) failed:\n{p.stdout[-2000:]}"
+                                   f"{p.stderr[-2000:]}")
+            with open(path) as f:
+                m = json.load(f)["metrics"]
+            out[which] = {"seconds": wall, "compiles": m["compiles"],
+                          "compile_seconds": m["compile_seconds"],
+                          "host_syncs": m["host_syncs"]}
+    return out
+
+
+# issue 29's targets: row -> (what is compared, the bound)
+_TARGETS = {
+    "generate(64), first call": ("s", 10.0),
+    "new prompt length": ("/cpu", 2.0),
+    "var-len epoch 1": ("/cpu", 3.0),
+    "compiled var-len epoch 1": ("s", 10.0),
+    "make demo cold vs warm": ("/warm", 2.0),
+}
+
+
+def table(runs: int = 3) -> dict:
+    """Issue 29's rows, ``runs`` times each, every row in fresh processes with an empty
+    persistent cache: ``generate(max_new_tokens=64)`` of a tiny Llama (first call, a new
+    prompt length, the same call again; STRICT and ``torch.compile(model.forward)``),
+    variable-length training epochs (STRICT and ``torch.compile(dynamic=True)``) and
+    ``make demo`` from an empty cache against the filled one.  Prints one markdown table
+    (seconds, ratio, XLA compiles and their seconds per run, the load average at each
+    run's start) and returns its rows."""
+    from torchtpu.bench import generate as _gen
+
+    rows: dict = {}
+
+    def add(name, run, seconds, ratio, compiles, compile_s, extra=""):
+        rows.setdefault(name, {})[run] = {"seconds": seconds, "ratio": ratio,
+                                          "compiles": compiles,
+                                          "compile_seconds": compile_s, "extra": extra}
+
+    loads = []
+    for run in range(runs):
+        loads.append(os.getloadavg()[0])
+        for mode in ("strict", "compiled"):
+            g = _gen._run_child("llama128", mode, 64, [12, 17, 17])
+            for r, what in zip(g, ("generate(64), first call", "new prompt length",
+                                   "same call again")):
+                add(f"{what} ({mode})", run, r["seconds"], r["seconds"] / r["cpu_seconds"],
+                    r["compiles"], r["compile_seconds"], f"{r['host_syncs']} syncs")
+        for compiled in (False, True):
+            v = _varlen_run(compiled)
+            for c, t in zip(v["cpu"], v["tpu"]):
+                name = f"{'compiled ' if compiled else ''}var-len epoch {t['epoch']}"
+                add(name, run, t["seconds"], t["seconds"] / c["seconds"], t["compiles"],
+                    t["compile_seconds"], f"{t['shape_syncs']} shape syncs")
+        d = _demo_run()
+        add("make demo cold vs warm", run, d["cold"]["seconds"],
+            d["cold"]["seconds"] / d["warm"]["seconds"], d["cold"]["compiles"],
+            d["cold"]["compile_seconds"],
+            f"warm {d['warm']['seconds']:.1f} s, "
+            f"{sum(v for k, v in d['cold']['host_syncs'].items() if k.startswith('shape'))}"
+            " shape syncs")
+    print(f"issue 29's rows, {runs} run(s); load average (1 min) at each run's start: "
+          + ", ".join(f"{x:.2f}" for x in loads) + f"; {os.cpu_count()} cores")
+    print("| row | " + " | ".join(f"run {i + 1}: s (ratio), compiles (s)" for i in range(runs))
+          + " | target |")
+    print("|---" * (runs + 2) + "|")
+    for name, per in rows.items():
+        cells = []
+        for i in range(runs):
+            r = per[i]
+            cells.append(f"{r['seconds']:.2f} ({r['ratio']:.1f}x), {r['compiles']} "
+                         f"({r['compile_seconds']:.1f}); {r['extra']}")
+        key = name.split(" (")[0]
+        tgt = _TARGETS.get(key)
+        if tgt is None:
+            mark = "-"
+        else:
+            what, bound = tgt
+            vals = [per[i]["seconds"] if what == "s" else per[i]["ratio"] for i in range(runs)]
+            met = all(v <= bound for v in vals)
+            mark = f"{'met' if met else 'NOT met'} (<= {bound:g}{' s' if what == 's' else 'x'})"
+        print(f"| {name} | " + " | ".join(cells) + f" | {mark} |")
+    return {"loads": loads, "rows": rows}
 
 
 def main(argv=None):
@@ -149,7 +260,17 @@ def main(argv=None):
     p.add_argument("--compiled", action="store_true",
                    help="--varlen: the step under torch.compile(backend='tpu', dynamic=True)")
     p.add_argument("--varlen-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--table", action="store_true",
+                   help="issue 29's rows in one table (generate, var-len epochs, make demo "
+                   "cold vs warm; several minutes per run)")
+    p.add_argument("--runs", type=int, default=3, help="--table: runs of every row")
     args = p.parse_args(argv)
+    if args.table:
+        res = table(args.runs)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return res
     if args.varlen_child:
         print(json.dumps(_varlen_child(args.compiled)))
         return None
