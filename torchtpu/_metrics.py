@@ -238,7 +238,6 @@ class Metrics:
                        "cuts": 0}
         self.padded = {"transfers": 0, "runs": 0, "masks": 0, "appends": 0, "cuts": 0,
                        "host_cuts": 0, "families_off": 0, "cut_ops": collections.Counter()}
-        self.host_fills = {"runs": 0, "bytes": 0}
         self.op_executables = collections.Counter()
         self.async_compile = {"jobs": 0, "queued_runs": 0, "waits": 0, "wait_seconds": 0.0,
                               "compile_seconds": 0.0, "errors": 0}

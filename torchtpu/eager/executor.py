@@ -40,7 +40,6 @@ from torchtpu.eager import buckets as _buckets
 from torchtpu.eager import defer as _defer
 from torchtpu.eager import executables as _ex
 from torchtpu.eager import growth as _growth
-from torchtpu.eager import host_fills as _host_fills
 from torchtpu.eager import hotpath as _hot
 from torchtpu.eager.host_reads import check_pending, to_jax
 from torchtpu.eager import inflight as _inflight
@@ -430,13 +429,6 @@ class LoweredPlan:
                 with _metrics.compile_kind("bucket"):
                     res = _buckets.run(self, vals, c)
                 if res is not _buckets.NO:
-                    return res
-            if self.op in _host_fills.OPS and _host_fills.ON[0] and not CONFIG.defer \
-                    and not c.stitched and not _buckets._active[0] \
-                    and not _padded._ACTIVE[0]:
-                # a constant factory's first call: made on the host, no compile
-                res = _host_fills.run(self, vals, key, c.index)
-                if res is not _host_fills.NO:
                     return res
             M.cache_misses += 1
             try:
