@@ -231,3 +231,51 @@ def test_compiled_graph_checks_constant_scalars(case):
 @pytest.mark.parametrize("case", sorted(NN))
 def test_other_scalar_arguments_as_on_cpu(case):
     _same(_run(NN[case], "cpu"), _run(NN[case], "tpu"))
+
+
+def _outcome(f):
+    try:
+        r = f()
+        return ("ok", r.cpu())
+    except Exception as e:  # noqa: BLE001 - the exception type is what is compared
+        return (type(e).__name__, None)
+
+
+UNSIGNED_CASES = {
+    "mul": lambda t, v: t * v,
+    "add": lambda t, v: t + v,
+    "rsub": lambda t, v: v - t,
+    "lt": lambda t, v: t < v,
+    "eq": lambda t, v: t == v,
+    "div": lambda t, v: t / v,
+    "floordiv": lambda t, v: t // v,
+    "remainder": lambda t, v: torch.remainder(t, v),
+    "pow": lambda t, v: t ** v,
+    "clamp": lambda t, v: t.clamp(max=v),
+    "bitand": lambda t, v: t & v,
+    "where": lambda t, v: torch.where(t > 0, t, v),
+    "full": lambda t, v: torch.full((2,), v, dtype=t.dtype, device=t.device),
+    "fill_": lambda t, v: t.clone().fill_(v),
+    "masked_fill": lambda t, v: t.masked_fill(torch.ones_like(t, dtype=torch.bool), v),
+    "add_alpha": lambda t, v: t.add(t, alpha=v),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSIGNED_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32,
+                                   torch.uint8, torch.bool])
+def test_python_ints_past_int64_as_cpu(case, dtype):
+    """A Python int in [2**63, 2**64) is an unsigned 64-bit Scalar to PyTorch: CPU
+    computes ``x * 2**63`` (9.2234e18 for float, a wrapped -2**63 for int64) or refuses to
+    promote it with a bool tensor; tpu raised ``OverflowError`` converting it to int64.
+    Three calls each (the first compiles, the next ones take the hot path)."""
+    f = UNSIGNED_CASES[case]
+    base = torch.tensor([1, 0, 3, 1]).to(dtype)
+    for v in (2 ** 63, 2 ** 64 - 1, 2 ** 63 + 12345):
+        want = _outcome(lambda: f(base, v))
+        for _ in range(3):
+            got = _outcome(lambda: f(base.to("tpu"), v))
+            assert got[0] == want[0], (case, dtype, v, got, want)
+            if got[0] == "ok":
+                assert got[1].dtype == want[1].dtype and torch.equal(got[1], want[1]), (
+                    case, dtype, v, got, want)

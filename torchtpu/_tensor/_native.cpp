@@ -402,7 +402,13 @@ py::object const_of(PyObject* v) {
 PyObject* number_np(PyObject* v) {
   PyTypeObject* t = Py_TYPE(v);
   if (t == &PyBool_Type) return G->np_bool.ptr();
-  if (t == &PyLong_Type) return G->np_int.ptr();
+  if (t == &PyLong_Type) {
+    // an int outside int64 (2**63 <= v < 2**64, an unsigned Scalar to PyTorch): not a
+    // hot-path call; the general path (keying.gather) passes it as uint64
+    int overflow = 0;
+    PyLong_AsLongLongAndOverflow(v, &overflow);
+    return overflow ? nullptr : G->np_int.ptr();
+  }
   if (t == &PyFloat_Type) return G->np_float.ptr();
   if (t == &PyComplex_Type) return G->np_complex.ptr();
   return nullptr;

@@ -50,6 +50,7 @@ ENABLED = [os.environ.get("TORCHTPU_HOT_PATH", "1").strip() not in ("0", "")]
 NATIVE = [os.environ.get("TORCHTPU_HOT_PATH_NATIVE", "1").strip() not in ("0", "")]
 
 _SCALAR_NP = {bool: np.bool_, int: np.int64, float: np.float64, complex: np.complex128}
+_I64_MIN, _I64_MAX = -(2 ** 63), 2 ** 63 - 1
 _TENSOR, _LIST, _DYN_SCALAR, _CONST_SCALAR, _CONST, _DYN_SCALAR_LIST = range(6)
 _DEFAULT = ("default",)  # key item of a Scalar argument left at its schema default
 MISS = object()  # the C++ hot path's answer when the general path must run the call
@@ -204,6 +205,8 @@ def gather(codes, precision, vals, lazy=None):
                     continue
                 cls = x.__class__
                 if cls in _SCALAR_NP and code == _TENSOR:
+                    if cls is int and not _I64_MIN <= x <= _I64_MAX:
+                        return None  # (an unsigned Scalar: keying.gather's uint64)
                     key.append(cls)  # a wrapped number: a runtime input
                     dyn.append(np.asarray(x, _SCALAR_NP[cls]))
                     continue
@@ -250,7 +253,7 @@ def gather(codes, precision, vals, lazy=None):
                 key.append(_DEFAULT)
             else:
                 cls = v.__class__
-                if cls not in _SCALAR_NP:
+                if cls not in _SCALAR_NP or (cls is int and not _I64_MIN <= v <= _I64_MAX):
                     return None
                 key.append(cls)
                 dyn.append(np.asarray(v, _SCALAR_NP[cls]))
@@ -260,7 +263,7 @@ def gather(codes, precision, vals, lazy=None):
             kinds = []
             for x in v:
                 cls = x.__class__
-                if cls not in _SCALAR_NP:
+                if cls not in _SCALAR_NP or (cls is int and not _I64_MIN <= x <= _I64_MAX):
                     return None
                 kinds.append(cls)
                 dyn.append(np.asarray(x, _SCALAR_NP[cls]))

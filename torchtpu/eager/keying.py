@@ -202,9 +202,44 @@ def key_float(k):
     return k
 
 
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _uint64(v: int) -> np.ndarray:
+    """A Python int in [2**63, 2**64) as PyTorch holds it (an unsigned 64-bit Scalar:
+    ``x * 2**63`` is 9.2234e18 for a float ``x`` and wraps to -2**63 for an int64 one);
+    the lowering converts it to the result dtype as it does any Scalar.  (Python ints
+    outside [-2**63, 2**64) never get here: PyTorch's argument parser refuses them.)"""
+    return np.asarray(v, dtype=np.uint64)
+
+
+# Scalar arguments that take part in the result's type promotion (``b == 2**63``,
+# ``remainder``, ``clamp``); a fill ``value`` or an ``alpha`` does not
+_PROMOTED_SCALARS = frozenset({"other", "min", "max", "exponent"})
+
+
+def _check_unsigned_wrapped(op, vals, kinds) -> None:
+    """PyTorch's type promotion for a Python int in [2**63, 2**64) (a UInt64 Scalar):
+    with only bool tensors beside it, the result type would promote Bool and UInt64,
+    which PyTorch refuses (``torch.ones(2, dtype=torch.bool) * 2**63``, ``b == 2**63``).
+    (A few such calls CPU does compute, ``b.masked_fill(b, 2**63)``, raise here too: a
+    clear error rather than a value this path cannot promise.)
+
+    Raises:
+        RuntimeError: PyTorch's "Promotion for uint16, uint32, uint64 types is not
+            supported, attempted to promote Bool and UInt64"."""
+    dtypes = [v.dtype for v, k in zip(vals, kinds)
+              if (k == T or k == OPT_T) and isinstance(v, torch.Tensor)]
+    if dtypes and all(d is torch.bool for d in dtypes):
+        raise RuntimeError("Promotion for uint16, uint32, uint64 types is not supported, "
+                           "attempted to promote Bool and UInt64")
+
+
 def numbers(v) -> bool:
     """Whether ``v`` is a list of Python numbers (bool, int, float, complex)."""
-    return isinstance(v, (list, tuple)) and all(x.__class__ in SCALAR_NP for x in v)
+    return isinstance(v, (list, tuple)) and all(
+        x.__class__ in SCALAR_NP and (x.__class__ is not int or _INT64_MIN <= x <= _INT64_MAX)
+        for x in v)
 
 
 def gather(plan, vals):
@@ -226,8 +261,13 @@ def gather(plan, vals):
             else:  # a wrapped number (Python scalar promoted to a 0-d tensor by PyTorch)
                 kind = bool if isinstance(v, bool) else int if isinstance(v, int) else (
                     float if isinstance(v, float) else complex)
-                key.append(("S", kind))
-                c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+                if kind is int and not _INT64_MIN <= v <= _INT64_MAX:
+                    _check_unsigned_wrapped(op, vals, kinds)
+                    key.append(("S", int, "u64"))
+                    c.dyn.append(_uint64(v))
+                else:
+                    key.append(("S", kind))
+                    c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
         elif k == T_LIST or k == OPT_T_LIST:
             key.append(("list", len(v)))
             for x in v:
@@ -250,8 +290,14 @@ def gather(plan, vals):
                 kind = type(v) if type(v) in SCALAR_NP else (
                     bool if isinstance(v, bool) else int if isinstance(v, int) else
                     float if isinstance(v, float) else complex)
-                key.append(("S", kind))
-                c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+                if kind is int and not _INT64_MIN <= v <= _INT64_MAX:
+                    if plan.sig.names[i] in _PROMOTED_SCALARS:
+                        _check_unsigned_wrapped(op, vals, kinds)
+                    key.append(("S", int, "u64"))
+                    c.dyn.append(_uint64(v))
+                else:
+                    key.append(("S", kind))
+                    c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
         elif k == GEN:
             key.append("gen")
         elif k == SCALAR_LIST and not plan.lowering.static_scalars and numbers(v):
