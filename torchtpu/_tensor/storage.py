@@ -550,17 +550,19 @@ def remember_host_copy(dev_arr, host: np.ndarray) -> None:
     _host_copy_bytes[0] += nbytes
 
 
-def _pop_oldest():
-    k = next(iter(_HOST_COPIES))
-    e = _HOST_COPIES.pop(k)
-    _host_copy_bytes[0] -= e[1].nbytes
-    return k, e
+def _pop_oldest() -> None:
+    try:
+        k = next(iter(_HOST_COPIES))
+    except (StopIteration, RuntimeError):  # (emptied, or changed by a freed array's callback)
+        return
+    e = _HOST_COPIES.pop(k, None)  # (None: its array's callback removed it meanwhile)
+    if e is not None:
+        _host_copy_bytes[0] -= e[1].nbytes
 
 
 def _forget_host_copy(key, ref) -> None:
     e = _HOST_COPIES.get(key)
-    if e is not None and e[0] is ref:
-        del _HOST_COPIES[key]
+    if e is not None and e[0] is ref and _HOST_COPIES.pop(key, None) is e:
         _host_copy_bytes[0] -= e[1].nbytes
 
 
