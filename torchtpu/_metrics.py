@@ -376,6 +376,18 @@ def explain_syncs() -> list:
     return sorted(rows, key=lambda r: -r["count"])
 
 
+_BEFORE_RESET: list = []  # callables run by reset_metrics() first
+
+
+def before_reset(fn) -> None:
+    """Run ``fn()`` at the start of every :func:`reset_metrics` (a layer above that has
+    work in flight whose counts must land before the reset: ``eager.async_compile``)."""
+    _BEFORE_RESET.append(fn)
+
+
 def reset_metrics() -> None:
-    """Zero every counter."""
+    """Zero every counter.  Compiles still running on a worker (``eager.async_compile``)
+    are waited for first, so their seconds are not counted after the reset."""
+    for fn in _BEFORE_RESET:
+        fn()
     METRICS.reset()

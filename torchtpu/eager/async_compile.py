@@ -443,6 +443,9 @@ def settle_all() -> None:
     _reap()
 
 
+_metrics.before_reset(settle_all)  # (a job's seconds land before a metrics reset)
+
+
 def _before_fork():
     settle_all()
 
