@@ -6,10 +6,9 @@ variable-length batch) meets dozens of new signatures in a row, and each one's X
 compile (~30 ms on XLA:CPU for a per-op program, more for large ones) used to stop the
 Python thread until it was done.  The compiles are independent of each other: an op's
 executable needs its inputs' shapes and dtypes, not their values.  So STRICT mode traces
-a new signature on the calling thread (errors of the lowering functions are raised
-there, at the op, as before), and hands its StableHLO lowering (about two thirds of the
-calling thread's former cost: ~7 of ~11 ms for a small op), the XLA compile and the first
-run to a worker thread; the op returns at once with results whose values are *pending*
+and lowers a new signature on the calling thread (errors in the lowering are raised
+there, at the op, as before), and hands the XLA compile and the first run to a worker
+thread; the op returns at once with results whose values are *pending*
 (:class:`torchtpu._tensor.storage.Lazy` with ``node`` :data:`storage.ASYNC`).  The next
 ops that are first calls too take pending values as inputs: their own compiles start
 meanwhile, and their runs wait on the worker for the values they read.  Compiles overlap
@@ -213,7 +212,7 @@ def _finish(job, outs):
 
 
 def first_call(ex, arrays, dyn, entry, save, options=None):
-    """Start ``ex``'s first call (``executables.first_call``): trace it here; lower,
+    """Start ``ex``'s first call (``executables.first_call``): trace and lower it here,
     compile and run it on a worker.  Returns its pending results (a tuple of
     :class:`Lazy`), and sets ``ex.call`` to a caller that queues behind the compile until
     the worker replaces it with the executable.
@@ -221,9 +220,8 @@ def first_call(ex, arrays, dyn, entry, save, options=None):
     ``entry`` / ``save(entry, compiled, check_info, pc_hits_before)``: where to store the compiled
     executable (``eager.signature_cache``), or None.  ``options``: XLA compiler options
     (``eager.tiers.elementwise_options``), None for the defaults.
-    Raises whatever tracing raises (``TypeError``/``ValueError`` of the lowering
-    function, ``NotImplementedError``), on this thread; an error of the StableHLO
-    lowering or the compile is raised where a result is read (:class:`AsyncOpError`)."""
+    Raises whatever tracing and lowering raise (``TypeError``/``ValueError`` of the
+    lowering, ``NotImplementedError``), on this thread."""
     jax = runtime.jax()
     from jax.sharding import SingleDeviceSharding
 
@@ -231,16 +229,9 @@ def first_call(ex, arrays, dyn, entry, save, options=None):
     # (ex.jitted: another thread may have made ex.call a queued caller meanwhile)
     jitted = ex.jitted if ex.jitted is not None else ex.call
     avals = [None if a is None else _aval(a, sharding) for a in arrays]
-    # traced here (the lowering's errors and device checks come from running its Python),
-    # lowered to StableHLO on the worker: about two thirds of a small op's first-call
-    # time on the calling thread was that lowering
-    trace = getattr(jitted, "trace", None)
-    if trace is not None:
-        staged = trace(avals, dyn)
-        lowered = None
-    else:  # (a JAX without the trace stage: lowered here)
-        staged = lowered = jitted.lower(avals, dyn)
-    out_info = jax.tree_util.tree_leaves(staged.out_info)
+    lowered = jitted.lower(avals, dyn)
+    options = _tiers.program_options(options, lowered)
+    out_info = jax.tree_util.tree_leaves(lowered.out_info)
     job = _Job(ex.name)
     outs = _pending_outputs(job, out_info)
     if len(_TEMPLATES) >= _TEMPLATE_LIMIT:
@@ -250,16 +241,14 @@ def first_call(ex, arrays, dyn, entry, save, options=None):
     pc = M.persistent_cache["hits"]
 
     def work():
+        t0 = time.perf_counter()
         try:
-            low = lowered if lowered is not None else staged.lower()
-            opts = _tiers.program_options(options, low)
-            t0 = time.perf_counter()
             with _metrics.compile_kind("op"):
                 if entry is not None:
                     with persistent_cache.bypassed():
-                        compiled = low.compile(compiler_options=opts)
+                        compiled = lowered.compile(compiler_options=options)
                 else:
-                    compiled = low.compile(compiler_options=opts)
+                    compiled = lowered.compile(compiler_options=options)
         except BaseException:
             with _lock:
                 _compiling[0] -= 1
