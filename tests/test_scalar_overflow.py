@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torchtpu  # noqa: F401
+import torchtpu  # noqa: F401  (registers the tpu device)
 
 DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2, torch.bool]

@@ -248,6 +248,12 @@ def table(runs: int = 3) -> dict:
     return {"loads": loads, "rows": rows}
 
 
+def _dump(path, res) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=40, help="number of distinct shapes")
@@ -267,18 +273,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.table:
         res = table(args.runs)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=2)
+        _dump(args.json, res)
         return res
     if args.varlen_child:
         print(json.dumps(_varlen_child(args.compiled)))
         return None
     if args.varlen:
         res = varlen(args.compiled)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=2)
+        _dump(args.json, res)
         return res
 
     import torchtpu
@@ -310,9 +312,7 @@ def main(argv=None):
           f"({m['quick_compile_seconds']:.2f} s), tier-ups {m['tier_ups']} "
           f"({m['tier_up_seconds']:.2f} s), cache hits {m['cache_hits']}, "
           f"misses {m['cache_misses']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    _dump(args.json, res)
     return res
 
 

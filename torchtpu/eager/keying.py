@@ -218,7 +218,21 @@ def _uint64(v: int) -> np.ndarray:
 _PROMOTED_SCALARS = frozenset({"other", "min", "max", "exponent"})
 
 
-def _check_unsigned_wrapped(op, vals, kinds) -> None:
+def _runtime_number(c, v, kind, promoted: bool, vals, kinds) -> None:
+    """Key item and runtime input of Python number ``v`` (of ``kind``): an int in
+    [2**63, 2**64) goes as uint64 (``promoted``: it takes part in the result's type
+    promotion, checked as PyTorch does: :func:`_check_unsigned_wrapped`)."""
+    if kind is int and not _INT64_MIN <= v <= _INT64_MAX:
+        if promoted:
+            _check_unsigned_wrapped(vals, kinds)
+        c.key.append(("S", int, "u64"))
+        c.dyn.append(_uint64(v))
+    else:
+        c.key.append(("S", kind))
+        c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+
+
+def _check_unsigned_wrapped(vals, kinds) -> None:
     """PyTorch's type promotion for a Python int in [2**63, 2**64) (a UInt64 Scalar):
     with only bool tensors beside it, the result type would promote Bool and UInt64,
     which PyTorch refuses (``torch.ones(2, dtype=torch.bool) * 2**63``, ``b == 2**63``).
@@ -261,13 +275,7 @@ def gather(plan, vals):
             else:  # a wrapped number (Python scalar promoted to a 0-d tensor by PyTorch)
                 kind = bool if isinstance(v, bool) else int if isinstance(v, int) else (
                     float if isinstance(v, float) else complex)
-                if kind is int and not _INT64_MIN <= v <= _INT64_MAX:
-                    _check_unsigned_wrapped(op, vals, kinds)
-                    key.append(("S", int, "u64"))
-                    c.dyn.append(_uint64(v))
-                else:
-                    key.append(("S", kind))
-                    c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+                _runtime_number(c, v, kind, True, vals, kinds)
         elif k == T_LIST or k == OPT_T_LIST:
             key.append(("list", len(v)))
             for x in v:
@@ -290,14 +298,8 @@ def gather(plan, vals):
                 kind = type(v) if type(v) in SCALAR_NP else (
                     bool if isinstance(v, bool) else int if isinstance(v, int) else
                     float if isinstance(v, float) else complex)
-                if kind is int and not _INT64_MIN <= v <= _INT64_MAX:
-                    if plan.sig.names[i] in _PROMOTED_SCALARS:
-                        _check_unsigned_wrapped(op, vals, kinds)
-                    key.append(("S", int, "u64"))
-                    c.dyn.append(_uint64(v))
-                else:
-                    key.append(("S", kind))
-                    c.dyn.append(np.asarray(v, dtype=SCALAR_NP[kind]))
+                _runtime_number(c, v, kind, plan.sig.names[i] in _PROMOTED_SCALARS, vals,
+                                kinds)
         elif k == GEN:
             key.append("gen")
         elif k == SCALAR_LIST and not plan.lowering.static_scalars and numbers(v):
