@@ -287,17 +287,9 @@ class Padded:
     def exact(self, shape: tuple, dtype: torch.dtype, index: int):
         """The storage's own array (of ``shape``, ``n`` elements): the padding cut off on
         the device (one executable per bucket length and shape; no host sync)."""
-        key = ("padded", tuple(self.arr.shape), shape, dtype, index)
-        f = _CUTTERS.get(key)
-        if f is None:
-            jax = runtime.jax()
-            from jax.sharding import SingleDeviceSharding
-
-            n = self.n
-            f = _CUTTERS.put(key, jax.jit(
-                lambda a: a[:n].reshape(shape),
-                out_shardings=SingleDeviceSharding(runtime.jax_device(index))))
-        return f(self.arr)
+        n = self.n
+        return _cut(("padded", tuple(self.arr.shape), shape, dtype, index),
+                    lambda a: a[:n].reshape(shape), index, self.arr)
 
 
 class Grown:
@@ -350,17 +342,9 @@ class Grown:
             if self.host_copy.nbytes <= _HOST_COPY_BYTES:
                 remember_host_copy(arr, self.host_copy)
             return arr
-        key = (tuple(self.arr.shape), shape, dtype, index)
-        f = _CUTTERS.get(key)
-        if f is None:
-            jax = runtime.jax()
-            from jax.sharding import SingleDeviceSharding
-
-            box = tuple(slice(0, k) for k in shape)
-            f = _CUTTERS.put(key, jax.jit(
-                lambda a: a[box],
-                out_shardings=SingleDeviceSharding(runtime.jax_device(index))))
-        return f(self.arr)
+        box = tuple(slice(0, k) for k in shape)
+        return _cut((tuple(self.arr.shape), shape, dtype, index), lambda a: a[box], index,
+                    self.arr)
 
     def host(self, shape: tuple) -> np.ndarray:
         """The storage's elements on the host, in ``shape`` (a sync point: the capacity
@@ -373,7 +357,20 @@ class Grown:
 # whether a Grown storage was ever made (eager.padded's rules are skipped until then)
 GROWN_MADE = [False]
 _HOST_COPY_BYTES = 64  # host copies of padded transfers kept for host-side checks
-_CUTTERS = _executable_limit.LRUCache(share=0.125)  # Grown.exact: one per capacity and length
+_CUTTERS = _executable_limit.LRUCache(share=0.125)  # Grown/Padded.exact: one per capacity and length
+
+
+def _cut(key, fn, index: int, arr):
+    """``fn(arr)`` on the device through the executable cached under ``key`` (a cut of a
+    storage's spare capacity or padding, its result committed to ``tpu:index``)."""
+    f = _CUTTERS.get(key)
+    if f is None:
+        jax = runtime.jax()
+        from jax.sharding import SingleDeviceSharding
+
+        f = _CUTTERS.put(key, jax.jit(
+            fn, out_shardings=SingleDeviceSharding(runtime.jax_device(index))))
+    return f(arr)
 
 
 def grown_view_spec(t: torch.Tensor, sd: StorageData, g: Grown, offs: list):
